@@ -1,0 +1,183 @@
+"""Plain domain types: requests, tiers, instance and fleet snapshots, observations, actions.
+
+Why one module of dataclasses: the simulator, the operator and every policy (route/, pace/,
+plan/) exchange exactly these values. Keeping them free of I/O and of any clock makes the
+policy code a pure function of its inputs, so a decision made in `sageserve simulate` is the
+decision the operator would make on the same observation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+#: A region name as written in the `topology.kubernetes.io/region` node label (e.g. "us-east").
+Region = str
+#: A GPU product as written in the `nvidia.com/gpu.product` node label.
+GpuType = str
+#: A model name as used by ModelDeployment manifests and perf profiles (e.g. "llama-2-70b").
+ModelName = str
+
+#: Pool names. "unified" serves every tier; siloed layouts split into interactive and batch.
+POOL_UNIFIED = "unified"
+POOL_INTERACTIVE = "interactive"
+POOL_BATCH = "batch"
+
+
+class TierKind(str, Enum):
+    """Whether a tier's requests are routed at once (interactive) or queued (batch)."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """A class of requests with its SLOs (SageServe §1.2: IW-F, IW-N, NIW).
+
+    `priority` is the instance-scheduler priority (0 = served first). Batch requests older
+    than `promotion_age_s` are promoted to priority 0 (SageServe: 10 h); `deadline_s` is the
+    end-to-end deadline for batch work (SageServe: 24 h).
+    """
+
+    name: str
+    kind: TierKind
+    ttft_slo_s: float | None = None
+    tbt_slo_s: float | None = None
+    deadline_s: float | None = None
+    priority: int = 0
+    promotion_age_s: float | None = None
+
+    @property
+    def interactive(self) -> bool:
+        return self.kind is TierKind.INTERACTIVE
+
+
+#: The three tiers of the SageServe paper with its SLOs.
+IW_F = Tier("IW-F", TierKind.INTERACTIVE, ttft_slo_s=1.0, priority=0)
+IW_N = Tier("IW-N", TierKind.INTERACTIVE, ttft_slo_s=60.0, priority=0)
+NIW = Tier(
+    "NIW", TierKind.BATCH, deadline_s=24 * 3600.0, priority=1, promotion_age_s=10 * 3600.0
+)
+DEFAULT_TIERS: Mapping[str, Tier] = {t.name: t for t in (IW_F, IW_N, NIW)}
+
+
+@dataclass(slots=True)
+class Request:
+    """One inference request as it enters the system.
+
+    Traces carry no region or tier; the workload mapping assigns them (see
+    docs/simulator.md). `region` is the client's home region: the router prefers it.
+    """
+
+    id: int
+    arrival: float
+    model: ModelName
+    tier: Tier
+    region: Region
+    prompt_tokens: int
+    output_tokens: int
+
+
+class InstanceState(str, Enum):
+    """Life cycle of one model instance (SageServe §2.3, §10).
+
+    PROVISIONING: GPUs paid for, not serving (spot reclaim or redeploy in progress).
+    SERVING: takes new requests. DRAINING: finishes its work, takes nothing new.
+    SPOT: donated to the spot pool; not counted in internal instance-hours.
+    """
+
+    PROVISIONING = "provisioning"
+    SERVING = "serving"
+    DRAINING = "draining"
+    SPOT = "spot"
+
+
+class EndpointKey(NamedTuple):
+    """A (model, region, pool) endpoint: the unit the autoscaler sizes."""
+
+    model: ModelName
+    region: Region
+    pool: str = POOL_UNIFIED
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSnapshot:
+    """What an instance reports: the vLLM metrics the operator reads from Prometheus."""
+
+    instance_id: str
+    model: ModelName
+    region: Region
+    gpu_type: GpuType
+    gpus: int
+    state: InstanceState
+    kv_used_tokens: float
+    kv_capacity_tokens: int
+    running: int
+    waiting: int
+
+    @property
+    def emu(self) -> float:
+        """Effective memory utilisation = KV in use / KV capacity (SageServe §2.4)."""
+        return self.kv_used_tokens / self.kv_capacity_tokens if self.kv_capacity_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointObservation:
+    """The signals one endpoint offers to a pacing strategy at time `time` (seconds).
+
+    `emu` is Σ KV used / Σ KV capacity over serving instances; `tokens_per_s` is the
+    observed input token rate over the last minute (LT-UA compares it with the forecast).
+    """
+
+    time: float
+    key: EndpointKey
+    emu: float
+    serving: int
+    provisioning: int
+    draining: int
+    min_instances: int
+    max_instances: int
+    tokens_per_s: float = 0.0
+    waiting: int = 0
+
+    @property
+    def active(self) -> int:
+        """Instances that count toward the endpoint's size (serving + coming up)."""
+        return self.serving + self.provisioning
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything a strategy may look at in one tick: all endpoints and the spot pool.
+
+    `spot` maps (region, gpu type) to donated-instance counts per last-served model.
+    """
+
+    time: float
+    endpoints: Mapping[EndpointKey, EndpointObservation]
+    spot: Mapping[tuple[Region, GpuType], Mapping[ModelName, int]] = field(default_factory=dict)
+
+
+class ActionKind(str, Enum):
+    """What a scaling action asks the fleet to do."""
+
+    SCALE_OUT = "scale_out"
+    SCALE_IN = "scale_in"
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingAction:
+    """A request to add or remove `count` instances of an endpoint.
+
+    The executor (simulator or operator) decides *where* the instance comes from, in the
+    SageServe order: same-model spot, other-model spot (redeploy), then free GPUs.
+    """
+
+    kind: ActionKind
+    key: EndpointKey
+    count: int = 1
+    reason: str = ""
+    gpu_type: GpuType | None = None
