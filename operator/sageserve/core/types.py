@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import NamedTuple
 
 #: A region name as written in the `topology.kubernetes.io/region` node label (e.g. "us-east").
@@ -26,7 +26,7 @@ POOL_INTERACTIVE = "interactive"
 POOL_BATCH = "batch"
 
 
-class TierKind(str, Enum):
+class TierKind(StrEnum):
     """Whether a tier's requests are routed at once (interactive) or queued (batch)."""
 
     INTERACTIVE = "interactive"
@@ -81,7 +81,7 @@ class Request:
     output_tokens: int
 
 
-class InstanceState(str, Enum):
+class InstanceState(StrEnum):
     """Life cycle of one model instance (SageServe §2.3, §10).
 
     PROVISIONING: GPUs paid for, not serving (spot reclaim or redeploy in progress).
@@ -161,7 +161,7 @@ class Observation:
     spot: Mapping[tuple[Region, GpuType], Mapping[ModelName, int]] = field(default_factory=dict)
 
 
-class ActionKind(str, Enum):
+class ActionKind(StrEnum):
     """What a scaling action asks the fleet to do."""
 
     SCALE_OUT = "scale_out"

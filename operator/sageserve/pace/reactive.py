@@ -1,0 +1,108 @@
+"""Reactive baselines of SageServe §6.1-6.2: unified 70/30 and siloed pools.
+
+Unified reactive: one pool per (model, region) serves all tiers; on every request arrival at
+the endpoint, if its effective memory utilisation is above 70% add an instance, below 30%
+donate one to spot; at most one scaling event per endpoint per 15 s cooldown. Instances come
+from the spot pool (same model first, then other models' spot via redeploy) - that part is
+the executor's job. Batch work waits in the Queue Manager.
+
+Siloed: the same rule applied to separate interactive and batch pools; batch requests go
+straight to the batch pool (the status quo at O365 before unification).
+
+EMU while instances are provisioning: the signal counts only serving instances, so a naive
+rule would add an instance every cooldown until the first one is up (1-10 min later). We
+count capacity that is on its way (`count_provisioning`, on by default), the convention of
+the Kubernetes HPA for unready pods. Set it off to get the literal paper rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sageserve.core.types import (
+    ActionKind,
+    EndpointKey,
+    EndpointObservation,
+    Observation,
+    ScalingAction,
+)
+from sageserve.pace.base import PoolLayout, register_strategy
+
+
+@dataclass(frozen=True)
+class ReactiveParams:
+    """Thresholds of the 70/30 rule (SageServe §6.2) and its cooldown."""
+
+    scale_out_above: float = 0.70
+    scale_in_below: float = 0.30
+    cooldown_s: float = 15.0
+    count_provisioning: bool = True
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> ReactiveParams:
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        return cls(**known)
+
+
+def reactive_decision(obs: EndpointObservation, p: ReactiveParams) -> ActionKind | None:
+    """The pure 70/30 rule for one endpoint observation (cooldown handled by the caller)."""
+    emu = obs.emu
+    if p.count_provisioning and obs.provisioning and obs.serving:
+        emu = emu * obs.serving / (obs.serving + obs.provisioning)
+    if emu > p.scale_out_above and obs.active < obs.max_instances:
+        return ActionKind.SCALE_OUT
+    if emu < p.scale_in_below and obs.serving > obs.min_instances and obs.provisioning == 0:
+        return ActionKind.SCALE_IN
+    return None
+
+
+@dataclass
+class UnifiedReactive:
+    """Unified pool, 70/30 on arrival, 15 s cooldown per endpoint."""
+
+    params: ReactiveParams = field(default_factory=ReactiveParams)
+    name: str = "reactive"
+    layout: PoolLayout = field(default_factory=PoolLayout)
+    batch_via_queue_manager: bool = True
+    _last_event: dict[EndpointKey, float] = field(default_factory=dict)
+
+    def on_plan(self, now: float, targets: Mapping[EndpointKey, int]) -> None:
+        """Reactive baselines ignore forecasts."""
+
+    def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:
+        last = self._last_event.get(obs.key)
+        if last is not None and obs.time - last < self.params.cooldown_s:
+            return []
+        kind = reactive_decision(obs, self.params)
+        if kind is None:
+            return []
+        self._last_event[obs.key] = obs.time
+        reason = f"emu {obs.emu:.2f} {'>' if kind is ActionKind.SCALE_OUT else '<'} threshold"
+        return [ScalingAction(kind, obs.key, 1, reason)]
+
+    def on_tick(self, obs: Observation) -> list[ScalingAction]:
+        return []
+
+
+@dataclass
+class SiloedReactive(UnifiedReactive):
+    """Separate interactive and batch pools, each under the 70/30 rule."""
+
+    name: str = "siloed"
+    layout: PoolLayout = field(default_factory=lambda: PoolLayout(siloed=True))
+    batch_via_queue_manager: bool = False
+
+
+@register_strategy("reactive")
+def _make_reactive(params: Mapping[str, Any]) -> UnifiedReactive:
+    return UnifiedReactive(ReactiveParams.from_mapping(params))
+
+
+@register_strategy("siloed")
+def _make_siloed(params: Mapping[str, Any]) -> SiloedReactive:
+    share = float(params.get("interactive_share", 0.8))
+    return SiloedReactive(
+        ReactiveParams.from_mapping(params), layout=PoolLayout(siloed=True, interactive_share=share)
+    )
