@@ -6,6 +6,9 @@ stays instant and a missing optional dependency only affects the command that ne
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 from rich.console import Console
 
@@ -25,6 +28,82 @@ err_console = Console(stderr=True)
 def version() -> None:
     """Print the sageserve version."""
     console.print(f"sageserve {__version__}")
+
+
+@app.command()
+def crds(
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", help="Write one file per CRD here instead of printing."),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Exit 1 if the files in --output-dir are not up to date."),
+    ] = False,
+) -> None:
+    """Print the CustomResourceDefinitions, or write them into a directory."""
+    from sageserve.api.crd import render_all, write_all
+
+    rendered = render_all()
+    if output_dir is None:
+        if check:
+            err_console.print("--check needs --output-dir")
+            raise typer.Exit(2)
+        typer.echo("---\n".join(rendered.values()), nl=False)
+        return
+    if check:
+        stale = [
+            name
+            for name, text in rendered.items()
+            if not (output_dir / name).is_file()
+            or (output_dir / name).read_text(encoding="utf-8") != text
+        ]
+        for name in stale:
+            err_console.print(
+                f"{output_dir / name}: out of date; run `sageserve crds -o {output_dir}`"
+            )
+        raise typer.Exit(1 if stale else 0)
+    for path in write_all(output_dir):
+        console.print(f"wrote {path}")
+
+
+@app.command()
+def validate(
+    paths: Annotated[
+        list[Path] | None, typer.Argument(help="Manifest files or directories.", show_default=False)
+    ] = None,
+    files: Annotated[
+        list[Path] | None,
+        typer.Option("--file", "-f", help="Manifest file or directory (repeatable)."),
+    ] = None,
+) -> None:
+    """Check manifests offline against the CRD schemas and their CEL rules.
+
+    Prints one line per problem (file, object, field path, fix) and exits 1 if any.
+    """
+    from sageserve.api.validate import validate_paths
+
+    files = [*(paths or []), *(files or [])]
+    if not files:
+        err_console.print("give manifests to check: sageserve validate -f FILE|DIR")
+        raise typer.Exit(2)
+    missing = [p for p in files if not p.exists()]
+    for path in missing:
+        err_console.print(f"{path}: no such file or directory")
+    if missing:
+        raise typer.Exit(2)
+    report = validate_paths(files)
+    for problem in report.problems:
+        err_console.print(str(problem), markup=False, highlight=False, soft_wrap=True)
+    summary = (
+        f"{report.checked} sageserve object(s) in {report.files} file(s), "
+        f"{report.skipped} other document(s) skipped: "
+    )
+    if report.ok:
+        console.print(summary + "[green]valid[/green]")
+        return
+    console.print(summary + f"[red]{len(report.problems)} problem(s)[/red]")
+    raise typer.Exit(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,254 @@
+"""ModelDeployment: one served model, its GPU variants and the regions it runs in.
+
+The operator owns one Deployment ("pod set") per (region, variant), named
+`<metadata.name>-<region>-<variant>`, running the vLLM OpenAI server. A variant is one
+way to run the model (GPU type, GPUs per instance, parallelism) with its measured capacity
+θ in tokens/s at the SLO, which is what the planner's ILP uses (digest §2.1, §5.2, §7).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from sageserve.api.common import (
+    DNS_LABEL,
+    LABEL_VALUE,
+    ApiModel,
+    Condition,
+    ObjectMeta,
+    cel,
+    conditions_field,
+    list_map,
+    list_set,
+)
+
+#: Pod set names `<name>-<region>-<variant>` are also Service and label values: 63 at most.
+POD_SET_NAME_MAX = 63
+
+
+class Engine(ApiModel):
+    """The inference server each instance runs (vLLM's OpenAI-compatible server)."""
+
+    image: str = Field(
+        default="vllm/vllm-openai:v0.11.0",
+        min_length=1,
+        max_length=512,
+        description="Container image of the server.",
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra server arguments, appended after the ones sageserve sets "
+        "(model, served name, port, tensor/pipeline parallel size).",
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the server.")
+
+
+class ModelRef(ApiModel):
+    """Which model the instances load."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Model to load, e.g. meta-llama/Llama-2-70b-hf (passed to --model).",
+    )
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Name clients ask for (--served-model-name); defaults to the model name.",
+    )
+
+
+VARIANT_RULES = cel(
+    (
+        "self.gpusPerInstance % self.pipelineParallel == 0",
+        "spec.variants[].gpusPerInstance must be a multiple of pipelineParallel: each "
+        "pipeline stage needs the same number of GPUs",
+    ),
+    (
+        "!has(self.tensorParallel) "
+        "|| self.tensorParallel * self.pipelineParallel == self.gpusPerInstance",
+        "spec.variants[].tensorParallel × pipelineParallel must equal gpusPerInstance: "
+        "fix one of the three, or drop tensorParallel to derive it",
+    ),
+)
+
+
+class Variant(ApiModel):
+    """One way to run the model: a GPU type, a GPU count and a measured capacity."""
+
+    model_config = ConfigDict(json_schema_extra=VARIANT_RULES)
+
+    name: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=DNS_LABEL,
+        description="Short name, part of the pod set name, e.g. h100-tp8.",
+    )
+    gpu_type: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=LABEL_VALUE,
+        description="Node label value of the GPU type, e.g. NVIDIA-H100-80GB-HBM3.",
+    )
+    gpus_per_instance: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="GPUs one instance requests (nvidia.com/gpu). SageServe: 8 per VM.",
+    )
+    tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Tensor-parallel size; defaults to gpusPerInstance / pipelineParallel.",
+    )
+    pipeline_parallel: int = Field(default=1, ge=1, le=64, description="Pipeline stages.")
+    capacity_tokens_per_second: float = Field(
+        gt=0,
+        le=1e9,
+        description="θ: tokens/s (input + output) one instance sustains within the SLO. "
+        "SageServe measured 95–522 for Llama-2-70B on 8×H100.",
+    )
+    startup_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="Seconds from scheduling to serving when weights are not cached "
+        "(SageServe: 10 min redeploy). Enters the ILP's start-up cost σ.",
+    )
+
+
+REGION_RULES = cel(
+    (
+        "self.minInstances <= self.maxInstances",
+        "spec.regions[].minInstances must not exceed maxInstances: lower minInstances or "
+        "raise maxInstances",
+    ),
+    (
+        "!has(self.initialInstances) || (self.minInstances <= self.initialInstances "
+        "&& self.initialInstances <= self.maxInstances)",
+        "spec.regions[].initialInstances must lie within [minInstances, maxInstances]: "
+        "change it or the bounds",
+    ),
+)
+
+
+class RegionPlacement(ApiModel):
+    """A region the model is served in, with instance bounds summed over variants."""
+
+    model_config = ConfigDict(json_schema_extra=REGION_RULES)
+
+    name: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=DNS_LABEL,
+        description="Region, matched against the node region label, e.g. us-east.",
+    )
+    min_instances: int = Field(
+        default=2,
+        ge=0,
+        le=10000,
+        description="Never fewer instances here (SageServe: 2, for fault tolerance).",
+    )
+    max_instances: int = Field(ge=0, le=10000, description="Never more instances here.")
+    initial_instances: int | None = Field(
+        default=None,
+        ge=0,
+        le=10000,
+        description="Instances before the first plan (SageServe starts at 20); "
+        "defaults to minInstances.",
+    )
+
+
+class PolicyRef(ApiModel):
+    """The ScalingPolicy, in the same namespace, that sizes this model."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_LABEL)
+
+
+MODEL_DEPLOYMENT_SPEC_RULES = cel(
+    (
+        "self.regions.exists(r, r.maxInstances > 0)",
+        "spec.regions[].maxInstances is 0 in every region: the model could never be "
+        "served; raise maxInstances in at least one region",
+    ),
+)
+
+
+class ModelDeploymentSpec(ApiModel):
+    """What to serve, on which GPU variants, in which regions, under which policy."""
+
+    model_config = ConfigDict(json_schema_extra=MODEL_DEPLOYMENT_SPEC_RULES)
+
+    model: ModelRef
+    engine: Engine = Field(default_factory=Engine, json_schema_extra={"default": {}})
+    variants: list[Variant] = Field(min_length=1, max_length=16, json_schema_extra=list_map("name"))
+    regions: list[RegionPlacement] = Field(
+        min_length=1, max_length=64, json_schema_extra=list_map("name")
+    )
+    tiers: list[str] = Field(
+        min_length=1,
+        max_length=16,
+        json_schema_extra=list_set(),
+        description="Names of the WorkloadTiers this model serves, e.g. [iw-f, iw-n, niw].",
+    )
+    policy_ref: PolicyRef
+
+
+class PodSetStatus(ApiModel):
+    """One owned Deployment: where it runs and how far it is from its target."""
+
+    name: str = Field(max_length=253, description="Name of the Deployment.")
+    region: str = Field(max_length=63)
+    variant: str = Field(max_length=63)
+    gpu_type: str = Field(max_length=63)
+    replicas: int = Field(ge=0)
+    ready_replicas: int = Field(default=0, ge=0)
+    target: int = Field(ge=0, description="Instances the pacing strategy is moving toward.")
+    last_scale_time: datetime | None = None
+    last_scale_reason: str | None = Field(default=None, max_length=1024)
+
+
+class ModelDeploymentStatus(ApiModel):
+    """What the operator has done for this model."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    conditions: list[Condition] = conditions_field()
+    instances: int = Field(default=0, ge=0, description="Replicas over all pod sets.")
+    target_instances: int = Field(default=0, ge=0, description="Targets over all pod sets.")
+    pod_sets: list[PodSetStatus] = Field(
+        default_factory=list, max_length=1024, json_schema_extra=list_map("name")
+    )
+
+
+MODEL_DEPLOYMENT_RULES = cel(
+    (
+        "self.spec.regions.all(r, self.spec.variants.all(v, "
+        f"size(self.metadata.name) + size(r.name) + size(v.name) + 2 <= {POD_SET_NAME_MAX}))",
+        "pod set names <metadata.name>-<region>-<variant> must fit in "
+        f"{POD_SET_NAME_MAX} characters: shorten metadata.name, spec.regions[].name or "
+        "spec.variants[].name",
+    ),
+)
+
+
+class ModelDeployment(ApiModel):
+    """ModelDeployment: one served model, its GPU variants and the regions it runs in."""
+
+    model_config = ConfigDict(json_schema_extra=MODEL_DEPLOYMENT_RULES)
+
+    api_version: Literal["sageserve.io/v1alpha1"]
+    kind: Literal["ModelDeployment"]
+    metadata: ObjectMeta
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus | None = None
+
+
+def pod_set_name(deployment: str, region: str, variant: str) -> str:
+    """The deterministic name of the Deployment serving `deployment` in (region, variant)."""
+    return f"{deployment}-{region}-{variant}"

@@ -1,0 +1,500 @@
+"""ScalingPolicy: how a fleet is sized — strategy, cadence, thresholds, forecast, ILP, spot.
+
+Every default is the SageServe paper's value (digest §2.3, §3, §4, §5, §6, §9.1, §10);
+where the paper leaves a value open (ε, τ_n, τ_p, the new-node delay) the field says what
+sageserve chose and why. The status carries the current plan, so `kubectl get spol -o yaml`
+shows forecast, targets, objective, solver time and unmet demand.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from sageserve.api.common import (
+    LABEL_VALUE,
+    ApiModel,
+    Condition,
+    ObjectMeta,
+    cel,
+    conditions_field,
+    list_map,
+)
+
+
+class Strategy(StrEnum):
+    """Scaling strategies (digest §6).
+
+    reactive: unified pool, scale on EMU thresholds only (the paper's main baseline).
+    siloed: separate interactive and batch pools, same thresholds (status quo at O365).
+    lt-immediate (LT-I): apply the hourly ILP target at once.
+    lt-utilization (LT-U): step toward the target only while EMU crosses the thresholds.
+    lt-utilization-arima (LT-UA): LT-U, plus in the last minutes of the hour keep scaling
+    when observed load is far from the forecast.
+    """
+
+    REACTIVE = "reactive"
+    SILOED = "siloed"
+    LT_IMMEDIATE = "lt-immediate"
+    LT_UTILIZATION = "lt-utilization"
+    LT_UTILIZATION_ARIMA = "lt-utilization-arima"
+
+
+class ForecastMethod(StrEnum):
+    """Forecasters; ARIMA is the paper's, the others are baselines and fallbacks."""
+
+    ARIMA = "arima"
+    PERSISTENCE = "persistence"
+    SEASONAL_NAIVE = "seasonal-naive"
+    MOVING_AVERAGE = "moving-average"
+
+
+class FallbackMethod(StrEnum):
+    """Baselines that need no fitting, so they always produce a forecast."""
+
+    PERSISTENCE = "persistence"
+    SEASONAL_NAIVE = "seasonal-naive"
+    MOVING_AVERAGE = "moving-average"
+
+
+class Solver(StrEnum):
+    """MILP solvers reached through PuLP; the other one is the fallback."""
+
+    HIGHS = "highs"
+    CBC = "cbc"
+
+
+class InstanceScheduler(StrEnum):
+    """Order in which an instance admits waiting requests (digest §3.4–§3.5)."""
+
+    FCFS = "fcfs"
+    EDF = "edf"
+    PF = "pf"
+    DPA = "dpa"
+
+
+INTERVAL_RULES = cel(
+    (
+        "self.paceSeconds < self.planSeconds",
+        "spec.intervals.paceSeconds must be below spec.intervals.planSeconds: pacing moves "
+        "the fleet toward each plan, so it must run more often than planning",
+    ),
+)
+
+
+class Intervals(ApiModel):
+    """Cadence of the two loops and the pause between scaling events."""
+
+    model_config = ConfigDict(json_schema_extra=INTERVAL_RULES)
+
+    plan_seconds: int = Field(
+        default=3600, ge=60, le=86400, description="Forecast + ILP cadence (SageServe: 1 h)."
+    )
+    pace_seconds: int = Field(
+        default=15,
+        ge=1,
+        le=3600,
+        description="How often utilisation is checked. The paper checks on every request "
+        "arrival; a controller samples instead, at the cooldown's period.",
+    )
+    cooldown_seconds: int = Field(
+        default=15,
+        ge=0,
+        le=3600,
+        description="Minimum time between two scaling events of one pod set (SageServe: 15 s).",
+    )
+
+
+THRESHOLD_RULES = cel(
+    (
+        "self.scaleInEmu < self.scaleOutEmu",
+        "spec.thresholds.scaleInEmu must be below spec.thresholds.scaleOutEmu: otherwise "
+        "the fleet oscillates; lower scaleInEmu or raise scaleOutEmu (SageServe: 0.3 / 0.7)",
+    ),
+)
+
+
+class Thresholds(ApiModel):
+    """Effective memory utilisation (KV-cache use) that triggers scaling (digest §2.4, §6)."""
+
+    model_config = ConfigDict(json_schema_extra=THRESHOLD_RULES)
+
+    scale_out_emu: float = Field(
+        default=0.7, gt=0, le=1, description="Scale out above this EMU (SageServe: 70%)."
+    )
+    scale_in_emu: float = Field(
+        default=0.3, ge=0, lt=1, description="Scale in below this EMU (SageServe: 30%)."
+    )
+
+
+BATCH_RELEASE_RULES = cel(
+    (
+        "self.twoBelowEmu < self.oneBelowEmu",
+        "spec.routing.batchRelease.twoBelowEmu must be below oneBelowEmu: a less loaded "
+        "region gets more batch work (SageServe: 0.5 and 0.6)",
+    ),
+)
+
+
+class BatchRelease(ApiModel):
+    """When the Queue Manager releases queued batch requests to a region (digest §3.2)."""
+
+    model_config = ConfigDict(json_schema_extra=BATCH_RELEASE_RULES)
+
+    one_below_emu: float = Field(
+        default=0.6, gt=0, le=1, description="Release 1 request when EMU is below this."
+    )
+    two_below_emu: float = Field(
+        default=0.5, gt=0, le=1, description="Release 2 requests when EMU is below this."
+    )
+
+
+ROUTING_RULES = cel(
+    (
+        "self.scheduler != 'dpa' || (has(self.severelyExpiredSeconds) && has(self.urgentSeconds))",
+        "spec.routing.severelyExpiredSeconds and spec.routing.urgentSeconds (τ_n, τ_p) are "
+        "required when spec.routing.scheduler is dpa: the paper gives no values, set both",
+    ),
+)
+
+
+class Routing(ApiModel):
+    """Region routing, batch release and instance scheduling (digest §3)."""
+
+    model_config = ConfigDict(json_schema_extra=ROUTING_RULES)
+
+    region_emu_threshold: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="Interactive requests go to the first preferred region below this EMU, "
+        "else to the least loaded region (SageServe: 70%).",
+    )
+    batch_release: BatchRelease = Field(
+        default_factory=BatchRelease, json_schema_extra={"default": {}}
+    )
+    scheduler: InstanceScheduler = Field(
+        default=InstanceScheduler.FCFS,
+        description="Admission order inside an instance; interactive tiers always go "
+        "before batch ones (SageServe default: FCFS with priorities).",
+    )
+    severely_expired_seconds: float | None = Field(
+        default=None, gt=0, le=3600, description="DPA's τ_n (not given in the paper)."
+    )
+    urgent_seconds: float | None = Field(
+        default=None, gt=0, le=3600, description="DPA's τ_p (not given in the paper)."
+    )
+
+
+FORECAST_GAP_RULES = cel(
+    (
+        "self.scaleDownRatio < 1.0 && self.scaleUpRatio > 1.0",
+        "spec.forecastGap needs scaleDownRatio < 1 < scaleUpRatio: they say how far observed "
+        "load must fall below or rise above the forecast (SageServe: 0.5 and 5)",
+    ),
+)
+
+
+class ForecastGap(ApiModel):
+    """LT-UA's correction when observed load is far from the forecast (digest §6.3)."""
+
+    model_config = ConfigDict(json_schema_extra=FORECAST_GAP_RULES)
+
+    window_seconds: int = Field(
+        default=1200,
+        ge=0,
+        le=86400,
+        description="Active during the last this-many seconds of each plan interval, once "
+        "the target is reached (SageServe: last 20 min).",
+    )
+    scale_up_ratio: float = Field(
+        default=5.0,
+        gt=0,
+        le=1000,
+        description="Keep scaling out while observed tokens/s ≥ this × forecast (SageServe: 5).",
+    )
+    scale_down_ratio: float = Field(
+        default=0.5,
+        gt=0,
+        le=1000,
+        description="Keep scaling in while observed tokens/s ≤ this × forecast (SageServe: 0.5).",
+    )
+
+
+class ArimaOrder(ApiModel):
+    """A fixed ARIMA(p, d, q) order; without it the order is chosen by AIC as in the paper."""
+
+    p: int = Field(ge=0, le=10)
+    d: int = Field(ge=0, le=2)
+    q: int = Field(ge=0, le=10)
+
+
+FORECAST_RULES = cel(
+    (
+        "self.leadSeconds < self.horizonSeconds",
+        "spec.forecast.leadSeconds must be below spec.forecast.horizonSeconds: the peak is "
+        "taken over [now + lead, now + horizon]",
+    ),
+    (
+        "self.granularitySeconds <= self.horizonSeconds",
+        "spec.forecast.granularitySeconds must not exceed spec.forecast.horizonSeconds: "
+        "the horizon must hold at least one step",
+    ),
+    (
+        "self.trainingWindowSeconds >= 3 * self.granularitySeconds",
+        "spec.forecast.trainingWindowSeconds must hold at least 3 steps of "
+        "granularitySeconds: lengthen the window or use a finer granularity",
+    ),
+)
+
+
+class Forecast(ApiModel):
+    """The load predictor: tokens/s per (model, region) (digest §4)."""
+
+    model_config = ConfigDict(json_schema_extra=FORECAST_RULES)
+
+    method: ForecastMethod = Field(default=ForecastMethod.ARIMA)
+    fallback: FallbackMethod = Field(
+        default=FallbackMethod.MOVING_AVERAGE,
+        description="Used, and named in status, when the method fails or history is short.",
+    )
+    order: ArimaOrder | None = Field(
+        default=None, description="Fixed ARIMA order; absent means chosen by AIC (paper)."
+    )
+    granularity_seconds: int = Field(
+        default=60, ge=10, le=86400, description="Step of the series (SageServe: 1 min)."
+    )
+    training_window_seconds: int = Field(
+        default=3600,
+        ge=30,
+        le=2592000,
+        description="History the model is fitted on (SageServe: 60 steps of 1 min).",
+    )
+    horizon_seconds: int = Field(
+        default=3600, ge=60, le=86400, description="Forecast reach (SageServe: next hour)."
+    )
+    lead_seconds: int = Field(
+        default=0,
+        ge=0,
+        le=86400,
+        description="The peak is taken from now + lead; the paper takes the whole hour "
+        "(0), its code [t+20 min, t+60 min] (1200).",
+    )
+    quantile: float = Field(
+        default=0.5,
+        ge=0.5,
+        lt=1,
+        description="Forecast quantile provisioned for; 0.5 is the point forecast (paper).",
+    )
+    batch_buffer_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        le=10,
+        description="β: this share of the last hour's batch tokens/s is added to the "
+        "interactive forecast (SageServe: 10%).",
+    )
+
+
+class GpuCost(ApiModel):
+    """α for one GPU type: what one GPU-hour of it costs."""
+
+    gpu_type: str = Field(min_length=1, max_length=63, pattern=LABEL_VALUE)
+    cost_per_gpu_hour: float = Field(ge=0, le=1e6)
+
+
+class Optimizer(ApiModel):
+    """The hourly ILP that sets instance targets per (model, region, variant) (digest §5)."""
+
+    local_serve_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="ε: each region serves at least this share of its own peak; the rest "
+        "may spill to other regions. The paper leaves ε open; its code uses 1.",
+    )
+    gpu_hour_costs: list[GpuCost] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra=list_map("gpuType"),
+        description="α per GPU type; types not listed cost defaultGpuHourCost.",
+    )
+    default_gpu_hour_cost: float = Field(
+        default=12.29,
+        ge=0,
+        le=1e6,
+        description="α for unlisted GPU types: $98.32 per 8×H100 hour / 8 (SageServe §7.2).",
+    )
+    solver: Solver = Field(default=Solver.HIGHS)
+    time_limit_seconds: float = Field(
+        default=30, gt=0, le=3600, description="Solver time limit; the best plan so far is used."
+    )
+    relative_gap: float = Field(
+        default=0.0001, ge=0, le=1, description="Relative MIP gap at which the solver stops."
+    )
+
+
+SPOT_RULES = cel(
+    (
+        "self.reclaimSameModelSeconds <= self.reclaimSameModelMaxSeconds",
+        "spec.spot.reclaimSameModelSeconds (median) must not exceed "
+        "reclaimSameModelMaxSeconds (SageServe: 60 and 300)",
+    ),
+)
+
+
+class Spot(ApiModel):
+    """Donating idle GPUs to the spot pool and reclaiming them (digest §2.3, §10)."""
+
+    model_config = ConfigDict(json_schema_extra=SPOT_RULES)
+
+    enabled: bool = Field(
+        default=True,
+        description="Donate nodes freed by scale-in to the spot pool and reclaim from it.",
+    )
+    reclaim_same_model_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=86400,
+        description="Median delay to reclaim a node that last served the same model "
+        "(weights cached; SageServe: 1 min).",
+    )
+    reclaim_same_model_max_seconds: int = Field(
+        default=300, ge=0, le=86400, description="Its maximum (SageServe: 5 min)."
+    )
+    redeploy_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="Delay to reclaim a node of another model and load this one "
+        "(SageServe: 10 min with weights in the region).",
+    )
+    remote_redeploy_seconds: int = Field(
+        default=7200,
+        ge=0,
+        le=86400,
+        description="Same, when weights come from another region (SageServe: ~2 h).",
+    )
+    new_node_seconds: int = Field(
+        default=3600,
+        ge=0,
+        le=604800,
+        description="Delay to obtain a node outside the serving and spot pools; the paper "
+        "says minutes to hours, sageserve assumes 1 h.",
+    )
+
+
+class Siloed(ApiModel):
+    """Pool split of the siloed baseline (digest §6.1)."""
+
+    batch_instance_fraction: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="Share of each (model, region)'s instances kept for batch "
+        "(SageServe: 4 of 20).",
+    )
+
+
+POLICY_RULES = cel(
+    (
+        "self.forecast.horizonSeconds >= self.intervals.planSeconds",
+        "spec.forecast.horizonSeconds must cover spec.intervals.planSeconds: each plan has "
+        "to see the load until the next one",
+    ),
+    (
+        "self.forecastGap.windowSeconds <= self.intervals.planSeconds",
+        "spec.forecastGap.windowSeconds must not exceed spec.intervals.planSeconds: it is "
+        "the tail of each plan interval",
+    ),
+)
+
+
+class ScalingPolicySpec(ApiModel):
+    """How the fleets of the ModelDeployments referring to this policy are sized."""
+
+    model_config = ConfigDict(json_schema_extra=POLICY_RULES)
+
+    strategy: Strategy = Field(default=Strategy.LT_UTILIZATION_ARIMA)
+    dry_run: bool = Field(
+        default=False,
+        description="Compute and report plans and decisions without changing the cluster.",
+    )
+    intervals: Intervals = Field(default_factory=Intervals, json_schema_extra={"default": {}})
+    thresholds: Thresholds = Field(default_factory=Thresholds, json_schema_extra={"default": {}})
+    routing: Routing = Field(default_factory=Routing, json_schema_extra={"default": {}})
+    forecast_gap: ForecastGap = Field(
+        default_factory=ForecastGap, json_schema_extra={"default": {}}
+    )
+    forecast: Forecast = Field(default_factory=Forecast, json_schema_extra={"default": {}})
+    optimizer: Optimizer = Field(default_factory=Optimizer, json_schema_extra={"default": {}})
+    spot: Spot = Field(default_factory=Spot, json_schema_extra={"default": {}})
+    siloed: Siloed = Field(default_factory=Siloed, json_schema_extra={"default": {}})
+
+
+class ForecastEntry(ApiModel):
+    """Forecast peak load of one (model, region) for the current plan."""
+
+    model: str = Field(max_length=253)
+    region: str = Field(max_length=63)
+    tokens_per_second: float = Field(ge=0, description="Peak forecast incl. batch buffer β.")
+    batch_buffer_tokens_per_second: float = Field(default=0, ge=0)
+    method: str = Field(max_length=64, description="Forecaster actually used.")
+    fallback_reason: str | None = Field(default=None, max_length=1024)
+
+
+class TargetEntry(ApiModel):
+    """Planned instances of one (model, region, variant)."""
+
+    model: str = Field(max_length=253)
+    region: str = Field(max_length=63)
+    variant: str = Field(max_length=63)
+    gpu_type: str = Field(max_length=63)
+    current: int = Field(ge=0)
+    target: int = Field(ge=0)
+    delta: int
+
+
+class ShortfallEntry(ApiModel):
+    """Demand the plan cannot serve with the GPUs available."""
+
+    model: str = Field(max_length=253)
+    region: str = Field(max_length=63)
+    tier: str | None = Field(default=None, max_length=253)
+    tokens_per_second: float = Field(ge=0)
+
+
+class PlanStatus(ApiModel):
+    """The plan in force: forecast, targets, objective, solver outcome, unmet demand."""
+
+    computed_at: datetime
+    strategy: Strategy
+    solver_status: Literal["optimal", "shortfall", "time_limit", "infeasible"]
+    solver_seconds: float = Field(ge=0)
+    objective: float | None = None
+    forecasts: list[ForecastEntry] = Field(default_factory=list, max_length=4096)
+    targets: list[TargetEntry] = Field(default_factory=list, max_length=8192)
+    binding_constraints: list[str] = Field(default_factory=list, max_length=256)
+    shortfalls: list[ShortfallEntry] = Field(default_factory=list, max_length=4096)
+
+
+class ScalingPolicyStatus(ApiModel):
+    """What the operator decided under this policy."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    conditions: list[Condition] = conditions_field()
+    plan: PlanStatus | None = None
+    last_pace_time: datetime | None = None
+    donated_nodes: int = Field(default=0, ge=0)
+
+
+class ScalingPolicy(ApiModel):
+    """ScalingPolicy: strategy, cadence, thresholds, forecast, ILP and spot settings."""
+
+    api_version: Literal["sageserve.io/v1alpha1"]
+    kind: Literal["ScalingPolicy"]
+    metadata: ObjectMeta
+    spec: ScalingPolicySpec = Field(default_factory=ScalingPolicySpec)
+    status: ScalingPolicyStatus | None = None

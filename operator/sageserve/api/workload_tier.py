@@ -1,0 +1,134 @@
+"""WorkloadTier: a class of requests with its SLOs (SageServe's IW-F, IW-N and NIW).
+
+Interactive tiers are judged by latency percentiles (TTFT < 1 s at P95 for IW-F, < 1 min
+for IW-N); batch tiers by a completion deadline (24 h), and are promoted to interactive
+priority once they are older than the promotion age (10 h). Digest §1.2, §3.2, §3.4.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from sageserve.api.common import ApiModel, Condition, ObjectMeta, cel, conditions_field
+
+
+class TierType(StrEnum):
+    """Interactive requests stream tokens to a user; batch requests only need a deadline."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class Slo(ApiModel):
+    """Latency objectives, each a P95 bound in seconds."""
+
+    ttft_p95_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        description="P95 time to first token. Required for interactive tiers "
+        "(SageServe: IW-F 1 s, IW-N 60 s).",
+    )
+    tbt_p95_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="P95 time between tokens (TPOT) while streaming.",
+    )
+    e2e_p95_seconds: float | None = Field(
+        default=None,
+        alias="e2eP95Seconds",
+        gt=0,
+        le=604800,
+        description="P95 end-to-end latency of a request.",
+    )
+
+
+class BatchSettings(ApiModel):
+    """How the batch Queue Manager treats the tier's requests (digest §3.2)."""
+
+    deadline_seconds: int = Field(
+        default=86400,
+        ge=60,
+        le=2592000,
+        description="A request not finished this long after arrival misses its deadline "
+        "(SageServe: 24 h).",
+    )
+    promotion_age_seconds: int = Field(
+        default=36000,
+        ge=0,
+        le=2592000,
+        description="Queued requests older than this get interactive priority, so that they "
+        "still finish before the deadline (SageServe: 10 h).",
+    )
+
+
+TIER_RULES = cel(
+    (
+        "self.type != 'interactive' || has(self.slo.ttftP95Seconds)",
+        "spec.slo.ttftP95Seconds is required when spec.type is interactive: "
+        "set it, e.g. 1 for IW-F or 60 for IW-N",
+    ),
+    (
+        "self.type == 'batch' ? has(self.batch) : !has(self.batch)",
+        "spec.batch is required when spec.type is batch and not allowed when it is "
+        "interactive: add 'batch: {}' to a batch tier for the defaults, or remove it",
+    ),
+    (
+        "!has(self.batch) || self.batch.promotionAgeSeconds < self.batch.deadlineSeconds",
+        "spec.batch.promotionAgeSeconds must be below spec.batch.deadlineSeconds: promote "
+        "before the deadline (SageServe: 10 h and 24 h)",
+    ),
+    (
+        "!has(self.slo.e2eP95Seconds) || !has(self.slo.ttftP95Seconds) "
+        "|| self.slo.ttftP95Seconds <= self.slo.e2eP95Seconds",
+        "spec.slo.ttftP95Seconds must not exceed spec.slo.e2eP95Seconds: the first token "
+        "cannot come after the last",
+    ),
+)
+
+
+class WorkloadTierSpec(ApiModel):
+    """A class of requests sharing one SLO and one priority."""
+
+    model_config = ConfigDict(json_schema_extra=TIER_RULES)
+
+    type: TierType = Field(description="interactive (streamed) or batch (deadline only).")
+    priority: int = Field(
+        ge=0,
+        le=1000,
+        description="Lower is served first by the instance scheduler and kept first when "
+        "capacity falls short (SageServe: 0 for interactive, 1 for batch).",
+    )
+    slo: Slo = Field(default_factory=Slo, json_schema_extra={"default": {}})
+    batch: BatchSettings | None = Field(
+        default=None, description="Queue Manager settings; only for batch tiers."
+    )
+
+
+class TierAttainment(ApiModel):
+    """Observed SLO attainment of the tier over the last window."""
+
+    window_seconds: int = Field(ge=0)
+    attainment: float = Field(ge=0, le=1, description="Share of requests within the SLO.")
+
+
+class WorkloadTierStatus(ApiModel):
+    """What the operator observed about the tier."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    conditions: list[Condition] = conditions_field()
+    attainment: TierAttainment | None = None
+
+
+class WorkloadTier(ApiModel):
+    """WorkloadTier: a class of requests (interactive or batch) with its SLOs."""
+
+    api_version: Literal["sageserve.io/v1alpha1"]
+    kind: Literal["WorkloadTier"]
+    metadata: ObjectMeta
+    spec: WorkloadTierSpec
+    status: WorkloadTierStatus | None = None
