@@ -95,6 +95,8 @@ def validate(
     report = validate_paths(files)
     for problem in report.problems:
         err_console.print(str(problem), markup=False, highlight=False, soft_wrap=True)
+    for warning in report.warnings:
+        err_console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     summary = (
         f"{report.checked} sageserve object(s) in {report.files} file(s), "
         f"{report.skipped} other document(s) skipped: "

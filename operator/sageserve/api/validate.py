@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import celpy
 import yaml
@@ -24,10 +24,19 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from sageserve.api.common import API_VERSION, GROUP
-from sageserve.api.crd import KINDS, schema_of
+from sageserve.api.crd import schema_of
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import ScalingPolicy
+from sageserve.api.workload_tier import WorkloadTier
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
-_MODELS: dict[str, type[BaseModel]] = {k.kind: k.model for k in KINDS}
+Manifest = ModelDeployment | WorkloadTier | ScalingPolicy
+_MODELS: dict[str, type[Manifest]] = {
+    "ModelDeployment": ModelDeployment,
+    "WorkloadTier": WorkloadTier,
+    "ScalingPolicy": ScalingPolicy,
+}
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -49,10 +58,24 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class Checked:
+    """A sageserve object found in a file, parsed when its schema is valid."""
+
+    file: str
+    label: str
+    parsed: Manifest | None
+
+
+@dataclass(frozen=True)
 class Report:
-    """Outcome of validating a set of files."""
+    """Outcome of validating a set of files.
+
+    `warnings` are references to objects not among the files checked: the API server
+    accepts them, but the operator will report the referring object as not Ready.
+    """
 
     problems: list[Problem]
+    warnings: list[Problem]
     checked: int
     skipped: int
     files: int
@@ -111,7 +134,7 @@ def _fix_for(error: ErrorDetails) -> str:
     return fixes.get(kind, "")
 
 
-def parse_like_server(model: type[BaseModel], doc: dict[str, Any]) -> BaseModel:
+def parse_like_server(model: type[M], doc: dict[str, Any]) -> M:
     """Validate `doc` as the API server reads it: JSON types, no coercion of "1" to 1.
 
     Strict JSON-mode validation refuses a quoted number where a number belongs, as the
@@ -212,33 +235,72 @@ def _object_label(doc: dict[str, Any], index: int) -> str:
     return f"{kind}/{name}" if name else f"{kind} (document {index + 1})"
 
 
-def validate_document(file: str, index: int, doc: Any) -> tuple[list[Problem], bool]:
-    """Problems of one YAML document; the flag says whether it was a sageserve object."""
+def validate_document(file: str, index: int, doc: Any) -> tuple[list[Problem], Checked | None]:
+    """Problems of one YAML document, and the object if it is a sageserve one."""
     if doc is None:
-        return [], False
+        return [], None
     if not isinstance(doc, dict):
-        return [Problem(file, f"document {index + 1}", "", "is not a mapping")], False
+        return [Problem(file, f"document {index + 1}", "", "is not a mapping")], None
     api_version = str(doc.get("apiVersion", ""))
     if not api_version.startswith(f"{GROUP}/"):
-        return [], False
+        return [], None
     obj = _object_label(doc, index)
+    unparsed = Checked(file, obj, None)
     if api_version != API_VERSION:
-        return [
-            Problem(
-                file, obj, "apiVersion", f"unknown version {api_version!r}", f"use {API_VERSION}"
-            )
-        ], True
+        fix = f"use {API_VERSION}"
+        return [Problem(file, obj, "apiVersion", f"unknown version {api_version!r}", fix)], unparsed
     kind = doc.get("kind")
     model = _MODELS.get(str(kind))
     if model is None:
-        known = ", ".join(sorted(_MODELS))
-        return [Problem(file, obj, "kind", f"unknown kind {kind!r}", f"use one of {known}")], True
+        fix = f"use one of {', '.join(sorted(_MODELS))}"
+        return [Problem(file, obj, "kind", f"unknown kind {kind!r}", fix)], unparsed
     problems = schema_problems(file, obj, model, doc)
     if problems:
-        return problems, True
+        return problems, unparsed
     parsed = parse_like_server(model, doc)
     defaulted = parsed.model_dump(by_alias=True, exclude_none=True, mode="json")
-    return structural_problems(file, obj, str(kind), defaulted), True
+    return structural_problems(file, obj, str(kind), defaulted), Checked(file, obj, parsed)
+
+
+def reference_warnings(objects: Iterable[Checked]) -> list[Problem]:
+    """ModelDeployment references (policy, tiers) that no object among `objects` satisfies."""
+    objects = list(objects)
+
+    def names(kind: type[BaseModel]) -> set[tuple[str | None, str]]:
+        return {
+            (o.parsed.metadata.namespace, o.parsed.metadata.name)
+            for o in objects
+            if isinstance(o.parsed, kind)
+        }
+
+    policies, tiers = names(ScalingPolicy), names(WorkloadTier)
+    warnings = []
+    for o in objects:
+        if not isinstance(o.parsed, ModelDeployment):
+            continue
+        ns, spec = o.parsed.metadata.namespace, o.parsed.spec
+        if (ns, spec.policy_ref.name) not in policies:
+            warnings.append(
+                Problem(
+                    o.file,
+                    o.label,
+                    "spec.policyRef.name",
+                    f"ScalingPolicy {spec.policy_ref.name!r} is not among the files checked",
+                    "make sure it exists in the same namespace",
+                )
+            )
+        for i, tier in enumerate(spec.tiers):
+            if (ns, tier) not in tiers:
+                warnings.append(
+                    Problem(
+                        o.file,
+                        o.label,
+                        f"spec.tiers[{i}]",
+                        f"WorkloadTier {tier!r} is not among the files checked",
+                        "make sure it exists in the same namespace",
+                    )
+                )
+    return warnings
 
 
 def manifest_files(paths: Iterable[Path]) -> list[Path]:
@@ -252,41 +314,46 @@ def manifest_files(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
-def validate_file(path: Path) -> tuple[list[Problem], int, int]:
-    """(problems, sageserve objects checked, other documents skipped) of one file."""
+def validate_file(path: Path) -> tuple[list[Problem], list[Checked], int]:
+    """(problems, sageserve objects found, other documents skipped) of one file."""
     name = str(path)
     try:
         docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
     except OSError as exc:
-        return [Problem(name, "file", "", f"cannot be read: {exc.strerror}")], 0, 0
+        return [Problem(name, "file", "", f"cannot be read: {exc.strerror}")], [], 0
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        return (
-            [Problem(name, where, "", f"is not valid YAML: {getattr(exc, 'problem', exc)}")],
-            0,
-            0,
-        )
+        message = f"is not valid YAML: {getattr(exc, 'problem', exc)}"
+        return [Problem(name, where, "", message)], [], 0
     problems: list[Problem] = []
-    checked = skipped = 0
+    objects: list[Checked] = []
+    skipped = 0
     for index, doc in enumerate(docs):
         found, ours = validate_document(name, index, doc)
         problems.extend(found)
-        if ours:
-            checked += 1
+        if ours is not None:
+            objects.append(ours)
         elif doc is not None:
             skipped += 1
-    return problems, checked, skipped
+    return problems, objects, skipped
 
 
 def validate_paths(paths: Iterable[Path]) -> Report:
-    """Validate every manifest under `paths`."""
+    """Validate every manifest under `paths`, then the references between them."""
     files = manifest_files(paths)
     problems: list[Problem] = []
-    checked = skipped = 0
+    objects: list[Checked] = []
+    skipped = 0
     for path in files:
-        found, c, s = validate_file(path)
+        found, ours, s = validate_file(path)
         problems.extend(found)
-        checked += c
+        objects.extend(ours)
         skipped += s
-    return Report(problems=problems, checked=checked, skipped=skipped, files=len(files))
+    return Report(
+        problems=problems,
+        warnings=reference_warnings(objects),
+        checked=len(objects),
+        skipped=skipped,
+        files=len(files),
+    )
