@@ -1,0 +1,55 @@
+"""Pinned versions and cache locations of every binary the test cluster uses.
+
+One place to bump: the builder, the cluster starter and the stamp files all read
+these constants, so a version change rebuilds exactly what changed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# k8s 1.36 is built upstream with Go 1.26 (its go.mod says `go 1.26.0`), the toolchain
+# we have; kwok v0.8.0 also defaults to a 1.36 control plane.
+KUBERNETES_VERSION = "1.36.3"
+# kwok maps k8s 1.34-1.36 to etcd 3.6; take the newest 3.6 patch release.
+ETCD_VERSION = "3.6.16"
+KWOK_VERSION = "0.8.0"
+HELM_VERSION = "3.21.4"
+
+KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+
+
+def cache_root() -> Path:
+    """Root of everything built or started; outside the repo so nothing is committed."""
+    override = os.environ.get("SAGESERVE_CACHE")
+    if override:
+        return Path(override).expanduser()
+    return Path.home() / ".cache" / "sageserve"
+
+
+def bin_dir() -> Path:
+    """Directory holding all binaries for the pinned Kubernetes version."""
+    return cache_root() / "k8s" / f"v{KUBERNETES_VERSION}" / "bin"
+
+
+def wrappers_dir() -> Path:
+    """Wrapper Go modules (generated go.mod files) live here, one per upstream module."""
+    return cache_root() / "wrappers"
+
+
+def go_env_dir() -> Path:
+    """Dedicated GOMODCACHE/GOCACHE/GOPATH so builds are reproducible and easy to wipe."""
+    return cache_root() / "go"
+
+
+def state_dir() -> Path:
+    """Runtime state of a started cluster (KWOK_WORKDIR, Prometheus data, pid files).
+
+    ``SAGESERVE_E2E_STATE`` moves it, so that a pytest session can run its own private
+    cluster next to one a developer started by hand.
+    """
+    override = os.environ.get("SAGESERVE_E2E_STATE")
+    if override:
+        return Path(override).expanduser()
+    return cache_root() / "run"

@@ -1,0 +1,99 @@
+"""Session fixtures: one real control plane (kwokctl, binary runtime) with KWOK GPU
+nodes and one real Prometheus for the whole pytest session.
+
+Why a private state dir per session: several people and CI jobs share machines, and
+``down`` at the end must only stop what this session started. Set
+``SAGESERVE_E2E_REUSE=1`` to use (and keep) the cluster of ``python -m e2e.cluster up``
+instead, which makes iterating on a test fast.
+
+Never skipped: a missing binary is built; if the build fails, every e2e test fails
+with the build error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from e2e import gobuild, lifecycle, state, versions  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e is an e2e test."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _ensure_binaries() -> None:
+    missing = [c for c in gobuild.missing_components() if c in lifecycle.REQUIRED_FOR_KWOK]
+    if not missing:
+        return
+    try:
+        gobuild.build_all(only=missing)
+    except gobuild.BuildError as err:
+        pytest.fail(
+            f"e2e binaries could not be built ({', '.join(missing)} into {versions.bin_dir()}); "
+            f"run `python -m e2e.cluster build` to see why.\n{err}",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.ClusterState]:
+    """A ready cluster (GPU nodes Ready) and Prometheus; torn down after the session."""
+    reuse = os.environ.get("SAGESERVE_E2E_REUSE") == "1"
+    saved = os.environ.get("SAGESERVE_E2E_STATE")
+    if not reuse:
+        os.environ["SAGESERVE_E2E_STATE"] = str(tmp_path_factory.mktemp("e2e-state"))
+    try:
+        _ensure_binaries()
+        try:
+            started = lifecycle.up()
+        except Exception as err:  # any failure to start is a test failure, never a skip
+            pytest.fail(f"could not start the e2e cluster: {err}", pytrace=False)
+        yield started
+    finally:
+        if not reuse:
+            lifecycle.down()
+            if saved is None:
+                os.environ.pop("SAGESERVE_E2E_STATE", None)
+            else:
+                os.environ["SAGESERVE_E2E_STATE"] = saved
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(e2e_cluster: state.ClusterState) -> Path:
+    """Path of the test cluster's own kubeconfig (never ~/.kube/config)."""
+    return Path(e2e_cluster.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def prometheus_url(e2e_cluster: state.ClusterState) -> str:
+    """Base URL of the session's Prometheus, e.g. http://127.0.0.1:41234."""
+    return e2e_cluster.prometheus_url
+
+
+@pytest.fixture(scope="session")
+def prometheus_targets_dir(e2e_cluster: state.ClusterState) -> Path:
+    """Drop ``*.json`` file_sd target files here and Prometheus scrapes them (job sageserve-e2e)."""
+    return Path(e2e_cluster.prometheus_dir) / "targets"
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: Path):  # type: ignore[no-untyped-def]
+    """A kubernetes.client.ApiClient bound to the test cluster."""
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=str(kubeconfig))
+    yield client
+    client.close()
