@@ -1,0 +1,202 @@
+"""Render the Deployment ("pod set") that serves a ModelDeployment in one (region, variant).
+
+A pure function of the spec, so reconciling is level-triggered and idempotent: the operator
+server-side-applies exactly this object, and applying it twice changes nothing. Replicas
+are passed in (they belong to the pacing loop), everything else comes from the spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sageserve.api.model_deployment import (
+    ModelDeployment,
+    RegionPlacement,
+    Variant,
+    pod_set_name,
+)
+
+MANAGED_BY = "sageserve"
+LABEL_DEPLOYMENT = "sageserve.io/model-deployment"
+LABEL_REGION = "sageserve.io/region"
+LABEL_VARIANT = "sageserve.io/variant"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodeLabels:
+    """Node label keys and pool values; configurable in the Helm chart."""
+
+    region: str = "topology.kubernetes.io/region"
+    gpu_type: str = "nvidia.com/gpu.product"
+    pool: str = "sageserve.io/pool"
+    serving_pool: str = "serving"
+    spot_pool: str = "spot"
+
+
+def selector_labels(deployment: str, region: str, variant: str) -> dict[str, str]:
+    """Labels that identify the pods of one pod set (immutable once created)."""
+    return {LABEL_DEPLOYMENT: deployment, LABEL_REGION: region, LABEL_VARIANT: variant}
+
+
+def server_args(md: ModelDeployment, variant: Variant) -> list[str]:
+    """vLLM OpenAI server arguments: what sageserve sets, then the user's extra arguments."""
+    spec = md.spec
+    tp = variant.tensor_parallel or variant.gpus_per_instance // variant.pipeline_parallel
+    return [
+        "--model",
+        spec.model.name,
+        "--served-model-name",
+        spec.model.served_name or spec.model.name,
+        "--port",
+        str(spec.engine.port),
+        "--tensor-parallel-size",
+        str(tp),
+        "--pipeline-parallel-size",
+        str(variant.pipeline_parallel),
+        *spec.engine.args,
+    ]
+
+
+def render_pod_set(
+    md: ModelDeployment,
+    region: RegionPlacement,
+    variant: Variant,
+    replicas: int,
+    namespace: str,
+    owner_uid: str | None = None,
+    node_labels: NodeLabels = NodeLabels(),
+) -> dict[str, Any]:
+    """The apps/v1 Deployment serving `md` in `region` on `variant`, with `replicas` pods.
+
+    Pods require the region, the GPU type and the serving pool by node affinity, so they
+    never land on a donated (spot) node; GPUs are requested as `nvidia.com/gpu`.
+    """
+    name = md.metadata.name
+    port = md.spec.engine.port
+    selector = selector_labels(name, region.name, variant.name)
+    labels = {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "inference",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        **selector,
+    }
+    gpus = str(variant.gpus_per_instance)
+    metadata: dict[str, Any] = {
+        "name": pod_set_name(name, region.name, variant.name),
+        "namespace": namespace,
+        "labels": labels,
+    }
+    if owner_uid is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": md.api_version,
+                "kind": md.kind,
+                "name": name,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": node_labels.region, "operator": "In", "values": [region.name]},
+                            {
+                                "key": node_labels.gpu_type,
+                                "operator": "In",
+                                "values": [variant.gpu_type],
+                            },
+                            {
+                                "key": node_labels.pool,
+                                "operator": "In",
+                                "values": [node_labels.serving_pool],
+                            },
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    probe_http = {"path": "/health", "port": "http"}
+    container = {
+        "name": "vllm",
+        "image": md.spec.engine.image,
+        "args": server_args(md, variant),
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
+        # Loading weights takes up to startupSeconds; only then do liveness checks begin.
+        "startupProbe": {
+            "httpGet": probe_http,
+            "periodSeconds": 10,
+            "failureThreshold": max(1, -(-variant.startup_seconds // 10)) + 6,
+        },
+        "readinessProbe": {"httpGet": probe_http, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": probe_http, "periodSeconds": 15, "failureThreshold": 4},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            # GPUs are the scarce resource: replace pods in place rather than surge.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "affinity": affinity,
+                    "tolerations": [
+                        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "containers": [container],
+                    # Tensor parallelism exchanges tensors through shared memory.
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                    "terminationGracePeriodSeconds": 60,
+                },
+            },
+        },
+    }
+
+
+def render_pod_sets(
+    md: ModelDeployment,
+    replicas: dict[tuple[str, str], int],
+    namespace: str,
+    owner_uid: str | None = None,
+    node_labels: NodeLabels = NodeLabels(),
+) -> list[dict[str, Any]]:
+    """Every pod set of `md`; `replicas[(region, variant)]` defaults to the initial size.
+
+    The initial size of a region (initialInstances, else minInstances) goes to its first
+    variant: the planner spreads instances over variants once it has run.
+    """
+    out = []
+    for region in md.spec.regions:
+        initial = region.initial_instances
+        if initial is None:
+            initial = region.min_instances
+        for i, variant in enumerate(md.spec.variants):
+            default = initial if i == 0 else 0
+            count = replicas.get((region.name, variant.name), default)
+            out.append(
+                render_pod_set(md, region, variant, count, namespace, owner_uid, node_labels)
+            )
+    return out

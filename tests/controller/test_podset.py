@@ -1,0 +1,107 @@
+"""Pod sets rendered from a ModelDeployment: names, placement, GPUs, server arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.controller.podset import NodeLabels, render_pod_set, render_pod_sets
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _llama() -> ModelDeployment:
+    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    return ModelDeployment.model_validate(next(iter(docs)))
+
+
+def _match(deployment: dict) -> dict[str, list[str]]:
+    terms = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return {e["key"]: e["values"] for e in terms[0]["matchExpressions"]}
+
+
+def test_one_pod_set_per_region_and_variant_with_deterministic_names() -> None:
+    md = _llama()
+    sets = render_pod_sets(md, {}, namespace="llm")
+    names = [d["metadata"]["name"] for d in sets]
+    assert names == [
+        f"llama-2-70b-{r}-{v}"
+        for r in ("us-east", "us-central", "us-west")
+        for v in ("h100", "a100")
+    ]
+    assert render_pod_sets(md, {}, namespace="llm") == sets  # idempotent
+
+
+def test_pods_are_pinned_to_region_gpu_type_and_serving_pool() -> None:
+    md = _llama()
+    d = render_pod_set(md, md.spec.regions[1], md.spec.variants[1], 3, "llm")
+    assert _match(d) == {
+        "topology.kubernetes.io/region": ["us-central"],
+        "nvidia.com/gpu.product": ["NVIDIA-A100-SXM4-80GB"],
+        "sageserve.io/pool": ["serving"],
+    }
+    container = d["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "8"}
+    assert d["spec"]["replicas"] == 3
+
+
+def test_node_label_keys_come_from_configuration() -> None:
+    md = _llama()
+    labels = NodeLabels(
+        region="example.com/dc", gpu_type="example.com/gpu", pool="example.com/pool"
+    )
+    d = render_pod_set(md, md.spec.regions[0], md.spec.variants[0], 1, "llm", node_labels=labels)
+    assert set(_match(d)) == {"example.com/dc", "example.com/gpu", "example.com/pool"}
+
+
+def test_server_arguments_carry_model_name_and_parallelism() -> None:
+    md = _llama()
+    md.spec.model.served_name = "llama70"
+    md.spec.engine.args = ["--max-model-len", "4096"]
+    md.spec.variants[0].pipeline_parallel = 2
+    d = render_pod_set(md, md.spec.regions[0], md.spec.variants[0], 1, "llm")
+    args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["--model", "meta-llama/Llama-2-70b-hf", "--served-model-name", "llama70"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+    assert args[-2:] == ["--max-model-len", "4096"]
+
+
+def test_owner_reference_makes_the_model_deployment_the_controller() -> None:
+    md = _llama()
+    d = render_pod_set(md, md.spec.regions[0], md.spec.variants[0], 1, "llm", owner_uid="u-1")
+    [owner] = d["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "ModelDeployment",
+        "llama-2-70b",
+        "u-1",
+        True,
+    )
+
+
+def test_pods_are_scraped_by_prometheus_and_selected_by_stable_labels() -> None:
+    md = _llama()
+    d = render_pod_set(md, md.spec.regions[0], md.spec.variants[0], 1, "llm")
+    template = d["spec"]["template"]
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+    selector = d["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    assert selector == {
+        "sageserve.io/model-deployment": "llama-2-70b",
+        "sageserve.io/region": "us-east",
+        "sageserve.io/variant": "h100",
+    }
+
+
+def test_initial_size_goes_to_the_first_variant_until_a_plan_says_otherwise() -> None:
+    md = _llama()
+    sets = render_pod_sets(md, {("us-west", "a100"): 5}, namespace="llm")
+    sizes = {d["metadata"]["name"]: d["spec"]["replicas"] for d in sets}
+    assert sizes["llama-2-70b-us-east-h100"] == 20
+    assert sizes["llama-2-70b-us-east-a100"] == 0
+    assert sizes["llama-2-70b-us-west-a100"] == 5
