@@ -94,7 +94,7 @@ def register_strategy(name: str) -> Callable[[StrategyFactory], StrategyFactory]
 def make_strategy(name: str, params: Mapping[str, Any] | None = None) -> PacingStrategy:
     """Build the strategy registered under `name` with `params` (thresholds, cooldown...)."""
     # importing the built-ins registers them
-    from sageserve.pace import reactive  # noqa: F401
+    from sageserve.pace import longterm, reactive  # noqa: F401
 
     try:
         factory = _REGISTRY[name]
@@ -106,6 +106,6 @@ def make_strategy(name: str, params: Mapping[str, Any] | None = None) -> PacingS
 
 
 def available_strategies() -> list[str]:
-    from sageserve.pace import reactive  # noqa: F401
+    from sageserve.pace import longterm, reactive  # noqa: F401
 
     return sorted(_REGISTRY)

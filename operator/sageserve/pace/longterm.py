@@ -1,0 +1,196 @@
+"""SageServe's long-term strategies LT-I, LT-U and LT-UA (digest §6.3).
+
+All three take the hourly ILP target per endpoint (`on_plan`) and differ in *when* they
+move toward it:
+
+- LT-I (`lt-immediate`): the whole difference at once, at the plan.
+- LT-U (`lt-utilization`): one instance at a time, out only while EMU > 70 %, in only while
+  EMU < 30 %, never past the target (so a burst beyond the forecast is not followed).
+- LT-UA (`lt-utilization-arima`): LT-U, and in the last 20 minutes of the plan interval,
+  once the target is reached, it follows *traffic* instead of memory: observed tokens/s
+  ≥ 5× the forecast keeps scaling out, ≤ 0.5× keeps scaling in.
+
+Ambiguities settled here (the paper says "continue scaling" without a stopping rule, the
+public code scales out on every check while the ratio holds): LT-UA moves toward the
+traffic-proportional target ⌈target × observed / forecast⌉, one step per cooldown, within
+the endpoint's min/max. Instances still provisioning count toward the target, as in the
+reactive baselines, so a plan is never executed twice while nodes come up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sageserve.core.types import (
+    ActionKind,
+    EndpointKey,
+    EndpointObservation,
+    Observation,
+    ScalingAction,
+)
+from sageserve.pace.base import PoolLayout, register_strategy
+
+
+@dataclass(frozen=True)
+class LongTermParams:
+    """Thresholds and windows of the LT strategies (paper defaults)."""
+
+    scale_out_above: float = 0.70
+    scale_in_below: float = 0.30
+    cooldown_s: float = 15.0
+    plan_interval_s: float = 3600.0
+    gap_window_s: float = 1200.0
+    gap_scale_up_ratio: float = 5.0
+    gap_scale_down_ratio: float = 0.5
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> LongTermParams:
+        known = {k: float(raw[k]) for k in cls.__dataclass_fields__ if k in raw}
+        return cls(**known)
+
+
+def clamp(value: int, obs: EndpointObservation) -> int:
+    """`value` within the endpoint's [min, max] instance bounds."""
+    return max(obs.min_instances, min(obs.max_instances, value))
+
+
+def immediate_step(obs: EndpointObservation, target: int) -> ScalingAction | None:
+    """LT-I: the whole way to the target in one action."""
+    goal = clamp(target, obs)
+    if goal > obs.active:
+        count = goal - obs.active
+        return ScalingAction(ActionKind.SCALE_OUT, obs.key, count, f"LT-I: target {goal}")
+    if goal < obs.active and obs.serving > 0:
+        count = min(obs.active - goal, obs.serving)
+        return ScalingAction(ActionKind.SCALE_IN, obs.key, count, f"LT-I: target {goal}")
+    return None
+
+
+def utilization_step(
+    obs: EndpointObservation, target: int, p: LongTermParams
+) -> ScalingAction | None:
+    """LT-U: one step toward the target, only when utilisation asks for it."""
+    goal = clamp(target, obs)
+    if goal > obs.active and obs.emu > p.scale_out_above:
+        reason = f"LT-U: EMU {obs.emu:.0%} > {p.scale_out_above:.0%}, target {goal}"
+        return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
+    if goal < obs.active and obs.emu < p.scale_in_below and obs.provisioning == 0:
+        reason = f"LT-U: EMU {obs.emu:.0%} < {p.scale_in_below:.0%}, target {goal}"
+        return ScalingAction(ActionKind.SCALE_IN, obs.key, 1, reason)
+    return None
+
+
+def forecast_gap_step(
+    obs: EndpointObservation, target: int, forecast_tps: float, p: LongTermParams
+) -> ScalingAction | None:
+    """LT-UA's traffic-based step, for use in the last minutes of a plan interval.
+
+    Only once the ILP target is reached in the direction of the gap: observed load far
+    above the forecast keeps scaling out, far below keeps scaling in.
+    """
+    if forecast_tps <= 0:
+        return None
+    ratio = obs.tokens_per_s / forecast_tps
+    goal = clamp(math.ceil(target * ratio), obs)
+    if ratio >= p.gap_scale_up_ratio and obs.active >= target and goal > obs.active:
+        reason = f"LT-UA: observed {ratio:.1f}x forecast, target {goal}"
+        return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
+    if (
+        ratio <= p.gap_scale_down_ratio
+        and obs.active <= target
+        and goal < obs.active
+        and obs.provisioning == 0
+    ):
+        reason = f"LT-UA: observed {ratio:.2f}x forecast, target {goal}"
+        return ScalingAction(ActionKind.SCALE_IN, obs.key, 1, reason)
+    return None
+
+
+@dataclass
+class LongTerm:
+    """LT-I, LT-U or LT-UA, depending on `mode` ("immediate", "utilization", "arima")."""
+
+    mode: str
+    params: LongTermParams = field(default_factory=LongTermParams)
+    name: str = "lt-utilization-arima"
+    layout: PoolLayout = field(default_factory=PoolLayout)
+    batch_via_queue_manager: bool = True
+    _targets: dict[EndpointKey, int] = field(default_factory=dict)
+    _forecasts: dict[EndpointKey, float] = field(default_factory=dict)
+    _plan_time: float | None = None
+    _last_event: dict[EndpointKey, float] = field(default_factory=dict)
+
+    def on_plan(
+        self,
+        now: float,
+        targets: Mapping[EndpointKey, int],
+        forecasts: Mapping[EndpointKey, float] | None = None,
+    ) -> None:
+        """New targets (and, for LT-UA, the forecast tokens/s they were sized for)."""
+        self._plan_time = now
+        self._targets = dict(targets)
+        self._forecasts = dict(forecasts or {})
+
+    def in_gap_window(self, now: float) -> bool:
+        """Whether `now` is in the last `gap_window_s` of the current plan interval."""
+        if self._plan_time is None:
+            return False
+        elapsed = now - self._plan_time
+        return elapsed >= self.params.plan_interval_s - self.params.gap_window_s
+
+    def decide(self, obs: EndpointObservation) -> ScalingAction | None:
+        """The action for one endpoint now, ignoring the cooldown (pure given the plan)."""
+        target = self._targets.get(obs.key)
+        if target is None:
+            return None  # no plan yet for this endpoint: hold
+        if self.mode == "immediate":
+            return immediate_step(obs, target)
+        action = utilization_step(obs, target, self.params)
+        if action is None and self.mode == "arima" and self.in_gap_window(obs.time):
+            forecast = self._forecasts.get(obs.key, 0.0)
+            action = forecast_gap_step(obs, target, forecast, self.params)
+        return action
+
+    def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:
+        last = self._last_event.get(obs.key)
+        if last is not None and obs.time - last < self.params.cooldown_s:
+            return []
+        action = self.decide(obs)
+        if action is None:
+            return []
+        self._last_event[obs.key] = obs.time
+        return [action]
+
+    def on_tick(self, obs: Observation) -> list[ScalingAction]:
+        """LT-I needs no arrivals: it acts on the periodic view; the others act on arrival."""
+        if self.mode != "immediate":
+            return []
+        actions: list[ScalingAction] = []
+        for endpoint in obs.endpoints.values():
+            actions.extend(self.on_arrival(endpoint))
+        return actions
+
+
+_MODES = {
+    "lt-immediate": "immediate",
+    "lt-utilization": "utilization",
+    "lt-utilization-arima": "arima",
+    # The paper's short names, accepted by `sageserve simulate --policy`.
+    "lt-i": "immediate",
+    "lt-u": "utilization",
+    "lt-ua": "arima",
+}
+
+
+def _factory(name: str) -> Any:
+    def make(params: Mapping[str, Any]) -> LongTerm:
+        return LongTerm(mode=_MODES[name], params=LongTermParams.from_mapping(params), name=name)
+
+    return make
+
+
+for _name in _MODES:
+    register_strategy(_name)(_factory(_name))

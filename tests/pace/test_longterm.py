@@ -1,0 +1,126 @@
+"""LT-I, LT-U and LT-UA: table tests of when each moves toward the hourly target."""
+
+from __future__ import annotations
+
+import pytest
+
+from sageserve.core.types import ActionKind, EndpointKey, EndpointObservation, Observation
+from sageserve.pace import make_strategy
+from sageserve.pace.longterm import LongTerm
+
+KEY = EndpointKey("llama-2-70b", "us-east")
+OUT, IN = ActionKind.SCALE_OUT, ActionKind.SCALE_IN
+
+
+def obs(
+    time: float = 100.0,
+    emu: float = 0.5,
+    serving: int = 10,
+    provisioning: int = 0,
+    tps: float = 1000.0,
+    lo: int = 2,
+    hi: int = 40,
+) -> EndpointObservation:
+    return EndpointObservation(
+        time=time,
+        key=KEY,
+        emu=emu,
+        serving=serving,
+        provisioning=provisioning,
+        draining=0,
+        min_instances=lo,
+        max_instances=hi,
+        tokens_per_s=tps,
+    )
+
+
+def planned(name: str, target: int, forecast: float = 1000.0) -> LongTerm:
+    strategy = make_strategy(name)
+    assert isinstance(strategy, LongTerm)
+    strategy.on_plan(0.0, {KEY: target}, {KEY: forecast})
+    return strategy
+
+
+def decision(strategy: LongTerm, o: EndpointObservation) -> tuple[ActionKind, int] | None:
+    actions = strategy.on_arrival(o)
+    assert len(actions) <= 1
+    return (actions[0].kind, actions[0].count) if actions else None
+
+
+@pytest.mark.parametrize(
+    ("target", "o", "expected"),
+    [
+        (15, obs(), (OUT, 5)),  # the whole difference at once, whatever the EMU
+        (4, obs(emu=0.9), (IN, 6)),
+        (10, obs(), None),
+        (60, obs(), (OUT, 30)),  # capped at maxInstances
+        (0, obs(), (IN, 8)),  # floored at minInstances
+        (15, obs(serving=10, provisioning=5), None),  # instances on their way count
+    ],
+)
+def test_lt_immediate(target: int, o: EndpointObservation, expected: tuple | None) -> None:
+    assert decision(planned("lt-i", target), o) == expected
+
+
+@pytest.mark.parametrize(
+    ("target", "o", "expected"),
+    [
+        (15, obs(emu=0.8), (OUT, 1)),  # one step, only above 70 %
+        (15, obs(emu=0.6), None),
+        (10, obs(emu=0.99), None),  # target reached: a burst is not followed
+        (4, obs(emu=0.2), (IN, 1)),
+        (4, obs(emu=0.4), None),
+        (4, obs(emu=0.2, serving=9, provisioning=1), None),  # never in while coming up
+        (15, obs(emu=0.8, serving=10, provisioning=5), None),
+    ],
+)
+def test_lt_utilization(target: int, o: EndpointObservation, expected: tuple | None) -> None:
+    assert decision(planned("lt-u", target), o) == expected
+
+
+LAST_20_MIN = 3600 - 600  # 50 minutes into the hour
+
+
+@pytest.mark.parametrize(
+    ("target", "o", "expected"),
+    [
+        (10, obs(time=LAST_20_MIN, tps=6000.0), (OUT, 1)),  # ≥ 5x forecast, target reached
+        (10, obs(time=600, tps=6000.0), None),  # same gap, but not in the last 20 min
+        (10, obs(time=LAST_20_MIN, tps=4000.0), None),  # 4x is not enough
+        (10, obs(time=LAST_20_MIN, tps=400.0, emu=0.5), (IN, 1)),  # ≤ 0.5x: keep going down
+        (10, obs(time=LAST_20_MIN, tps=600.0, emu=0.5), None),
+        (10, obs(time=LAST_20_MIN, tps=400.0, provisioning=1, serving=9), None),
+        (15, obs(time=LAST_20_MIN, tps=6000.0, emu=0.5), None),  # target not reached yet
+        (15, obs(time=LAST_20_MIN, emu=0.8), (OUT, 1)),  # LT-U rule still applies
+        (10, obs(time=LAST_20_MIN, tps=60000.0, serving=40), None),  # at maxInstances
+    ],
+)
+def test_lt_utilization_arima(target: int, o: EndpointObservation, expected: tuple | None) -> None:
+    assert decision(planned("lt-ua", target), o) == expected
+
+
+def test_cooldown_spaces_scaling_events_of_one_endpoint() -> None:
+    strategy = planned("lt-u", 20)
+    assert decision(strategy, obs(time=100, emu=0.9)) == (OUT, 1)
+    assert decision(strategy, obs(time=110, emu=0.9, serving=11)) is None
+    assert decision(strategy, obs(time=115, emu=0.9, serving=11)) == (OUT, 1)
+
+
+def test_no_plan_means_no_action() -> None:
+    strategy = make_strategy("lt-utilization-arima")
+    assert strategy.on_arrival(obs(emu=0.99)) == []
+
+
+def test_lt_immediate_acts_on_the_periodic_view_without_arrivals() -> None:
+    strategy = planned("lt-immediate", 12)
+    actions = strategy.on_tick(Observation(time=5.0, endpoints={KEY: obs(time=5.0)}))
+    assert [(a.kind, a.count) for a in actions] == [(OUT, 2)]
+    assert planned("lt-u", 12).on_tick(Observation(5.0, {KEY: obs(time=5.0)})) == []
+
+
+def test_strategies_are_built_by_their_policy_names_with_paper_parameters() -> None:
+    strategy = make_strategy("lt-utilization-arima", {"gap_window_s": 600})
+    assert isinstance(strategy, LongTerm)
+    assert strategy.params.gap_window_s == 600
+    assert strategy.params.gap_scale_up_ratio == 5.0
+    assert strategy.params.scale_out_above == 0.7
