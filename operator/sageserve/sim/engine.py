@@ -1,0 +1,499 @@
+"""The discrete-event loop: arrivals, instance events, ticks, routing, batch queue, scaling.
+
+One run = one policy over one workload. Events are kept in a single heap (a unified event
+queue, as SageServe's extension of splitwise-sim): instance events (prefill end, a request
+finishing, KV full) and instance-ready events. Arrivals are pulled lazily from the
+time-ordered request stream, so a multi-day trace is never held in memory.
+
+Routing, queueing and scaling call the pure code in `route/` and `pace/`, exactly as the
+operator does; this module only measures the simulated fleet and executes actions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from sageserve.core.types import (
+    ActionKind,
+    EndpointKey,
+    InstanceState,
+    Observation,
+    Request,
+    ScalingAction,
+    Tier,
+)
+from sageserve.pace.base import PacingStrategy
+from sageserve.perf.model import VariantPerf
+from sageserve.route.instance_picker import pick_instance
+from sageserve.route.priorities import scheduler_priority
+from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, BatchQueueManager
+from sageserve.route.region_router import pick_region
+from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
+from sageserve.sim.instance import Instance, InstanceHooks, Job
+
+_INF = math.inf
+
+
+@dataclass(frozen=True)
+class RegionPlacement:
+    region: str
+    min_instances: int
+    max_instances: int
+    initial_instances: int
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """One ModelDeployment as the simulator needs it."""
+
+    name: str
+    variants: tuple[tuple[str, VariantPerf], ...]
+    regions: tuple[RegionPlacement, ...]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one run needs besides the request stream and the strategy."""
+
+    models: tuple[ModelSetup, ...]
+    nodes: tuple[Node, ...]
+    start_s: float
+    end_s: float
+    drain_s: float = 3600.0
+    seed: int = 0
+    region_order: tuple[str, ...] = ()
+    route_threshold: float = 0.70
+    release_rules: tuple[tuple[float, int], ...] = DEFAULT_RELEASE_RULES
+    promotion_age_s: float | None = 10 * 3600.0
+    pace_s: float = 15.0
+    emu_refresh_s: float = 1.0
+    inter_region_latency_s: float = 0.05
+    delays: Delays = field(default_factory=Delays)
+    max_batched_tokens: int = 16384
+
+
+class TierModelStats:
+    """Latencies of finished requests of one (tier, model), in compact arrays."""
+
+    __slots__ = ("deadline_miss", "dropped", "e2e", "finished", "slo_met", "tbt", "ttft")
+
+    def __init__(self) -> None:
+        self.ttft = array("d")
+        self.tbt = array("d")
+        self.e2e = array("d")
+        self.finished = 0
+        self.slo_met = 0
+        self.dropped = 0
+        self.deadline_miss = 0
+
+
+@dataclass
+class MinuteRow:
+    minute: int
+    model: str
+    region: str
+    pool: str
+    serving: int
+    provisioning: int
+    draining: int
+    donated: int
+    emu: float
+    arrivals: int
+    finished: int
+    batch_queued: int
+
+
+@dataclass
+class RunResult:
+    """Raw outcome of one run; `sim.results` turns it into the JSON summary."""
+
+    policy: str
+    start_s: float
+    end_s: float
+    arrived: int
+    finished: int
+    unfinished_by_key: dict[tuple[str, str], int]
+    stats: dict[tuple[str, str], TierModelStats]
+    gpu_seconds: dict[tuple[str, str, InstanceState], float]
+    instance_seconds: dict[tuple[str, str, InstanceState], float]
+    events: dict[str, int]
+    minutes: list[MinuteRow]
+    sim_events: int
+    preemptions: int
+
+
+class Simulation(InstanceHooks):
+    """Runs one strategy over one request stream."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        strategy: PacingStrategy,
+        requests: Iterable[Request],
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.cfg = config
+        self.strategy = strategy
+        self.requests = iter(requests)
+        self.progress = progress
+        self.heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self.cluster = Cluster(
+            config.nodes, self, config.delays, config.seed, config.max_batched_tokens
+        )
+        self.qm: BatchQueueManager[Job] = BatchQueueManager(
+            config.release_rules, config.promotion_age_s
+        )
+        self.stats: dict[tuple[str, str], TierModelStats] = defaultdict(TierModelStats)
+        self.arrived = 0
+        self.finished = 0
+        self.sim_events = 0
+        self.preemptions = 0
+        self.qm_active = strategy.batch_via_queue_manager
+        self.minutes: list[MinuteRow] = []
+        self._signal: set[Endpoint] = set()
+        # (model, pool) -> endpoints in the fixed region order
+        self._eps_by_model_pool: dict[tuple[str, str], list[Endpoint]] = {}
+        self._build()
+
+    # ---- set-up --------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        cfg, layout = self.cfg, self.strategy.layout
+        order = {r: i for i, r in enumerate(cfg.region_order)}
+        for m in cfg.models:
+            for rp in sorted(m.regions, key=lambda r: (order.get(r.region, 99), r.region)):
+                if rp.max_instances <= 0:
+                    continue
+                split = layout.split(rp.initial_instances)
+                pools = layout.pools()
+                for pool in pools:
+                    share = split.get(pool, 0) / max(1, rp.initial_instances)
+                    max_i = rp.max_instances if len(pools) == 1 else max(
+                        rp.min_instances, math.ceil(rp.max_instances * share)
+                    )
+                    key = EndpointKey(m.name, rp.region, pool)
+                    ep = self.cluster.add_endpoint(key, rp.min_instances, max_i, cfg.emu_refresh_s)
+                    for vname, perf in m.variants:
+                        name = f"{m.name}-{rp.region}-{vname}"
+                        if len(pools) > 1:
+                            name += f"-{pool}"
+                        self.cluster.add_deployment(ep, name, perf)
+                    todo = split.get(pool, 0)
+                    for dep in ep.deployments:
+                        todo -= self.cluster.start_instances(dep, todo, cfg.start_s)
+                        if todo <= 0:
+                            break
+                    self._eps_by_model_pool.setdefault((m.name, pool), []).append(ep)
+
+    # ---- InstanceHooks -------------------------------------------------------------------
+
+    def schedule(self, inst: Instance, when: float) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (when, self._seq, 0, inst))
+
+    def on_finish(self, job: Job, now: float) -> None:
+        req = job.req
+        st = self.stats[(req.tier.name, req.model)]
+        if now < 0:  # dropped: could never fit in KV
+            st.dropped += 1
+            return
+        self.finished += 1
+        st.finished += 1
+        net = job.net_delay
+        ttft = job.first_token - req.arrival + net
+        e2e = now - req.arrival + net
+        st.ttft.append(ttft)
+        st.e2e.append(e2e)
+        if req.output_tokens > 1:
+            st.tbt.append((now - job.first_token) / (req.output_tokens - 1))
+        tier = req.tier
+        ok = True
+        if tier.ttft_slo_s is not None and ttft > tier.ttft_slo_s:
+            ok = False
+        if tier.deadline_s is not None and e2e > tier.deadline_s:
+            ok = False
+            st.deadline_miss += 1
+        if ok:
+            st.slo_met += 1
+        self.preemptions += job.preemptions
+        ep = job.ep
+        if ep is not None:
+            assert isinstance(ep, Endpoint)
+            ep.finished_minute += 1
+            if self.qm_active:
+                self._signal.add(ep)
+
+    def on_idle(self, inst: Instance, now: float) -> None:
+        if inst.state is InstanceState.DRAINING:
+            self.cluster.donate(inst, now)
+
+    # ---- main loop -----------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        self.qm_active = self.strategy.batch_via_queue_manager
+        heap = self.heap
+        reqs = self.requests
+        nxt = next(reqs, None)
+        end = cfg.end_s
+        hard_end = end + cfg.drain_s
+        next_pace = cfg.start_s + cfg.pace_s
+        next_minute = cfg.start_s + 60.0
+        closed = False
+        prog_next = cfg.start_s
+        prog_step = max(60.0, (end - cfg.start_s) / 200.0)
+        while True:
+            t_arr = nxt.arrival if nxt is not None else _INF
+            if t_arr >= end:
+                t_arr = _INF
+            t_ev = heap[0][0] if heap else _INF
+            t_tick = next_pace if next_pace < next_minute else next_minute
+            t = t_ev
+            if t_arr < t:
+                t = t_arr
+            if t_tick < t:
+                t = t_tick
+            if not closed and t >= end:
+                self.cluster.close_accounting(end)
+                closed = True
+            if t > hard_end or (t == _INF):
+                break
+            if t >= end and not heap and t_arr == _INF and not self._anything_pending():
+                break
+            self.sim_events += 1
+            if t == t_ev:
+                when, _, kind, obj = heapq.heappop(heap)
+                if kind == 0:
+                    inst = obj
+                    assert isinstance(inst, Instance)
+                    if inst.event_time != when:
+                        continue
+                    inst.event_time = _INF
+                    inst.update(when)
+                else:
+                    assert isinstance(obj, Instance)
+                    self._ready(obj, when)
+                if self._signal:
+                    self._feed_batch(when)
+            elif t == t_tick:
+                if t_tick == next_pace:
+                    self._pace_tick(t)
+                    next_pace += cfg.pace_s
+                else:
+                    self._minute_tick(t)
+                    next_minute += 60.0
+            else:
+                assert nxt is not None
+                self._arrive(nxt)
+                nxt = next(reqs, None)
+            if self.progress is not None and t >= prog_next and t < _INF:
+                self.progress(min(t, end))
+                prog_next = t + prog_step
+        if not closed:
+            self.cluster.close_accounting(end)
+        return self._result()
+
+    def _anything_pending(self) -> bool:
+        return self.qm.pending() > 0
+
+    # ---- arrivals and routing ------------------------------------------------------------
+
+    def _arrive(self, req: Request) -> None:
+        self.arrived += 1
+        tier = req.tier
+        job = Job(req, scheduler_priority(tier, 0.0))
+        if tier.deadline_s is not None:
+            job.deadline = req.arrival + tier.deadline_s
+        if not tier.interactive and self.qm_active:
+            self.qm.submit(req.model, job, req.arrival)
+            return
+        pool = self.strategy.layout.pool_for(tier)
+        ep = self._route_region(req, pool, req.arrival)
+        if ep is None:
+            self._lost(job)
+            return
+        self._dispatch(job, ep, req.arrival, check_scaling=True)
+
+    def _route_region(self, req: Request, pool: str, t: float) -> Endpoint | None:
+        eps = self._eps_by_model_pool.get((req.model, pool))
+        if not eps:
+            return None
+        if len(eps) == 1:
+            return eps[0]
+        home = req.region
+        cands = [(ep, ep.emu(t)) for ep in eps if ep.key.region == home]
+        cands += [(ep, ep.emu(t)) for ep in eps if ep.key.region != home]
+        return pick_region(cands, self.cfg.route_threshold)
+
+    def _dispatch(self, job: Job, ep: Endpoint, t: float, check_scaling: bool) -> None:
+        req = job.req
+        if ep.key.region != req.region:
+            job.net_delay = self.cfg.inter_region_latency_s
+        ep.arrivals_minute += 1
+        ep.tokens_minute += req.prompt_tokens
+        job.ep = ep
+        inst = self._pick_instance(ep, t)
+        if inst is None:
+            ep.backlog.append(job)
+        else:
+            inst.enqueue(job, t)
+        if check_scaling:
+            ep.emu(t)
+            if ep.version != ep.checked_version:
+                ep.checked_version = ep.version
+                self._apply(self.strategy.on_arrival(ep.observe(t)), t)
+
+    def _pick_instance(self, ep: Endpoint, t: float) -> Instance | None:
+        deps = ep.deployments
+        if len(deps) == 1:
+            dep: Deployment | None = deps[0] if deps[0].instances else None
+        else:
+            live = [(d, d.emu(t)) for d in deps if d.instances]
+            dep = min(live, key=lambda x: x[1])[0] if live else None
+        if dep is None:
+            return None
+        insts = dep.instances
+        if len(insts) == 1:
+            return insts[0]
+        return pick_instance([(i, i.remaining_tokens_at(t)) for i in insts])
+
+    def _lost(self, job: Job) -> None:
+        self.stats[(job.req.tier.name, job.req.model)].dropped += 1
+
+    # ---- batch queue ---------------------------------------------------------------------
+
+    def _feed_batch(self, now: float) -> None:
+        sig = self._signal
+        self._signal = set()
+        for ep in sorted(sig, key=lambda e: e.key):
+            if not self.qm.pending(ep.key.model) or not ep.serving:
+                continue
+            for job in self.qm.on_signal(ep.key.model, ep.emu(now)):
+                job.prio = scheduler_priority(job.req.tier, now - job.req.arrival)
+                self._dispatch(job, ep, now, check_scaling=True)
+
+    def _pace_tick(self, now: float) -> None:
+        # every endpoint signals the Queue Manager; aged batch work is released at once
+        if self.qm_active and self.qm.pending():
+            for _model, job in self.qm.pop_aged(now):
+                job.prio = 0
+                pool = self.strategy.layout.pool_for(job.req.tier)
+                ep = self._route_region(job.req, pool, now)
+                if ep is None:
+                    self._lost(job)
+                else:
+                    self._dispatch(job, ep, now, check_scaling=False)
+            self._signal.update(self.cluster.endpoints.values())
+            self._feed_batch(now)
+        actions = self.strategy.on_tick(self._observation(now))
+        self._apply(actions, now)
+
+    def _observation(self, now: float) -> Observation:
+        eps = {k: ep.observe(now) for k, ep in self.cluster.endpoints.items()}
+        return Observation(time=now, endpoints=eps)
+
+    def _minute_tick(self, now: float) -> None:
+        minute = round((now - self.cfg.start_s) / 60.0)
+        promo = self.cfg.promotion_age_s
+        for key, ep in self.cluster.endpoints.items():
+            ep.tokens_per_s = ep.tokens_minute / 60.0
+            donated = sum(
+                1 for i in self.cluster.spot[key.region] if i.last_model == key.model
+            ) if key.pool in ("unified", "interactive") else 0
+            self.minutes.append(
+                MinuteRow(
+                    minute, key.model, key.region, key.pool, ep.serving,
+                    len(ep.provisioning), len(ep.draining), donated,
+                    round(ep.emu(now), 4), ep.arrivals_minute, ep.finished_minute,
+                    self.qm.pending(key.model),
+                )
+            )
+            ep.arrivals_minute = ep.finished_minute = ep.tokens_minute = 0
+            if promo is not None:
+                limit = now - promo
+                for dep in ep.deployments:
+                    for inst in dep.instances:
+                        w1 = inst.waiting1
+                        while w1 and w1[0].req.arrival < limit:
+                            job = w1.popleft()
+                            job.prio = 0
+                            inst.waiting0.append(job)
+
+    # ---- scaling -------------------------------------------------------------------------
+
+    def _apply(self, actions: Sequence[ScalingAction], now: float) -> None:
+        for act in actions:
+            if act.key not in self.cluster.endpoints:
+                continue
+            for _ in range(act.count):
+                if act.kind is ActionKind.SCALE_OUT:
+                    got = self.cluster.scale_out(act.key, now)
+                    if got is not None:
+                        inst = got[0]
+                        self._seq += 1
+                        heapq.heappush(self.heap, (inst.ready_at, self._seq, 1, inst))
+                else:
+                    self.cluster.scale_in(act.key, now)
+
+    def _ready(self, inst: Instance, now: float) -> None:
+        dep = self.cluster.ready(inst, now)
+        if dep is None:
+            return
+        ep = dep.endpoint
+        if ep.backlog:
+            backlog, ep.backlog = ep.backlog, []
+            for job in backlog:
+                inst.enqueue(job, now)
+        if self.qm_active:
+            self._signal.add(ep)
+            self._feed_batch(now)
+
+    # ---- result --------------------------------------------------------------------------
+
+    def _result(self) -> RunResult:
+        unfinished: dict[tuple[str, str], int] = defaultdict(int)
+        for job in self.qm.drain():
+            unfinished[(job.req.tier.name, job.req.model)] += 1
+        for inst in self.cluster.all_instances:
+            for job in inst.abandon_all():
+                unfinished[(job.req.tier.name, job.req.model)] += 1
+        for ep in self.cluster.endpoints.values():
+            for job in ep.backlog:
+                unfinished[(job.req.tier.name, job.req.model)] += 1
+        for key, st in self.stats.items():
+            if st.dropped:
+                unfinished[key] += st.dropped
+        return RunResult(
+            policy=self.strategy.name,
+            start_s=self.cfg.start_s,
+            end_s=self.cfg.end_s,
+            arrived=self.arrived,
+            finished=self.finished,
+            unfinished_by_key=dict(unfinished),
+            stats=dict(self.stats),
+            gpu_seconds=dict(self.cluster.acct.gpu_seconds),
+            instance_seconds=dict(self.cluster.acct.instance_seconds),
+            events=dict(self.cluster.acct.events),
+            minutes=self.minutes,
+            sim_events=self.sim_events,
+            preemptions=self.preemptions,
+        )
+
+
+def iter_sorted(requests: Iterable[Request]) -> Iterator[Request]:
+    """Identity helper that checks arrival order (streams must be time-sorted)."""
+    last = -_INF
+    for r in requests:
+        if r.arrival < last:
+            raise ValueError(f"request {r.id} arrives at {r.arrival} before {last}")
+        last = r.arrival
+        yield r
+
+
+__all__ = ["ModelSetup", "RegionPlacement", "RunResult", "SimConfig", "Simulation", "Tier"]

@@ -1,0 +1,210 @@
+"""Workload files: which real traces drive a scenario, and how their requests are labelled.
+
+No public trace has a region or a tier, so the mapping is explicit and seeded:
+
+```yaml
+seed: 7                        # every random draw of the run derives from it
+window: {start: 1d, duration: 1d}   # offset into the traces; units s, m, h, d
+regionOrder: [us-east, us-central, us-west]   # router preference after the home region
+sources:
+- name: large
+  type: servegen               # or azure2023
+  windows: ../../data/traces/servegen-bailian/language_m-large_client_windows_10min.csv.xz
+  tokens:  ../../data/traces/servegen-bailian/language_m-large_client_token_stats_6h.csv
+  rateScale: 0.002             # multiplies every client's rate
+  assign: client               # client: one model/region/tier per client; request: per request
+  models:  {llama-2-70b: 0.6, bloom-176b: 0.4}    # shares
+  regions: {us-east: 0.5, us-central: 0.3, us-west: 0.2}
+  tiers:   {iw-f: 0.45, iw-n: 0.27, niw: 0.28}
+```
+
+With `assign: client` (the default) clients are visited in a seeded random order and each
+goes to the category with the largest remaining deficit of request volume, so the shares
+hold in volume while each client (a tenant) keeps one model, home region and tier. Each
+dimension uses its own order, so they are independent. Paths are relative to the workload
+file.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sageserve.core.types import Request, Tier
+from sageserve.sim import traces
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(v: Any) -> float:
+    """Seconds from 90, "90s", "15m", "6h", "7d" or "1d12h"."""
+    if isinstance(v, int | float):
+        return float(v)
+    s = str(v).strip()
+    if re.fullmatch(r"[0-9.]+", s):
+        return float(s)
+    parts = re.findall(r"([0-9.]+)\s*([smhd])", s)
+    if not parts or "".join(a + b for a, b in parts) != s.replace(" ", ""):
+        raise ValueError(f"bad duration {v!r}: use seconds or e.g. 15m, 6h, 7d, 1d12h")
+    return sum(float(a) * _UNITS[b] for a, b in parts)
+
+
+@dataclass
+class Source:
+    name: str
+    type: str
+    paths: dict[str, Path]
+    rate_scale: float
+    assign: str
+    models: dict[str, float]
+    regions: dict[str, float]
+    tiers: dict[str, float]
+    repeat: bool = False
+
+
+@dataclass
+class Workload:
+    seed: int
+    start_s: float
+    duration_s: float
+    region_order: list[str]
+    sources: list[Source] = field(default_factory=list)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+def _shares(raw: Any, what: str, src: str) -> dict[str, float]:
+    if isinstance(raw, str):
+        return {raw: 1.0}
+    if not isinstance(raw, Mapping) or not raw:
+        raise ValueError(f"source {src}: {what} must be a name or a mapping name -> share")
+    out = {str(k): float(v) for k, v in raw.items()}
+    if any(v < 0 for v in out.values()) or sum(out.values()) <= 0:
+        raise ValueError(f"source {src}: {what} shares must be ≥ 0 with a positive sum")
+    tot = sum(out.values())
+    return {k: v / tot for k, v in out.items()}
+
+
+def load_workload(path: Path) -> Workload:
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    base = Path(path).parent
+    win = doc.get("window", {}) or {}
+    wl = Workload(
+        seed=int(doc.get("seed", 0)),
+        start_s=parse_duration(win.get("start", 0)),
+        duration_s=parse_duration(win.get("duration", "1d")),
+        region_order=[str(r) for r in doc.get("regionOrder", [])],
+    )
+    for i, s in enumerate(doc.get("sources", [])):
+        name = str(s.get("name", f"source-{i}"))
+        typ = str(s.get("type", ""))
+        if typ == "servegen":
+            paths = {"windows": base / s["windows"]}
+            if s.get("tokens"):
+                paths["tokens"] = base / s["tokens"]
+        elif typ == "azure2023":
+            paths = {"path": base / s["path"]}
+        else:
+            raise ValueError(f"source {name}: type must be servegen or azure2023, got {typ!r}")
+        for p in paths.values():
+            if not p.exists():
+                raise FileNotFoundError(f"source {name}: {p} does not exist")
+        assign = str(s.get("assign", "client" if typ == "servegen" else "request"))
+        if assign not in ("client", "request"):
+            raise ValueError(f"source {name}: assign must be client or request")
+        wl.sources.append(
+            Source(
+                name=name,
+                type=typ,
+                paths=paths,
+                rate_scale=float(s.get("rateScale", 1.0)),
+                assign=assign,
+                models=_shares(s["models"], "models", name),
+                regions=_shares(s["regions"], "regions", name),
+                tiers=_shares(s["tiers"], "tiers", name),
+                repeat=bool(s.get("repeat", False)),
+            )
+        )
+    if not wl.sources:
+        raise ValueError(f"{path}: a workload needs at least one source")
+    return wl
+
+
+def assign_by_volume(
+    volume: Mapping[int, float], shares: Mapping[str, float], rng: random.Random
+) -> dict[int, str]:
+    """Each client to one category so that categories get ≈ their share of the volume."""
+    clients = sorted(volume)
+    rng.shuffle(clients)
+    total = sum(volume.values()) or 1.0
+    got = dict.fromkeys(shares, 0.0)
+    cats = sorted(shares)
+    out: dict[int, str] = {}
+    for c in clients:
+        best = max(cats, key=lambda k: (shares[k] * total - got[k], k))
+        out[c] = best
+        got[best] += volume[c]
+    return out
+
+
+def _labelled(
+    src: Source, idx: int, wl: Workload, tiers: Mapping[str, Tier]
+) -> Iterator[tuple[float, int, int, str, str, Tier, int, int]]:
+    seed = wl.seed * 1009 + idx
+    for t in src.tiers:
+        if t not in tiers:
+            raise ValueError(f"source {src.name}: tier {t!r} is not a WorkloadTier of the scenario")
+    if src.type == "servegen":
+        table = traces.ServeGenTable.load(src.paths["windows"])
+        vol = table.client_volume()
+        tok = src.paths.get("tokens")
+        knots = traces.load_token_knots(tok, vol) if tok else traces.TokenKnots(traces._QS, {}, {})
+        rows: Iterator[traces.TraceRow] = traces.servegen_rows(
+            table, knots, wl.start_s, wl.end_s, src.rate_scale, seed
+        )
+    else:
+        vol = {0: 1.0}
+        rows = traces.azure2023_rows(
+            src.paths["path"], wl.start_s, wl.end_s, src.repeat, src.rate_scale, seed
+        )
+    if src.assign == "client":
+        m_of = assign_by_volume(vol, src.models, random.Random(seed + 1))
+        r_of = assign_by_volume(vol, src.regions, random.Random(seed + 2))
+        t_of = assign_by_volume(vol, src.tiers, random.Random(seed + 3))
+        for k, row in enumerate(rows):
+            c = row.client
+            yield (row.t, idx, k, m_of[c], r_of[c], tiers[t_of[c]], row.prompt, row.output)
+    else:
+        rng = random.Random(seed + 4)
+        ms, mw = list(src.models), list(src.models.values())
+        rs, rw = list(src.regions), list(src.regions.values())
+        ts, tw = list(src.tiers), list(src.tiers.values())
+        choices = rng.choices
+        for k, row in enumerate(rows):
+            yield (
+                row.t,
+                idx,
+                k,
+                choices(ms, mw)[0],
+                choices(rs, rw)[0],
+                tiers[choices(ts, tw)[0]],
+                row.prompt,
+                row.output,
+            )
+
+
+def requests(wl: Workload, tiers: Mapping[str, Tier]) -> Iterator[Request]:
+    """All sources merged in time order, as `Request`s numbered from 0."""
+    streams = [_labelled(s, i, wl, tiers) for i, s in enumerate(wl.sources)]
+    merged = heapq.merge(*streams) if len(streams) > 1 else streams[0]
+    for n, (t, _, _, model, region, tier, p, o) in enumerate(merged):
+        yield Request(n, t, model, tier, region, p, o)
