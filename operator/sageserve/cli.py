@@ -108,5 +108,32 @@ def validate(
     raise typer.Exit(1)
 
 
+@app.command("operator")
+def run_operator(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch only these namespaces (default: all)."),
+    ] = None,
+    standalone: Annotated[
+        bool, typer.Option(help="Run without peering (a single replica).")
+    ] = True,
+    liveness: Annotated[
+        str | None,
+        typer.Option(help="Serve liveness probes here, e.g. http://0.0.0.0:8080/healthz."),
+    ] = None,
+) -> None:
+    """Run the operator against the cluster of the current kubeconfig (or in-cluster)."""
+    import kopf
+
+    import sageserve.controller.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(
+        standalone=standalone,
+        clusterwide=not namespace,
+        namespaces=namespace or [],
+        liveness_endpoint=liveness,
+    )
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,132 @@
+"""kopf handlers: reconcile ModelDeployments into pod sets and report their status.
+
+Level-triggered: every run recomputes the desired pod sets from the spec and applies them
+with server-side apply, so a restart mid-change converges without doing anything twice.
+Replica counts already in the cluster are kept (they belong to the pacing loop); a new pod
+set starts at its region's initial size. A spec that passes the schema but cannot be acted
+on (missing policy or tiers, no node that fits) gets `Ready=False` with the reason and an
+Event, and the operator goes on with every other object.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes import config
+
+from sageserve.api.common import GROUP, VERSION
+from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.controller.kube import Kube
+from sageserve.controller.podset import NodeLabels, render_pod_sets
+from sageserve.controller.semantics import model_deployment_problems, node_shapes
+from sageserve.controller.status import model_deployment_status
+
+RESYNC_SECONDS = float(os.environ.get("SAGESERVE_RESYNC_SECONDS", "30"))
+_kube: Kube | None = None
+
+
+def kube() -> Kube:
+    """The process's API client, created on first use from kubeconfig or in-cluster config."""
+    global _kube
+    if _kube is None:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        _kube = Kube()
+    return _kube
+
+
+def node_labels() -> NodeLabels:
+    """Node label keys, from the environment the Helm chart sets."""
+    defaults = NodeLabels()
+    return NodeLabels(
+        region=os.environ.get("SAGESERVE_REGION_LABEL", defaults.region),
+        gpu_type=os.environ.get("SAGESERVE_GPU_LABEL", defaults.gpu_type),
+        pool=os.environ.get("SAGESERVE_POOL_LABEL", defaults.pool),
+    )
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Keep kopf's bookkeeping under our own annotation prefix."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.INFO
+
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+def reconcile(body: kopf.Body, namespace: str, uid: str, logger: Logger) -> dict[str, Any]:
+    """One level-triggered pass over a ModelDeployment; returns its new status."""
+    raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+    md = ModelDeployment.model_validate(raw)
+    k = kube()
+    labels = node_labels()
+    problems = model_deployment_problems(
+        md,
+        policies=k.names(namespace, "scalingpolicies"),
+        tiers=k.names(namespace, "workloadtiers"),
+        nodes=node_shapes(k.nodes(), labels.region, labels.gpu_type),
+    )
+    existing = k.deployments_of(namespace, md.metadata.name)
+    applied: list[dict[str, Any]] = []
+    if not problems:
+        current = {
+            (r.name, v.name): int(existing[name]["spec"]["replicas"] or 0)
+            for r in md.spec.regions
+            for v in md.spec.variants
+            if (name := pod_set_name(md.metadata.name, r.name, v.name)) in existing
+        }
+        desired = render_pod_sets(md, current, namespace, uid, labels)
+        wanted = {d["metadata"]["name"] for d in desired}
+        for deployment in desired:
+            applied.append(k.apply(deployment))
+        for name in sorted(set(existing) - wanted):
+            logger.info("deleting pod set %s: its region or variant left the spec", name)
+            k.delete_deployment(namespace, name)
+    previous = dict(body.get("status") or {})
+    if problems and not _already_reported(previous, problems[0].reason):
+        kopf.warn(body, reason=problems[0].reason, message="; ".join(p.message for p in problems))
+    gpu_types = {v.name: v.gpu_type for v in md.spec.variants}
+    return model_deployment_status(
+        previous,
+        applied,
+        gpu_types,
+        problems,
+        datetime.now(UTC),
+        body["metadata"].get("generation"),
+    )
+
+
+def _already_reported(status: dict[str, Any], reason: str) -> bool:
+    """Whether Ready is already False for `reason`: one Event per transition, not per resync."""
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "False" and c.get("reason") == reason
+        for c in status.get("conditions", [])
+    )
+
+
+@kopf.on.resume(GROUP, VERSION, "modeldeployments")
+@kopf.on.create(GROUP, VERSION, "modeldeployments")
+@kopf.on.update(GROUP, VERSION, "modeldeployments", field="spec")
+def on_model_deployment(
+    body: kopf.Body, namespace: str | None, uid: str, patch: kopf.Patch, logger: Logger, **_: Any
+) -> None:
+    """Apply the pod sets of a new or changed ModelDeployment."""
+    assert namespace is not None  # ModelDeployments are namespaced
+    patch.status.update(reconcile(body, namespace, uid, logger))
+
+
+@kopf.timer(GROUP, VERSION, "modeldeployments", interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
+def resync_model_deployment(
+    body: kopf.Body, namespace: str | None, uid: str, patch: kopf.Patch, logger: Logger, **_: Any
+) -> None:
+    """Re-check references and pod sets: a policy created later makes the object Ready."""
+    assert namespace is not None  # ModelDeployments are namespaced
+    patch.status.update(reconcile(body, namespace, uid, logger))

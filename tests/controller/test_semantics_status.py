@@ -1,0 +1,94 @@
+"""What passes the schema but cannot be acted on, and the status users read."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import yaml
+
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.controller.podset import render_pod_sets
+from sageserve.controller.semantics import (
+    NodeShape,
+    SemanticProblem,
+    model_deployment_problems,
+    node_shapes,
+)
+from sageserve.controller.status import model_deployment_status, set_condition
+
+ROOT = Path(__file__).resolve().parents[2]
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
+NODES = [NodeShape(r, g, 8) for r in ("us-east", "us-central", "us-west") for g in (H100, A100)]
+T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+
+
+def _llama() -> ModelDeployment:
+    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    return ModelDeployment.model_validate(next(iter(docs)))
+
+
+def test_a_complete_setup_has_no_problems() -> None:
+    assert model_deployment_problems(_llama(), ["fleet"], ["iw-f", "iw-n", "niw"], NODES) == []
+
+
+def test_missing_policy_and_tiers_are_named() -> None:
+    problems = model_deployment_problems(_llama(), ["other"], ["iw-f"], NODES)
+    assert [p.reason for p in problems] == ["PolicyNotFound", "TierNotFound"]
+    assert "'fleet'" in problems[0].message
+    assert "'iw-n', 'niw'" in problems[1].message
+
+
+def test_a_region_without_a_node_big_enough_is_a_problem() -> None:
+    small = [NodeShape("us-east", H100, 4), *[n for n in NODES if n.region != "us-east"]]
+    [problem] = model_deployment_problems(_llama(), ["fleet"], ["iw-f", "iw-n", "niw"], small)
+    assert problem.reason == "NoFittingNodes"
+    assert "us-east" in problem.message and "8x NVIDIA-H100-80GB-HBM3" in problem.message
+
+
+def test_node_shapes_read_labels_and_allocatable_gpus() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "e2e" / "inventory" / "small.yaml").read_text()))
+    shapes = node_shapes(docs, "topology.kubernetes.io/region", "nvidia.com/gpu.product")
+    assert len(shapes) == len([d for d in docs if d])
+    assert {s.gpus for s in shapes} == {8}
+    assert {s.region for s in shapes} == {"us-east", "us-central", "us-west"}
+    assert node_shapes([{"metadata": {"labels": {}}}], "a", "b") == []
+
+
+def test_condition_transition_time_moves_only_when_status_changes() -> None:
+    first = set_condition([], "Ready", True, "PodSetsApplied", "ok", T0)
+    later = set_condition(
+        first, "Ready", True, "PodSetsApplied", "still ok", T0 + timedelta(hours=1)
+    )
+    assert later[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
+    assert later[0]["message"] == "still ok"
+    flipped = set_condition(
+        later, "Ready", False, "PolicyNotFound", "gone", T0 + timedelta(hours=2)
+    )
+    assert flipped[0]["lastTransitionTime"] == "2026-11-21T14:00:00Z"
+
+
+def test_status_counts_instances_of_all_pod_sets() -> None:
+    md = _llama()
+    deployments = render_pod_sets(md, {("us-west", "a100"): 3}, "llm")
+    deployments[0]["status"] = {"readyReplicas": 7}
+    status = model_deployment_status({}, deployments, {"h100": H100, "a100": A100}, [], T0, 4)
+    assert status["instances"] == 20 * 3 + 3
+    assert len(status["podSets"]) == 6
+    [ready] = status["conditions"]
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
+        "True",
+        "PodSetsApplied",
+        4,
+    )
+    assert "7/63 instance(s) ready" in ready["message"]
+
+
+def test_status_of_an_object_that_cannot_be_acted_on() -> None:
+    problem = SemanticProblem(
+        "PolicyNotFound", "spec.policyRef.name: ScalingPolicy 'x' does not exist"
+    )
+    status = model_deployment_status({}, [], {}, [problem], T0, 1)
+    [ready] = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "PolicyNotFound")
+    assert "podSets" not in status
