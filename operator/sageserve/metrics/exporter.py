@@ -1,0 +1,72 @@
+"""The operator's own metrics: what it planned, forecast and did, for dashboards and alerts.
+
+A private registry (not the process-global one) so tests and the twin can run several
+exporters in one process, and so only sageserve's metrics are served.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+ENDPOINT = ("namespace", "model", "region")
+
+
+class OperatorMetrics:
+    """Every metric the operator exports, with its labels."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.target_instances = Gauge(
+            "sageserve_target_instances",
+            "Instances the current plan asks for, per pod set.",
+            [*ENDPOINT, "variant"],
+            registry=r,
+        )
+        self.instances = Gauge(
+            "sageserve_instances",
+            "Replicas of each pod set.",
+            [*ENDPOINT, "variant"],
+            registry=r,
+        )
+        self.forecast_tps = Gauge(
+            "sageserve_forecast_tokens_per_second",
+            "Forecast peak tokens/s (incl. batch buffer) the plan was sized for.",
+            [*ENDPOINT, "method"],
+            registry=r,
+        )
+        self.forecast_error = Gauge(
+            "sageserve_forecast_error_ratio",
+            "Observed / forecast tokens/s over the last plan interval, minus 1.",
+            ENDPOINT,
+            registry=r,
+        )
+        self.solver_seconds = Histogram(
+            "sageserve_solver_seconds",
+            "Wall time of each ILP solve.",
+            ["solver", "status"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.scaling_events = Counter(
+            "sageserve_scaling_events",
+            "Scaling events by direction and strategy.",
+            [*ENDPOINT, "direction", "strategy"],
+            registry=r,
+        )
+        self.donated_nodes = Gauge(
+            "sageserve_donated_nodes",
+            "Nodes currently in the spot pool, per region and GPU type.",
+            ["region", "gpu_type"],
+            registry=r,
+        )
+        self.shortfall_tps = Gauge(
+            "sageserve_shortfall_tokens_per_second",
+            "Forecast demand the plan cannot serve with the GPUs available.",
+            ENDPOINT,
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        """The metrics in the Prometheus text format, as served on /metrics."""
+        return generate_latest(self.registry)

@@ -1,0 +1,63 @@
+"""PromQL the operator sends and metrics it serves, checked with Prometheus's own promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from sageserve.metrics import queries, vllm
+from sageserve.metrics.exporter import OperatorMetrics
+
+PROMTOOL = shutil.which("promtool")
+
+
+def _promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    assert PROMTOOL, "promtool missing: scripts/setup installs the Debian prometheus package"
+    return subprocess.run([PROMTOOL, *args], input=stdin, capture_output=True, check=False)
+
+
+def test_every_query_is_valid_promql(tmp_path: Path) -> None:
+    exprs = {
+        "emu": queries.emu(),
+        "emu_ns": queries.emu("llm"),
+        "tps": queries.tokens_per_second("5m"),
+        "waiting": queries.waiting_requests("llm"),
+        "ttft_p95": queries.ttft_quantile(0.95),
+    }
+    rules = {
+        "groups": [
+            {"name": "g", "rules": [{"record": f"x:{k}", "expr": v} for k, v in exprs.items()]}
+        ]
+    }
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    result = _promtool("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_kv_usage_accepts_the_legacy_metric_name() -> None:
+    q = queries.kv_usage_per_pod()
+    assert vllm.KV_CACHE_USAGE in q and vllm.KV_CACHE_USAGE_LEGACY in q and " or " in q
+
+
+def test_queries_group_by_model_deployment_and_region() -> None:
+    for q in (queries.emu(), queries.tokens_per_second(), queries.waiting_requests()):
+        assert f"by ({queries.GROUP_BY})" in q
+    assert 'namespace="llm"' in queries.tokens_per_second(namespace="llm")
+
+
+def test_operator_metrics_pass_promtool_lint() -> None:
+    m = OperatorMetrics()
+    m.target_instances.labels("llm", "llama-2-70b", "us-east", "h100").set(12)
+    m.solver_seconds.labels("highs", "optimal").observe(0.4)
+    m.scaling_events.labels("llm", "llama-2-70b", "us-east", "out", "lt-ua").inc()
+    m.donated_nodes.labels("us-east", "NVIDIA-H100-80GB-HBM3").set(3)
+    text = m.exposition()
+    result = _promtool("check", "metrics", stdin=text)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert b'sageserve_target_instances{model="llama-2-70b",namespace="llm"' in text
+    assert b"sageserve_scaling_events_total" in text
+
