@@ -22,6 +22,7 @@ import typer
 
 from e2e import gobuild, lifecycle, versions
 from e2e.kind_cluster import KindError
+from e2e.kubectl import KubectlError
 from e2e.kwok_cluster import ClusterError
 from e2e.prometheus import PrometheusError
 
@@ -64,7 +65,7 @@ def up(
     try:
         state = lifecycle.up(provider, inventory_name, node_image or None)
     except (lifecycle.EnvironmentNotReady, ClusterError, KindError, PrometheusError,
-            TimeoutError, FileNotFoundError, ValueError) as err:
+            KubectlError, TimeoutError, FileNotFoundError, ValueError) as err:
         typer.echo(f"UP FAILED: {err}", err=True)
         raise typer.Exit(1) from err
     typer.echo(f"up: KUBECONFIG={state.kubeconfig} prometheus={state.prometheus_url}")

@@ -6,6 +6,7 @@ and CI before any test dependency is installed, and kubectl is built anyway.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,14 @@ class KubectlError(RuntimeError):
     """kubectl exited non-zero; the message carries its stderr."""
 
 
+def kubectl_env() -> dict[str, str]:
+    """Keep kubectl's discovery/HTTP cache in our state dir instead of ~/.kube."""
+    env = dict(os.environ)
+    env.pop("KUBECONFIG", None)
+    env["KUBECACHEDIR"] = str(versions.state_dir() / "kube-cache")
+    return env
+
+
 def kubectl(kubeconfig: Path | str, args: Sequence[str], stdin: str | None = None,
             binary: Path | None = None, timeout: float = 120.0) -> str:
     """Run kubectl against ``kubeconfig`` (never the user's ~/.kube/config)."""
@@ -24,6 +33,7 @@ def kubectl(kubeconfig: Path | str, args: Sequence[str], stdin: str | None = Non
     proc = subprocess.run(
         [str(exe), f"--kubeconfig={kubeconfig}", *args],
         input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
+        env=kubectl_env(),
     )
     if proc.returncode != 0:
         raise KubectlError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")

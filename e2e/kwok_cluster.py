@@ -40,6 +40,7 @@ def kwok_env(workdir: Path, bin_dir: Path) -> dict[str, str]:
         KWOK_ETCD_BINARY=str(bin_dir / "etcd"),
         KWOK_ETCD_VERSION=versions.ETCD_VERSION,
         KWOK_CONTROLLER_BINARY=str(bin_dir / "kwok"),
+        KUBECACHEDIR=str(workdir / "kube-cache"),
     )
     return env
 
@@ -65,7 +66,12 @@ def create(workdir: Path, kubeconfig: Path, bin_dir: Path, timeout_s: int = 120)
     workdir.mkdir(parents=True, exist_ok=True)
     kwokctl(
         ["create", "cluster", "--runtime", "binary", "--kubeconfig", str(kubeconfig),
-         "--wait", f"{timeout_s}s", "--timeout", f"{timeout_s + 30}s"],
+         "--wait", f"{timeout_s}s", "--timeout", f"{timeout_s + 30}s",
+         "--etcd-binary", str(bin_dir / "etcd"),
+         "--kube-apiserver-binary", str(bin_dir / "kube-apiserver"),
+         "--kube-controller-manager-binary", str(bin_dir / "kube-controller-manager"),
+         "--kube-scheduler-binary", str(bin_dir / "kube-scheduler"),
+         "--kwok-controller-binary", str(bin_dir / "kwok")],
         workdir, bin_dir, timeout=timeout_s + 60,
     )
 

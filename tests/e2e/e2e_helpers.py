@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from e2e.kubectl import kubectl_env
+
 from e2e import versions
 
 T = TypeVar("T")
@@ -19,6 +21,7 @@ def kubectl(kubeconfig: Path, args: Sequence[str], stdin: str | None = None,
     proc = subprocess.run(
         [str(versions.bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
         input=stdin, capture_output=True, text=True, timeout=120, check=False,
+        env=kubectl_env(),
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
