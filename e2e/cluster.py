@@ -25,6 +25,7 @@ from e2e.kind_cluster import KindError
 from e2e.kubectl import KubectlError
 from e2e.kwok_cluster import ClusterError
 from e2e.prometheus import PrometheusError
+from e2e.state import load
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown")
 
@@ -80,7 +81,7 @@ def down() -> None:
 @app.command()
 def env() -> None:
     """Print ``export`` lines for the running cluster (use with ``eval``)."""
-    state = lifecycle.load()
+    state = load()
     if state is None:
         typer.echo("# nothing is up: run `python -m e2e.cluster up`", err=True)
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ matching stamp is reused, so running ``build`` again is cheap.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -197,9 +198,19 @@ def missing_components(bin_dir: Path | None = None) -> list[str]:
 
 
 def build_all(force: bool = False, only: Sequence[str] = ()) -> dict[str, float]:
-    """Build what is missing; return seconds spent per component (0 when reused)."""
+    """Build what is missing; return seconds spent per component (0 when reused).
+
+    Holds a lock file: two pytest sessions or a setup run next to a test run must not
+    regenerate the same wrapper module at once (and two Go builds would starve 2 cores).
+    """
     bdir = versions.bin_dir()
     bdir.mkdir(parents=True, exist_ok=True)
+    with (versions.cache_root() / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(bdir, force, only)
+
+
+def _build_locked(bdir: Path, force: bool, only: Sequence[str]) -> dict[str, float]:
     times: dict[str, float] = {}
     for comp in COMPONENTS:
         if only and comp.name not in only:

@@ -38,12 +38,15 @@ def _ensure_binaries() -> None:
     missing = [c for c in gobuild.missing_components() if c in lifecycle.REQUIRED_FOR_KWOK]
     if not missing:
         return
+    failure = ""
     try:
         gobuild.build_all(only=missing)
     except gobuild.BuildError as err:
+        failure = str(err)
+    if failure:
         pytest.fail(
             f"e2e binaries could not be built ({', '.join(missing)} into {versions.bin_dir()}); "
-            f"run `python -m e2e.cluster build` to see why.\n{err}",
+            f"run `python -m e2e.cluster build` to see why.\n{failure}",
             pytrace=False,
         )
 
@@ -57,10 +60,13 @@ def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.Clus
         os.environ["SAGESERVE_E2E_STATE"] = str(tmp_path_factory.mktemp("e2e-state"))
     try:
         _ensure_binaries()
+        started, failure = None, ""
         try:
             started = lifecycle.up()
         except Exception as err:  # any failure to start is a test failure, never a skip
-            pytest.fail(f"could not start the e2e cluster: {err}", pytrace=False)
+            failure = f"{type(err).__name__}: {err}"
+        if started is None:
+            pytest.fail(f"could not start the e2e cluster: {failure}", pytrace=False)
         yield started
     finally:
         if not reuse:
