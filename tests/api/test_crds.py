@@ -8,10 +8,13 @@ from typing import Any
 import celpy
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 from sageserve.api.crd import KINDS, render_all
 from sageserve.api.model_deployment import RegionPlacement, Variant
 from sageserve.api.scaling_policy import ScalingPolicySpec
+from sageserve.api.validate import cel_program, walk_schema
 from sageserve.api.workload_tier import BatchSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,13 +89,36 @@ def test_crd_metadata_users_rely_on() -> None:
         assert any(c["name"] == "Age" for c in version["additionalPrinterColumns"])
 
 
-def test_nested_defaults_reach_the_api_server() -> None:
-    """Sub-objects default to {} so that the server fills in their fields' defaults."""
+def test_sub_objects_default_to_their_complete_defaults() -> None:
+    """The server fills a missing section with every default of the paper at once."""
     schema = dict(_schemas())["sageserve.io_scalingpolicies.yaml"]
     spec = schema["properties"]["spec"]
     for section in ("intervals", "thresholds", "routing", "forecast", "optimizer", "spot"):
-        assert spec["properties"][section]["default"] == {}, section
-    assert spec["properties"]["thresholds"]["properties"]["scaleOutEmu"]["default"] == 0.7
+        assert spec["properties"][section]["default"], section
+    assert spec["properties"]["thresholds"]["default"] == {"scaleOutEmu": 0.7, "scaleInEmu": 0.3}
+    assert spec["default"]["forecastGap"]["scaleUpRatio"] == 5.0
+
+
+@pytest.mark.parametrize(
+    ("name", "schema"), _schemas(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_every_default_passes_the_cel_rules_as_the_api_server_checks_it(
+    name: str, schema: dict[str, Any]
+) -> None:
+    """The API server refuses a CRD whose defaults break its own rules (nested defaults
+    are not applied when it checks a default), so each default must pass as written."""
+    checked = 0
+    for path, node in _nodes(schema):
+        if "default" not in node or not isinstance(node["default"], dict):
+            continue
+        for where, sub, value in walk_schema(node, node["default"], path):
+            for rule in sub.get("x-kubernetes-validations", []):
+                result = cel_program(rule["rule"]).evaluate({"self": json_to_cel(value)})
+                assert not isinstance(result, CELEvalError), f"{name}{where}: {result}"
+                assert bool(result), f"{name}{where}: {rule['rule']}"
+                checked += 1
+    if name == "sageserve.io_scalingpolicies.yaml":
+        assert checked >= 10
 
 
 def test_defaults_are_the_papers_values() -> None:

@@ -51,13 +51,16 @@ def cel(*rules: tuple[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
 
 
-def nested_default() -> dict[str, Any]:
-    """`json_schema_extra` for an optional sub-object whose fields all have defaults.
+def sub_object(model: type[BaseModel]) -> Any:
+    """A field holding an optional sub-object that defaults to all of its fields' defaults.
 
-    Structural-schema defaulting only descends into objects that exist, so the parent
-    default `{}` is what makes the API server fill in the nested defaults.
+    The CRD gets the *complete* default object, not `{}`: the API server validates a
+    default against the node's CEL rules without applying the nested defaults first, so
+    `{}` would be refused (and structural defaulting only descends into objects that
+    exist, so leaving the default out would lose the nested defaults).
     """
-    return {"default": {}}
+    wire = model().model_dump(mode="json", by_alias=True, exclude_none=True)
+    return Field(default_factory=model, json_schema_extra={"default": wire})
 
 
 def list_map(*keys: str) -> dict[str, Any]:

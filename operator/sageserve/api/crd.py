@@ -198,7 +198,6 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema["required"] = [r for r in schema.get("required", []) if r == "spec"]
     if not schema["required"]:
         schema.pop("required")
-        props["spec"]["default"] = {}
     return _ordered(schema)
 
 

@@ -23,6 +23,7 @@ from sageserve.api.common import (
     conditions_field,
     list_map,
     list_set,
+    sub_object,
 )
 
 #: Pod set names `<name>-<region>-<variant>` are also Service and label values: 63 at most.
@@ -186,7 +187,7 @@ class ModelDeploymentSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra=MODEL_DEPLOYMENT_SPEC_RULES)
 
     model: ModelRef
-    engine: Engine = Field(default_factory=Engine, json_schema_extra={"default": {}})
+    engine: Engine = sub_object(Engine)
     variants: list[Variant] = Field(min_length=1, max_length=16, json_schema_extra=list_map("name"))
     regions: list[RegionPlacement] = Field(
         min_length=1, max_length=64, json_schema_extra=list_map("name")

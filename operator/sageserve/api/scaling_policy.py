@@ -22,6 +22,7 @@ from sageserve.api.common import (
     cel,
     conditions_field,
     list_map,
+    sub_object,
 )
 
 
@@ -173,9 +174,7 @@ class Routing(ApiModel):
         description="Interactive requests go to the first preferred region below this EMU, "
         "else to the least loaded region (SageServe: 70%).",
     )
-    batch_release: BatchRelease = Field(
-        default_factory=BatchRelease, json_schema_extra={"default": {}}
-    )
+    batch_release: BatchRelease = sub_object(BatchRelease)
     scheduler: InstanceScheduler = Field(
         default=InstanceScheduler.FCFS,
         description="Admission order inside an instance; interactive tiers always go "
@@ -422,16 +421,14 @@ class ScalingPolicySpec(ApiModel):
         default=False,
         description="Compute and report plans and decisions without changing the cluster.",
     )
-    intervals: Intervals = Field(default_factory=Intervals, json_schema_extra={"default": {}})
-    thresholds: Thresholds = Field(default_factory=Thresholds, json_schema_extra={"default": {}})
-    routing: Routing = Field(default_factory=Routing, json_schema_extra={"default": {}})
-    forecast_gap: ForecastGap = Field(
-        default_factory=ForecastGap, json_schema_extra={"default": {}}
-    )
-    forecast: Forecast = Field(default_factory=Forecast, json_schema_extra={"default": {}})
-    optimizer: Optimizer = Field(default_factory=Optimizer, json_schema_extra={"default": {}})
-    spot: Spot = Field(default_factory=Spot, json_schema_extra={"default": {}})
-    siloed: Siloed = Field(default_factory=Siloed, json_schema_extra={"default": {}})
+    intervals: Intervals = sub_object(Intervals)
+    thresholds: Thresholds = sub_object(Thresholds)
+    routing: Routing = sub_object(Routing)
+    forecast_gap: ForecastGap = sub_object(ForecastGap)
+    forecast: Forecast = sub_object(Forecast)
+    optimizer: Optimizer = sub_object(Optimizer)
+    spot: Spot = sub_object(Spot)
+    siloed: Siloed = sub_object(Siloed)
 
 
 class ForecastEntry(ApiModel):
@@ -496,5 +493,5 @@ class ScalingPolicy(ApiModel):
     api_version: Literal["sageserve.io/v1alpha1"]
     kind: Literal["ScalingPolicy"]
     metadata: ObjectMeta
-    spec: ScalingPolicySpec = Field(default_factory=ScalingPolicySpec)
+    spec: ScalingPolicySpec = sub_object(ScalingPolicySpec)
     status: ScalingPolicyStatus | None = None

@@ -158,12 +158,12 @@ def schema_problems(
 
 
 @lru_cache(maxsize=256)
-def _program(rule: str) -> Any:
+def cel_program(rule: str) -> Any:
     env = celpy.Environment()
     return env.program(env.compile(rule))
 
 
-def _walk(
+def walk_schema(
     schema: dict[str, Any], value: Any, path: str
 ) -> Iterator[tuple[str, dict[str, Any], Any]]:
     """(path, schema node, value) for every node of `value` that has a schema, depth first.
@@ -174,10 +174,10 @@ def _walk(
     if isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in value:
-                yield from _walk(sub, value[name], f"{path}.{name}" if path else name)
+                yield from walk_schema(sub, value[name], f"{path}.{name}" if path else name)
     elif isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
-            yield from _walk(schema["items"], item, f"{path}[{i}]")
+            yield from walk_schema(schema["items"], item, f"{path}[{i}]")
 
 
 def _duplicates(
@@ -213,13 +213,13 @@ def _duplicates(
 def structural_problems(file: str, obj: str, kind: str, defaulted: dict[str, Any]) -> list[Problem]:
     """Problems the CRD's list rules and CEL rules find in the defaulted object."""
     problems = []
-    for path, schema, value in _walk(schema_of(kind), defaulted, ""):
+    for path, schema, value in walk_schema(schema_of(kind), defaulted, ""):
         if isinstance(value, list):
             problems.extend(_duplicates(file, obj, path, schema, value))
         for rule in schema.get("x-kubernetes-validations", []):
             where = path or "(object)"
             try:
-                ok = _program(rule["rule"]).evaluate({"self": json_to_cel(value)})
+                ok = cel_program(rule["rule"]).evaluate({"self": json_to_cel(value)})
             except Exception as exc:  # a rule that cannot evaluate is refused by the server too
                 problems.append(Problem(file, obj, where, f"rule {rule['rule']!r} failed: {exc}"))
                 continue

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from sageserve.api.common import ApiModel, Condition, ObjectMeta, cel, conditions_field
+from sageserve.api.common import ApiModel, Condition, ObjectMeta, cel, conditions_field, sub_object
 
 
 class TierType(StrEnum):
@@ -103,7 +103,7 @@ class WorkloadTierSpec(ApiModel):
         description="Lower is served first by the instance scheduler and kept first when "
         "capacity falls short (SageServe: 0 for interactive, 1 for batch).",
     )
-    slo: Slo = Field(default_factory=Slo, json_schema_extra={"default": {}})
+    slo: Slo = sub_object(Slo)
     batch: BatchSettings | None = Field(
         default=None, description="Queue Manager settings; only for batch tiers."
     )
