@@ -36,7 +36,8 @@ def kube() -> Kube:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            # KUBECONFIG is read now, not when the client library was imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         _kube = Kube()
     return _kube
 
@@ -49,6 +50,12 @@ def node_labels() -> NodeLabels:
         gpu_type=os.environ.get("SAGESERVE_GPU_LABEL", defaults.gpu_type),
         pool=os.environ.get("SAGESERVE_POOL_LABEL", defaults.pool),
     )
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account, else the kubeconfig named by KUBECONFIG at start-up."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.startup()
