@@ -256,16 +256,21 @@ class Instance:
         self.t0 = now
         heap = self._run_heap
         if heap:
-            lim = self.v + _EPS
+            # finishing within 1e-6 iterations counts as now: float time cannot resolve
+            # sub-nanosecond steps at t ~ 1e5-1e6 s
+            lim = self.v + 1e-6
             while heap and heap[0][0] <= lim:
                 fv, _, job = heappop(heap)
                 if job.done or job.instance is not self or job.finish_v != fv:
                     continue
                 self._finish(job, now)
-        # KV full: preempt newest sequences until it fits (vLLM recompute preemption)
+        # KV full: preempt newest sequences until it fits (vLLM recompute preemption); as in
+        # vLLM, a step that preempts admits nothing new
+        preempted = False
         if self._n and self.kv_prefill + self._a + self._n * self.v > self.kv_cap + _EPS:
             self._preempt_until_fits()
-        if not self.prefilling and (self.waiting0 or self.waiting1):
+            preempted = True
+        if not preempted and not self.prefilling and (self.waiting0 or self.waiting1):
             self._admit(now)
         self._reschedule(now)
         if self.state is not InstanceState.SERVING and self.idle:
@@ -297,7 +302,8 @@ class Instance:
             self.waiting_tokens += job.prompt_left + job.out_left
 
     def _admit(self, now: float) -> None:
-        free = self.kv_cap - (self.kv_prefill + self._a + self._n * self.v)
+        # vLLM keeps a watermark of free blocks (1%) so admission does not thrash
+        free = self.kv_cap * 0.99 - (self.kv_prefill + self._a + self._n * self.v)
         slots = self.max_seqs - self._n
         batch: list[Job] = []
         tokens = 0
@@ -372,6 +378,8 @@ class Instance:
             if dv_full < dv:
                 dv = dv_full if dv_full > 1e-6 else 1e-6
             when = now + dv * it
+            if when <= now:
+                when = now + 1e-6
         else:
             when = _INF
         if when != self.event_time:

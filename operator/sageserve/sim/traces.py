@@ -124,22 +124,19 @@ _QS = np.array([0.0, 0.5, 0.9, 0.99, 1.0])
 
 
 def load_token_knots(path: Path, volume: dict[int, float] | None = None) -> TokenKnots:
-    df = pd.read_csv(path)
-    by_key: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-    groups = df.groupby(["client_id", "window_start_s"])
-    for (cid, ws), g in groups:
-        f = {row.field: row for row in g.itertuples()}
-        if "input_tokens" not in f or "output_tokens" not in f:
-            continue
-
-        def kn(r: object) -> np.ndarray:
-            vals = [1.0] + [float(getattr(r, q)) for q in ("p50", "p90", "p99", "max")]
-            return np.maximum.accumulate(np.maximum(1.0, np.array(vals, dtype=float)))
-
-        by_key[(int(cid), int(ws) // int(TOKEN_WINDOW_S))] = (
-            kn(f["input_tokens"]),
-            kn(f["output_tokens"]),
-        )
+    """Quantile knots per (client, 6-h window) from a `*_client_token_stats_6h.csv` file."""
+    rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            vals = [1.0] + [float(r[q]) for q in ("p50", "p90", "p99", "max")]
+            k = np.maximum.accumulate(np.maximum(1.0, np.array(vals)))
+            key = (int(r["client_id"]), int(float(r["window_start_s"])) // int(TOKEN_WINDOW_S))
+            rows.setdefault(key, {})[r["field"]] = k
+    by_key = {
+        key: (f["input_tokens"], f["output_tokens"])
+        for key, f in rows.items()
+        if "input_tokens" in f and "output_tokens" in f
+    }
     vol = volume or {}
     best: dict[int, tuple[float, int]] = {}
     for cid, w in by_key:

@@ -1,0 +1,64 @@
+"""Reading the fleet's signals from Prometheus (thin adapter over prometheus-api-client).
+
+Every failure to get an answer — unreachable server, HTTP error, malformed reply — becomes
+one exception, `MetricsUnavailable`, because the caller's rule is the same for all of them:
+hold the current sizes and say so (DESIGN.md, failure behaviour).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from prometheus_api_client import PrometheusConnect
+
+from sageserve.metrics import queries, vllm
+
+
+class MetricsUnavailable(RuntimeError):
+    """Prometheus could not answer; the message says why."""
+
+
+#: (namespace, model deployment, region) → value.
+Series = dict[tuple[str, str, str], float]
+
+
+def _key(labels: Mapping[str, str]) -> tuple[str, str, str]:
+    return (
+        labels.get(vllm.LABEL_NAMESPACE, ""),
+        labels.get(vllm.LABEL_MODEL_DEPLOYMENT, ""),
+        labels.get(vllm.LABEL_REGION, ""),
+    )
+
+
+@dataclass
+class PrometheusReader:
+    """The queries the pacing and planning loops need, as plain dictionaries."""
+
+    url: str
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        self._prom = PrometheusConnect(url=self.url, disable_ssl=True)
+
+    def instant(self, expr: str) -> Series:
+        """An instant vector grouped by (namespace, model deployment, region)."""
+        try:
+            result = self._prom.custom_query(expr, params={"timeout": f"{self.timeout_s}s"})
+        except Exception as exc:  # requests, HTTP and decoding errors alike
+            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        out: Series = {}
+        for sample in result:
+            try:
+                out[_key(sample["metric"])] = float(sample["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise MetricsUnavailable(f"unexpected sample from Prometheus: {sample!r}") from exc
+        return out
+
+    def emu(self, namespace: str) -> Series:
+        """Effective memory utilisation per (model, region) in `namespace`."""
+        return self.instant(queries.emu(namespace))
+
+    def tokens_per_second(self, namespace: str, window: str = "1m") -> Series:
+        """Observed tokens/s per (model, region) in `namespace`."""
+        return self.instant(queries.tokens_per_second(window, namespace))

@@ -1,0 +1,208 @@
+"""Scenario = the files a user keeps in Git, read into a simulator configuration.
+
+A scenario is a directory holding:
+- manifests: ModelDeployment / WorkloadTier / ScalingPolicy YAML (validated with the
+  pydantic models of `sageserve.api`, the same ones the CRDs are generated from);
+- a node inventory: plain v1.Node YAML (the format of `e2e/inventory/*.yaml`);
+- `workload.yaml`: trace sources and their mapping to (model, region, tier), see
+  `sim.workload`.
+
+An optional `scenario.yaml` names the files explicitly (paths relative to it):
+
+```yaml
+name: default
+description: ...
+manifests: [models.yaml, tiers.yaml, policy.yaml]
+inventory: nodes.yaml
+workload: workload.yaml
+drain: 2h          # keep simulating after the window so in-flight work can finish
+policies: [reactive, siloed]   # what `sageserve simulate` compares by default
+```
+
+Without it, every `*.yaml` of the directory is read and documents are sorted by `kind`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import ScalingPolicy
+from sageserve.api.workload_tier import WorkloadTier
+from sageserve.core.types import Request, Tier, TierKind
+from sageserve.pace.base import PacingStrategy, make_strategy
+from sageserve.perf.model import PerfCatalog, load_catalog
+from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
+from sageserve.sim.engine import ModelSetup, RegionPlacement, SimConfig
+from sageserve.sim.workload import Workload, load_workload, parse_duration, requests
+
+PERF_PROFILE_ANNOTATION = "sageserve.io/perf-profile"
+
+
+@dataclass
+class Scenario:
+    name: str
+    root: Path
+    description: str
+    models: list[ModelDeployment]
+    tiers: dict[str, Tier]
+    policy: ScalingPolicy | None
+    nodes: list[Node]
+    workload: Workload
+    drain_s: float
+    policies: list[str] = field(default_factory=lambda: ["reactive", "siloed"])
+    catalog: PerfCatalog = field(default_factory=load_catalog)
+
+    # ---- what one run needs --------------------------------------------------------------
+
+    def sim_config(self, seed: int | None = None) -> SimConfig:
+        setups = []
+        for md in self.models:
+            pname = md.metadata.annotations.get(PERF_PROFILE_ANNOTATION, md.metadata.name)
+            variants = tuple(
+                (v.name, self.catalog.get(pname, v.gpu_type, v.gpus_per_instance))
+                for v in md.spec.variants
+            )
+            regions = tuple(
+                RegionPlacement(
+                    r.name,
+                    r.min_instances,
+                    r.max_instances,
+                    r.initial_instances if r.initial_instances is not None else r.min_instances,
+                )
+                for r in md.spec.regions
+            )
+            setups.append(ModelSetup(md.metadata.name, variants, regions))
+        sp = self.policy.spec if self.policy is not None else None
+        cfg = SimConfig(
+            models=tuple(setups),
+            nodes=tuple(replace(n) for n in self.nodes),
+            start_s=self.workload.start_s,
+            end_s=self.workload.end_s,
+            drain_s=self.drain_s,
+            seed=self.workload.seed if seed is None else seed,
+            region_order=tuple(self.workload.region_order),
+        )
+        if sp is not None:
+            br = sp.routing.batch_release
+            cfg = replace(
+                cfg,
+                route_threshold=sp.routing.region_emu_threshold,
+                release_rules=((br.two_below_emu, 2), (br.one_below_emu, 1)),
+                pace_s=float(sp.intervals.pace_seconds),
+                delays=Delays(
+                    reclaim_same_model_median_s=float(sp.spot.reclaim_same_model_seconds),
+                    reclaim_same_model_max_s=float(sp.spot.reclaim_same_model_max_seconds),
+                    redeploy_s=float(sp.spot.redeploy_seconds),
+                ),
+            )
+        promo = [t.promotion_age_s for t in self.tiers.values() if t.promotion_age_s]
+        if promo:
+            cfg = replace(cfg, promotion_age_s=min(promo))
+        return cfg
+
+    def strategy(self, name: str | None = None) -> PacingStrategy:
+        """The named strategy with the thresholds of the scenario's ScalingPolicy."""
+        params: dict[str, Any] = {}
+        sp = self.policy.spec if self.policy is not None else None
+        if sp is not None:
+            params = {
+                "scale_out_above": sp.thresholds.scale_out_emu,
+                "scale_in_below": sp.thresholds.scale_in_emu,
+                "cooldown_s": float(sp.intervals.cooldown_seconds),
+                "interactive_share": 1.0 - sp.siloed.batch_instance_fraction,
+            }
+        chosen = name or (str(sp.strategy) if sp is not None else "reactive")
+        return make_strategy(chosen, params)
+
+    def requests(self) -> Iterator[Request]:
+        return requests(self.workload, self.tiers)
+
+
+def tier_from_manifest(wt: WorkloadTier) -> Tier:
+    spec = wt.spec
+    interactive = str(spec.type) == "interactive"
+    batch = spec.batch
+    return Tier(
+        name=wt.metadata.name,
+        kind=TierKind.INTERACTIVE if interactive else TierKind.BATCH,
+        ttft_slo_s=spec.slo.ttft_p95_seconds,
+        tbt_slo_s=spec.slo.tbt_p95_seconds,
+        deadline_s=float(batch.deadline_seconds) if batch is not None else None,
+        priority=0 if interactive else 1,
+        promotion_age_s=float(batch.promotion_age_seconds) if batch is not None else None,
+    )
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read a scenario directory (or its `scenario.yaml`)."""
+    path = Path(path)
+    index = path if path.is_file() else path / "scenario.yaml"
+    root = index.parent if index.exists() else path
+    meta: dict[str, Any] = _docs(index)[0] if index.exists() else {}
+    if meta:
+        manifest_files = [root / f for f in meta.get("manifests", [])]
+        inv_files = [root / meta["inventory"]] if meta.get("inventory") else []
+        wl_file = root / meta.get("workload", "workload.yaml")
+    else:
+        manifest_files = sorted(p for p in root.glob("*.yaml") if p.name != "workload.yaml")
+        inv_files = []
+        wl_file = root / "workload.yaml"
+    docs: list[tuple[Path, dict[str, Any]]] = []
+    for f in manifest_files + inv_files:
+        docs += [(f, d) for d in _docs(f)]
+    models: list[ModelDeployment] = []
+    tiers: dict[str, Tier] = {}
+    policy: ScalingPolicy | None = None
+    node_docs: list[dict[str, Any]] = []
+    for f, d in docs:
+        kind = d.get("kind")
+        try:
+            if kind == "ModelDeployment":
+                models.append(ModelDeployment.model_validate(d))
+            elif kind == "WorkloadTier":
+                tiers[d["metadata"]["name"]] = tier_from_manifest(WorkloadTier.model_validate(d))
+            elif kind == "ScalingPolicy":
+                policy = ScalingPolicy.model_validate(d)
+            elif kind == "Node":
+                node_docs.append(d)
+        except Exception as e:  # pydantic's message names the field; add the file
+            raise ValueError(f"{f}: invalid {kind}: {e}") from e
+    if not models:
+        raise ValueError(f"{root}: no ModelDeployment manifest found")
+    if not tiers:
+        raise ValueError(f"{root}: no WorkloadTier manifest found")
+    nodes = nodes_from_manifests(node_docs)
+    if not nodes:
+        raise ValueError(f"{root}: no GPU Node in the inventory")
+    return Scenario(
+        name=str(meta.get("name", root.name)),
+        root=root,
+        description=str(meta.get("description", "")),
+        models=models,
+        tiers=tiers,
+        policy=policy,
+        nodes=nodes,
+        workload=load_workload(wl_file),
+        drain_s=parse_duration(meta.get("drain", "1h")),
+        policies=[str(p) for p in meta.get("policies", ["reactive", "siloed"])],
+    )
+
+
+def default_scenario_dir() -> Path:
+    """`scenarios/default` of the source tree (the package is installed editable)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        cand = parent / "scenarios" / "default"
+        if cand.is_dir():
+            return cand
+    raise FileNotFoundError("scenarios/default not found next to the sageserve sources")
