@@ -135,5 +135,57 @@ def run_operator(
     )
 
 
+@app.command()
+def simulate(
+    scenario: Annotated[
+        Path | None,
+        typer.Option("--scenario", "-s", help="Scenario directory (default: scenarios/default)."),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option("--policy", "-p", help="Comma-separated strategies, e.g. reactive,siloed "
+                     "(default: the scenario's list)."),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for summary.json, minutes.csv, report.")
+    ] = Path("out/simulate"),
+    seed: Annotated[
+        int | None, typer.Option(help="Override the workload's seed.")
+    ] = None,
+    report: Annotated[bool, typer.Option(help="Write PNG plots and report.html.")] = True,
+) -> None:
+    """Replay a scenario's traces against simulated fleets, one run per policy, and compare."""
+    from sageserve.sim.commands import simulate as run
+
+    names = [p.strip() for p in policy.split(",") if p.strip()] if policy else None
+    try:
+        run(scenario, names, out, seed, report, console)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+bench_app = typer.Typer(
+    help="Benchmarks (figures are printed, not asserted).", no_args_is_help=True
+)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("sim")
+def bench_sim(
+    scenario: Annotated[
+        Path | None, typer.Option("--scenario", "-s", help="Scenario (default: scenarios/default).")
+    ] = None,
+    policy: Annotated[str, typer.Option("--policy", "-p")] = "reactive",
+    hours: Annotated[
+        float | None, typer.Option(help="Override the window length (hours).")
+    ] = None,
+) -> None:
+    """Simulated requests per wall-second, events per second and peak RSS of one run."""
+    from sageserve.sim.commands import bench_sim as run
+
+    run(scenario, policy, hours, console)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,107 @@
+"""Bodies of `sageserve simulate` and `sageserve bench sim` (cli.py keeps only the wiring)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sageserve.sim.run import Comparison, run_policies, write_outputs
+from sageserve.sim.scenario import default_scenario_dir, load_scenario
+
+
+def comparison_table(cmp: Comparison, title: str) -> Table:
+    tiers = sorted({t for r in cmp.table for t in r["slo"]})
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in ("policy", "inst-h", "vs 1st", "GPU-h", "prov GPU-h", "spot GPU-h",
+                "IW TTFT p95 s"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for t in tiers:
+        table.add_column(f"SLO {t}", justify="right")
+    table.add_column("unfinished", justify="right")
+    table.add_column("scalings", justify="right")
+    for r in cmp.table:
+        p95 = r["iw_ttft_p95_s"]
+        table.add_row(
+            r["policy"],
+            f"{r['instance_hours']:.1f}",
+            f"{r['vs_first']:+.1%}",
+            f"{r['gpu_hours']:.1f}",
+            f"{r['provisioning_gpu_hours']:.1f}",
+            f"{r['donated_gpu_hours']:.1f}",
+            f"{p95:.3f}" if p95 is not None else "-",
+            *[f"{r['slo'].get(t, float('nan')):.2%}" for t in tiers],
+            str(r["unfinished"]),
+            str(r["scale_events"]),
+        )
+    return table
+
+
+def simulate(
+    scenario: Path | None, policies: list[str] | None, out: Path, seed: int | None,
+    report: bool, console: Console,
+) -> Comparison:
+    sc = load_scenario(scenario or default_scenario_dir())
+    names = policies or sc.policies
+    console.print(
+        f"scenario [bold]{sc.name}[/bold]: {len(sc.models)} models, {len(sc.nodes)} nodes, "
+        f"window {sc.workload.duration_s / 3600:.1f} h, policies {', '.join(names)}"
+    )
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+        TimeElapsedColumn(), console=console, transient=False,
+    ) as prog:
+        tasks = {n: prog.add_task(n, total=1.0) for n in names}
+
+        def on_progress(name: str, frac: float) -> None:
+            prog.update(tasks[name], completed=min(1.0, max(0.0, frac)))
+
+        cmp = run_policies(sc, names, seed, on_progress)
+    paths = write_outputs(out, cmp, report)
+    wide = console if console.is_terminal else Console(width=160)
+    wide.print(comparison_table(cmp, f"{sc.name}: {len(names)} policies"))
+    console.print("wrote " + ", ".join(str(p) for p in paths))
+    return cmp
+
+
+def bench_sim(
+    scenario: Path | None, policy: str, hours: float | None, console: Console
+) -> dict[str, float]:
+    """Time one policy over a scenario; figures are printed, never asserted."""
+    sc = load_scenario(scenario or default_scenario_dir())
+    if hours is not None:
+        sc.workload.duration_s = hours * 3600.0
+    from sageserve.sim.engine import Simulation
+
+    cfg = sc.sim_config()
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    res = Simulation(cfg, sc.strategy(policy), sc.requests()).run()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_mb = rss / 1024 if sys.platform != "darwin" else rss / 1024 / 1024
+    figures = {
+        "requests": float(res.arrived),
+        "events": float(res.sim_events),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "requests_per_wall_s": res.arrived / wall,
+        "requests_per_cpu_s": res.arrived / cpu if cpu else 0.0,
+        "events_per_wall_s": res.sim_events / wall,
+        "peak_rss_mb": rss_mb,
+    }
+    t = Table(title=f"sageserve bench sim: {sc.name}, {policy}, "
+                    f"{sc.workload.duration_s / 3600:.1f} h window (trace generation included)")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in figures.items():
+        t.add_row(k, f"{v:,.1f}")
+    console.print(t)
+    return figures

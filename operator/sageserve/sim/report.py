@@ -1,0 +1,159 @@
+"""Report: PNG plots side by side per policy, and an HTML page that shows them with the table.
+
+Plots (from the per-minute rows and the summary): instances over time per model and region,
+EMU per model, GPU-hours stacked by state, latency percentiles per tier.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sageserve.sim.engine import RunResult
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_instances(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> None:
+    plt = _plt()
+    models = sorted({m.model for r, _ in runs.values() for m in r.minutes})
+    fig, axes = plt.subplots(len(models), 1, figsize=(11, 2.4 * len(models)), sharex=True,
+                             squeeze=False)
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        for name, (r, _) in runs.items():
+            per_region: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+            for m in r.minutes:
+                if m.model == model:
+                    per_region[m.region][m.minute] += m.serving + m.provisioning + m.draining
+            for region, series in sorted(per_region.items()):
+                xs = sorted(series)
+                ax.step([x / 60 for x in xs], [series[x] for x in xs], where="post",
+                        label=f"{name} {region}", linewidth=1)
+        ax.set_ylabel("instances")
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=6, ncol=3, loc="upper left")
+    axes[-1, 0].set_xlabel("hours since window start")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_emu(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> None:
+    plt = _plt()
+    models = sorted({m.model for r, _ in runs.values() for m in r.minutes})
+    fig, axes = plt.subplots(len(models), 1, figsize=(11, 2.2 * len(models)), sharex=True,
+                             squeeze=False)
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        for name, (r, _) in runs.items():
+            acc: dict[int, list[float]] = defaultdict(list)
+            for m in r.minutes:
+                if m.model == model and m.serving:
+                    acc[m.minute].append(m.emu)
+            xs = sorted(acc)
+            ax.plot([x / 60 for x in xs], [max(acc[x]) for x in xs], label=f"{name} (max)",
+                    linewidth=0.8)
+        ax.axhline(0.7, color="grey", linestyle=":", linewidth=0.8)
+        ax.axhline(0.3, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("EMU")
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("hours since window start")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_gpu_hours(path: Path, doc: Mapping[str, Any]) -> None:
+    plt = _plt()
+    names = list(doc["policies"])
+    states = ("serving", "provisioning", "draining", "donated")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottom = [0.0] * len(names)
+    for st in states:
+        vals = [doc["policies"][n]["fleet"]["gpu_hours"][st] for n in names]
+        ax.bar(names, vals, bottom=bottom, label=st)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("GPU-hours")
+    ax.set_title("GPU-hours by instance state (donated = spot, not internal)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_latency(path: Path, doc: Mapping[str, Any]) -> None:
+    plt = _plt()
+    names = list(doc["policies"])
+    tiers = sorted({t for n in names for t in doc["policies"][n]["tiers"]})
+    fig, axes = plt.subplots(1, len(tiers), figsize=(4 * len(tiers), 3.6), squeeze=False)
+    for ax, tier in zip(axes[0], tiers, strict=True):
+        metric = "ttft_s"
+        labels, vals = [], []
+        for n in names:
+            for model, s in sorted(doc["policies"][n]["tiers"].get(tier, {}).items()):
+                labels.append(f"{n}\n{model}")
+                vals.append([s[metric][q] or 0.0 for q in ("p50", "p95", "p99")])
+        x = range(len(labels))
+        for i, q in enumerate(("p50", "p95", "p99")):
+            ax.bar([xi + (i - 1) * 0.27 for xi in x], [v[i] for v in vals], width=0.27, label=q)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=5, rotation=90)
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.set_title(f"{tier}: TTFT (s)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_report(
+    out: Path, doc: Mapping[str, Any], runs: Mapping[str, tuple[RunResult, float]],
+    table: Sequence[Mapping[str, Any]],
+) -> Path:
+    """Write the PNGs and `report.html` into `out`; return the HTML path."""
+    plot_instances(out / "instances.png", runs)
+    plot_emu(out / "emu.png", runs)
+    plot_gpu_hours(out / "gpu_hours.png", doc)
+    plot_latency(out / "latency.png", doc)
+    head = ("policy", "instance-h", "vs first", "GPU-h", "provisioning GPU-h", "donated GPU-h",
+            "IW TTFT p95 s", "unfinished")
+    rows = "".join(
+        "<tr>" + "".join(
+            f"<td>{html.escape(str(c))}</td>" for c in (
+                r["policy"], r["instance_hours"], f"{r['vs_first']:+.1%}", r["gpu_hours"],
+                r["provisioning_gpu_hours"], r["donated_gpu_hours"],
+                f"{r['iw_ttft_p95_s']:.3f}" if r["iw_ttft_p95_s"] is not None else "-",
+                r["unfinished"],
+            )
+        ) + "</tr>"
+        for r in table
+    )
+    sc = doc["scenario"]
+    page = f"""<!doctype html><html><head><meta charset="utf-8">
+<title>sageserve simulate: {html.escape(str(sc.get('name')))}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:auto}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style>
+</head><body><h1>Scenario {html.escape(str(sc.get('name')))}</h1>
+<p>Window {sc['window']['start_s']:.0f}–{sc['window']['end_s']:.0f} s, seed {sc.get('seed')}.
+Summary: <a href="summary.json">summary.json</a>, per minute:
+<a href="minutes.csv">minutes.csv</a>.</p>
+<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{rows}</table>
+<h2>Instances per model and region</h2><img src="instances.png">
+<h2>Effective memory utilisation</h2><img src="emu.png">
+<h2>GPU-hours by state</h2><img src="gpu_hours.png">
+<h2>Latency</h2><img src="latency.png">
+</body></html>"""
+    path = out / "report.html"
+    path.write_text(page)
+    return path

@@ -1,0 +1,200 @@
+"""Run results: the JSON summary (stable schema), the per-minute CSV and the comparison table.
+
+Schema `sageserve.sim.summary/v1` (documented in docs/simulator.md; fields are only ever
+added, never renamed or removed, within v1):
+
+    {
+      "schema": "sageserve.sim.summary/v1",
+      "scenario": {"name", "window": {"start_s", "end_s"}, "seed"},
+      "policies": {
+        "<policy>": {
+          "requests": {"arrived", "finished", "unfinished"},
+          "tiers": {"<tier>": {"<model>": {
+              "finished", "unfinished", "slo_attainment", "deadline_misses",
+              "ttft_s": {"p50", "p95", "p99"}, "tbt_s": {...}, "e2e_s": {...}}}},
+          "fleet": {
+            "instance_hours": float,            # serving + provisioning + draining
+            "gpu_hours": {"serving", "provisioning", "draining", "donated", "internal"},
+            "by_model": {"<model>": {"instance_hours", "gpu_hours": {...}}},
+            "by_model_region": {"<model>/<region>": {"instance_hours", "gpu_hours": {...}}}},
+          "scaling_events": {"<kind>": count},
+          "sim": {"events", "preemptions", "wall_s", "requests_per_wall_s"}}}}
+
+`internal` GPU-hours exclude donated (spot) time, as the paper's instance-hours do;
+`provisioning` is the scaling waste (GPUs paid for while an instance comes up). SLO
+attainment: interactive tiers - TTFT within the tier's `ttftP95Seconds`; batch tiers - end to
+end within the deadline. Unfinished requests count against attainment.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sageserve.core.types import InstanceState
+from sageserve.sim.engine import RunResult
+
+SCHEMA = "sageserve.sim.summary/v1"
+_STATE_KEYS = {
+    InstanceState.SERVING: "serving",
+    InstanceState.PROVISIONING: "provisioning",
+    InstanceState.DRAINING: "draining",
+    InstanceState.SPOT: "donated",
+}
+
+
+def _pct(a: Any) -> dict[str, float | None]:
+    arr = np.asarray(a, dtype=np.float64)
+    if arr.size == 0:
+        return {"p50": None, "p95": None, "p99": None}
+    q = np.percentile(arr, [50, 95, 99])
+    return {k: round(float(v), 4) for k, v in zip(("p50", "p95", "p99"), q, strict=True)}
+
+
+def _gpu_hours(items: Iterable[tuple[InstanceState, float]]) -> dict[str, float]:
+    out = dict.fromkeys(("serving", "provisioning", "draining", "donated"), 0.0)
+    for state, sec in items:
+        out[_STATE_KEYS[state]] += sec / 3600.0
+    out["internal"] = out["serving"] + out["provisioning"] + out["draining"]
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def _inst_hours(items: Iterable[tuple[InstanceState, float]]) -> float:
+    return round(sum(s for st, s in items if st is not InstanceState.SPOT) / 3600.0, 3)
+
+
+def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
+    tiers: dict[str, dict[str, Any]] = defaultdict(dict)
+    keys = sorted(set(r.stats) | set(r.unfinished_by_key))
+    unfinished_total = 0
+    for key in keys:
+        tier, model = key
+        st = r.stats.get(key)
+        unf = r.unfinished_by_key.get(key, 0)
+        unfinished_total += unf
+        fin = st.finished if st else 0
+        met = st.slo_met if st else 0
+        tiers[tier][model] = {
+            "finished": fin,
+            "unfinished": unf,
+            "slo_attainment": round(met / (fin + unf), 5) if fin + unf else None,
+            "deadline_misses": st.deadline_miss if st else 0,
+            "ttft_s": _pct(st.ttft if st else np.empty(0)),
+            "tbt_s": _pct(st.tbt if st else np.empty(0)),
+            "e2e_s": _pct(st.e2e if st else np.empty(0)),
+        }
+    by_m: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
+    by_m_i: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
+    by_mr: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
+    by_mr_i: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
+    for (m, reg, state), sec in sorted(r.gpu_seconds.items()):
+        by_m[m].append((state, sec))
+        by_mr[f"{m}/{reg}"].append((state, sec))
+    for (m, reg, state), sec in sorted(r.instance_seconds.items()):
+        by_m_i[m].append((state, sec))
+        by_mr_i[f"{m}/{reg}"].append((state, sec))
+    all_gpu = [(s, v) for (_, _, s), v in r.gpu_seconds.items()]
+    all_inst = [(s, v) for (_, _, s), v in r.instance_seconds.items()]
+    return {
+        "requests": {"arrived": r.arrived, "finished": r.finished, "unfinished": unfinished_total},
+        "tiers": dict(tiers),
+        "fleet": {
+            "instance_hours": _inst_hours(all_inst),
+            "gpu_hours": _gpu_hours(all_gpu),
+            "by_model": {
+                m: {"instance_hours": _inst_hours(by_m_i[m]), "gpu_hours": _gpu_hours(by_m[m])}
+                for m in sorted(by_m)
+            },
+            "by_model_region": {
+                k: {"instance_hours": _inst_hours(by_mr_i[k]), "gpu_hours": _gpu_hours(by_mr[k])}
+                for k in sorted(by_mr)
+            },
+        },
+        "scaling_events": dict(sorted(r.events.items())),
+        "sim": {
+            "events": r.sim_events,
+            "preemptions": r.preemptions,
+            "wall_s": round(wall_s, 3),
+            "requests_per_wall_s": round(r.arrived / wall_s, 1) if wall_s > 0 else None,
+        },
+    }
+
+
+def interactive_ttft_p95(r: RunResult, interactive_tiers: Sequence[str]) -> float | None:
+    arrs = [np.frombuffer(st.ttft, dtype=np.float64) for (t, _), st in r.stats.items()
+            if t in interactive_tiers and len(st.ttft)]
+    if not arrs:
+        return None
+    return float(np.percentile(np.concatenate(arrs), 95))
+
+
+def summary(
+    scenario: Mapping[str, Any], runs: Mapping[str, tuple[RunResult, float]]
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "scenario": dict(scenario),
+        "policies": {name: policy_summary(r, wall) for name, (r, wall) in runs.items()},
+    }
+
+
+def write_summary(path: Path, doc: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+MINUTE_COLUMNS = (
+    "policy", "minute", "model", "region", "pool", "serving", "provisioning", "draining",
+    "donated", "emu", "arrivals", "finished", "batch_queued",
+)
+
+
+def write_minutes(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(MINUTE_COLUMNS)
+        for name, (r, _) in runs.items():
+            for m in r.minutes:
+                w.writerow(
+                    (name, m.minute, m.model, m.region, m.pool, m.serving, m.provisioning,
+                     m.draining, m.donated, m.emu, m.arrivals, m.finished, m.batch_queued)
+                )
+
+
+def comparison_rows(
+    doc: Mapping[str, Any], runs: Mapping[str, tuple[RunResult, float]],
+    interactive_tiers: Sequence[str],
+) -> list[dict[str, Any]]:
+    """One row per policy: the numbers `sageserve simulate` prints."""
+    rows = []
+    base: float | None = None
+    for name, (r, _) in runs.items():
+        p = doc["policies"][name]
+        ih = p["fleet"]["instance_hours"]
+        if base is None:
+            base = ih
+        att = []
+        for tier, models in p["tiers"].items():
+            fin = sum(v["finished"] + v["unfinished"] for v in models.values())
+            met = sum((v["slo_attainment"] or 0) * (v["finished"] + v["unfinished"])
+                      for v in models.values())
+            att.append((tier, met / fin if fin else math.nan))
+        rows.append({
+            "policy": name,
+            "instance_hours": ih,
+            "vs_first": (ih / base - 1.0) if base else 0.0,
+            "gpu_hours": p["fleet"]["gpu_hours"]["internal"],
+            "provisioning_gpu_hours": p["fleet"]["gpu_hours"]["provisioning"],
+            "donated_gpu_hours": p["fleet"]["gpu_hours"]["donated"],
+            "iw_ttft_p95_s": interactive_ttft_p95(r, interactive_tiers),
+            "slo": dict(att),
+            "unfinished": p["requests"]["unfinished"],
+            "scale_events": sum(p["scaling_events"].values()),
+        })
+    return rows
