@@ -170,7 +170,7 @@ class Endpoint:
                 for inst in d.instances:
                     used += inst.kv_at(t)
                     cap += inst.kv_cap
-            self._emu = used / cap if cap else 1.0
+            self._emu = max(0.0, used / cap) if cap else 1.0
             self._emu_t = t
             self.version += 1
         return self._emu

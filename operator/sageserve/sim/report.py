@@ -29,8 +29,11 @@ def plot_instances(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> N
     models = sorted({m.model for r, _ in runs.values() for m in r.minutes})
     fig, axes = plt.subplots(len(models), 1, figsize=(11, 2.4 * len(models)), sharex=True,
                              squeeze=False)
+    styles = ("-", "--", ":", "-.")
+    regions = sorted({m.region for r, _ in runs.values() for m in r.minutes})
+    colors = {reg: f"C{i}" for i, reg in enumerate(regions)}
     for ax, model in zip(axes[:, 0], models, strict=True):
-        for name, (r, _) in runs.items():
+        for pi, (name, (r, _)) in enumerate(runs.items()):
             per_region: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
             for m in r.minutes:
                 if m.model == model:
@@ -38,7 +41,8 @@ def plot_instances(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> N
             for region, series in sorted(per_region.items()):
                 xs = sorted(series)
                 ax.step([x / 60 for x in xs], [series[x] for x in xs], where="post",
-                        label=f"{name} {region}", linewidth=1)
+                        label=f"{name} {region}", linewidth=1, color=colors[region],
+                        linestyle=styles[pi % len(styles)])
         ax.set_ylabel("instances")
         ax.set_title(model, fontsize=9)
         ax.legend(fontsize=6, ncol=3, loc="upper left")
