@@ -322,8 +322,8 @@ class Cluster:
     def _reclaim_delay(self) -> float:
         """Same-model spot reclaim: lognormal with the configured median, capped at max."""
         med = self.delays.reclaim_same_model_median_s
-        if med <= 0:
-            return 0.0
+        if med <= 0 or self.delays.reclaim_same_model_max_s <= med:
+            return med if med > 0 else 0.0
         d = med * math.exp(self.rng.gauss(0.0, 0.5))
         return min(d, self.delays.reclaim_same_model_max_s)
 

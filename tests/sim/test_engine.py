@@ -1,0 +1,130 @@
+"""Whole-run properties: conservation, Little's law, determinism, GPU-hour accounting."""
+
+from __future__ import annotations
+
+import pytest
+
+from sageserve.core.types import IW_F, IW_N, NIW, EndpointKey, InstanceState, Request
+from sageserve.pace import make_strategy
+from sageserve.sim.cluster import Cluster, Delays
+from sageserve.sim.engine import Simulation
+from sageserve.sim.instance import InstanceHooks
+from sageserve.sim.results import policy_summary
+from tests.sim.helpers import config, flat_perf, nodes, poisson
+
+
+def run(policy: str, rate: float = 20.0, end_s: float = 1800.0, seed: int = 1, **kw):
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02, kv=60_000)
+    cfg = config(perf, regions=("r1", "r2"), end_s=end_s, **kw)
+    reqs = poisson(rate, end_s, [IW_F, IW_N, NIW], ("r1", "r2"), seed=seed)
+    return Simulation(cfg, make_strategy(policy), reqs).run()
+
+
+@pytest.mark.parametrize("policy", ["reactive", "siloed"])
+def test_every_request_finishes_or_is_reported_unfinished(policy: str) -> None:
+    r = run(policy, rate=40.0, drain_s=60.0)  # short drain: some work is left over
+    unfinished = sum(r.unfinished_by_key.values())
+    assert r.arrived > 0
+    assert r.finished + unfinished == r.arrived
+    assert sum(s.finished for s in r.stats.values()) == r.finished
+
+
+def test_a_seed_gives_the_same_run_and_another_seed_a_different_one() -> None:
+    a = policy_summary(run("reactive", seed=3), 1.0)
+    b = policy_summary(run("reactive", seed=3), 1.0)
+    c = policy_summary(run("reactive", seed=4), 1.0)
+    for d in (a, b, c):
+        d.pop("sim")
+    assert a == b
+    assert a != c
+
+
+class Counting(Simulation):
+    """Samples the number of requests in the system every minute (for Little's law)."""
+
+    samples: list[int]
+
+    def _minute_tick(self, now: float) -> None:
+        super()._minute_tick(now)
+        n = self.qm.pending() + sum(len(ep.backlog) for ep in self.cluster.endpoints.values())
+        for inst in self.cluster.all_instances:
+            n += inst.running + inst.waiting
+        if 600 <= now <= self.cfg.end_s - 600:  # steady part of the run
+            self.samples.append(n)
+
+
+def test_littles_law_holds_on_a_steady_run() -> None:
+    end = 4 * 3600.0
+    rate = 15.0
+    perf = flat_perf(prefill_s=0.05, decode_s=0.03, kv=200_000)
+    cfg = config(perf, initial=3, lo=3, hi=3, end_s=end)  # fixed fleet: a stationary system
+    reqs = list(poisson(rate, end, [IW_F], seed=9, prompt=400, output=80))
+    sim = Counting(cfg, make_strategy("reactive"), reqs)
+    sim.samples = []
+    r = sim.run()
+    st = r.stats[("IW-F", "m")]
+    mean_w = sum(st.e2e) / len(st.e2e)
+    lam = len(reqs) / end
+    mean_l = sum(sim.samples) / len(sim.samples)
+    assert mean_l == pytest.approx(lam * mean_w, rel=0.1)
+
+
+def test_batch_requests_past_the_deadline_count_as_misses() -> None:
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, end_s=100.0)
+    late_tier = NIW.__class__(**{**{f: getattr(NIW, f) for f in NIW.__dataclass_fields__},
+                                 "deadline_s": 0.5})
+    reqs = [Request(0, 1.0, "m", late_tier, "r1", 100, 200)]  # needs ~4 s > 0.5 s deadline
+    r = Simulation(cfg, make_strategy("siloed"), reqs).run()
+    st = r.stats[("NIW", "m")]
+    assert st.finished == 1 and st.deadline_miss == 1 and st.slo_met == 0
+
+
+def test_unified_reactive_holds_batch_in_the_queue_manager_until_released() -> None:
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, end_s=120.0)
+    reqs = [Request(i, 1.0 + i, "m", NIW, "r1", 100, 10) for i in range(5)]
+    r = Simulation(cfg, make_strategy("reactive"), reqs).run()
+    # released on pace ticks / completions because the idle endpoint signals EMU < 50%
+    assert r.stats[("NIW", "m")].finished == 5
+    ttft = list(r.stats[("NIW", "m")].ttft)
+    assert max(ttft) <= 15.0 + 1.0  # at most one pace interval (15 s) of waiting
+
+
+class NoHooks(InstanceHooks):
+    def schedule(self, inst, when):  # noqa: ANN001
+        pass
+
+    def on_finish(self, job, now):  # noqa: ANN001
+        pass
+
+    def on_idle(self, inst, now):  # noqa: ANN001
+        pass
+
+
+def test_gpu_hours_per_state_match_a_hand_computed_case() -> None:
+    perf = flat_perf(gpus=8)
+    delays = Delays(reclaim_same_model_median_s=60, reclaim_same_model_max_s=60, redeploy_s=600)
+    cl = Cluster(nodes(("r1",), serving=2, spot=1), NoHooks(), delays, seed=0)
+    key = EndpointKey("m", "r1")
+    ep = cl.add_endpoint(key, 1, 3, 1.0)
+    dep = cl.add_deployment(ep, "m-r1-v", perf)
+    assert cl.start_instances(dep, 2, 0.0) == 2
+    cl.scale_in(key, 1800.0)  # idle -> donated at once
+    got = cl.scale_out(key, 3600.0)
+    assert got is not None and got[1] == "reclaim_same_model"
+    cl.ready(got[0], got[0].ready_at)  # 60 s later
+    extra = cl.scale_out(key, 5400.0)  # no spot of the model left: free spot-pool GPUs
+    assert extra is not None and extra[1] == "deploy_free_gpus"
+    assert extra[0].ready_at == 6000.0
+    cl.ready(extra[0], 6000.0)
+    cl.close_accounting(7200.0)
+    g = {st: sum(v for (m, r, s), v in cl.acct.gpu_seconds.items() if s is st) / 3600
+         for st in InstanceState}
+    # instance A: serving 2 h; instance B: serving 0.5 h, spot 0.5 h, provisioning 60 s,
+    # serving 7200-3660 s; instance C: provisioning 5400-6000 s (redeploy), serving 1200 s
+    assert g[InstanceState.SERVING] * 3600 == pytest.approx(8 * (7200 + 1800 + 3540 + 1200))
+    assert g[InstanceState.SPOT] * 3600 == pytest.approx(8 * 1800)
+    assert g[InstanceState.PROVISIONING] * 3600 == pytest.approx(8 * (60 + 600))
+    assert cl.acct.events["reclaim_same_model"] == 1
+    assert cl.acct.events["donate_to_spot"] == 1
