@@ -53,6 +53,7 @@ def poisson(rate: float, end_s: float, tiers: list[Tier], regions: tuple[str, ..
         t += rng.expovariate(rate)
         if t >= end_s:
             return
-        yield Request(i, t, "m", rng.choice(tiers), rng.choice(regions),
-                      max(1, int(rng.expovariate(1 / prompt))), max(1, int(rng.expovariate(1 / output))))
+        p = max(1, int(rng.expovariate(1 / prompt)))
+        o = max(1, int(rng.expovariate(1 / output)))
+        yield Request(i, t, "m", rng.choice(tiers), rng.choice(regions), p, o)
         i += 1

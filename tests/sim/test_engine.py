@@ -92,13 +92,13 @@ def test_unified_reactive_holds_batch_in_the_queue_manager_until_released() -> N
 
 
 class NoHooks(InstanceHooks):
-    def schedule(self, inst, when):  # noqa: ANN001
+    def schedule(self, inst, when):
         pass
 
-    def on_finish(self, job, now):  # noqa: ANN001
+    def on_finish(self, job, now):
         pass
 
-    def on_idle(self, inst, now):  # noqa: ANN001
+    def on_idle(self, inst, now):
         pass
 
 
