@@ -1,0 +1,92 @@
+"""Value types of the forecasting layer: what is asked, what comes back, the strategy interface.
+
+Units: every series is **tokens per second** per (model, region) (paper ambiguity #2 settled:
+the planner's ρ and θ are both tokens/s), one value per window of ``step_seconds``. A value of
+NaN is a *gap* (the collector saw nothing: missing data); 0 is a real, observed zero load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class ForecastSpec:
+    """What to forecast.
+
+    The history ends at "now" (the last value is the window [now − step, now)). The answer is
+    the peak over the windows that intersect [now + lead, now + horizon]; the paper plans on
+    the max over the next hour, the reference repo on [t + 20 min, t + 60 min].
+    """
+
+    step_seconds: float = 600.0
+    lead_seconds: float = 0.0
+    horizon_seconds: float = 3600.0
+    quantile: float = 0.85
+    """Upper quantile of the peak that capacity is provisioned for (coverage target)."""
+    min_history_seconds: float = 6 * 3600.0
+    """Less history than this makes the model-based methods fall back to a baseline."""
+    max_gap_fraction: float = 0.2
+    """A fit window with more gaps than this falls back to a baseline."""
+
+    def steps(self) -> tuple[int, int]:
+        """1-based first and last forecast step covering [now + lead, now + horizon]."""
+        first = int(self.lead_seconds // self.step_seconds) + 1
+        last = max(first, int(np.ceil(self.horizon_seconds / self.step_seconds - 1e-9)))
+        return first, last
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Forecast of one series. ``method`` is what produced the numbers; when it differs from
+    ``requested``, ``fallback_reason`` says why (surfaced in ScalingPolicy status)."""
+
+    peak_tps: float
+    """Point forecast of the peak over [now + lead, now + horizon]."""
+    upper_tps: float
+    """Upper ``quantile`` of that peak: what to provision for."""
+    quantile: float
+    method: str
+    requested: str
+    fallback_reason: str | None = None
+    reliable: bool = True
+    """False when there was no usable observation at all (the caller must hold sizes)."""
+    path_tps: tuple[float, ...] = field(default_factory=tuple)
+    """Point forecast per step 1..last (for the plan's per-window ρ)."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class PeakModel(Protocol):
+    """A fitted model that predicts the peak (log scale) from any origin of its history."""
+
+    def path(self, origin: int) -> FloatArray:
+        """Log-scale point path for steps 1..last after ``origin`` (uses x[:origin] only)."""
+        ...
+
+    def paths(self, origins: IntArray) -> FloatArray:
+        """``path`` for many origins at once, shape (len(origins), last)."""
+        ...
+
+
+class Forecaster(Protocol):
+    """A forecasting strategy, chosen by name from the registry (like cluster-autoscaler's
+    expanders). ``fit`` gets the log-transformed, gap-filled history and may raise: the
+    robust wrapper in ``forecast.api`` turns any failure into a named fallback."""
+
+    @property
+    def name(self) -> str: ...
+
+    def min_points(self, spec: ForecastSpec) -> int:
+        """Fewest history points this method needs."""
+        ...
+
+    def fit(self, x: FloatArray, spec: ForecastSpec) -> PeakModel:
+        """Fit on ``x`` (log(1 + tokens/s), no NaN)."""
+        ...

@@ -1,0 +1,130 @@
+"""Synthetic planning problems of a given size, and the ``sageserve bench plan`` timing.
+
+The instances look like a fleet: diurnal demand per (model, region) with a per-region phase,
+θ per (model, GPU type) roughly proportional to GPU speed and inversely to model size, some
+(model, GPU) pairs impossible (model too large), current instances near yesterday's need, and
+GPU inventories that are tight in some regions so that capacity rows bind.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from sageserve.plan.ilp import PlanOptions, solve_plan
+from sageserve.plan.problem import PlanProblem
+
+GPU_NAMES = ["h100", "a100-80", "a100-40", "l40s", "a10g", "h200", "b200", "v100"]
+
+
+def synthetic_problem(
+    models: int, regions: int, gpu_types: int, *, seed: int = 0, windows: int = 6,
+    tight: float = 1.1,
+) -> PlanProblem:
+    """A reproducible problem; ``tight`` = GPUs available / GPUs needed per region (≈)."""
+    rng = np.random.default_rng(seed)
+    gpus = [GPU_NAMES[k] if k < len(GPU_NAMES) else f"gpu{k}" for k in range(gpu_types)]
+    speed = np.sort(rng.uniform(0.4, 2.5, gpu_types))[::-1]
+    mem = np.sort(rng.choice([24, 40, 48, 80, 141, 192], gpu_types))[::-1]
+    cost = 1.2 * speed + rng.uniform(0.0, 0.5, gpu_types)
+    size_gb = rng.choice([8, 16, 70, 140, 400], models, p=[0.3, 0.2, 0.3, 0.1, 0.1])
+    model_names = [f"m{i:03d}" for i in range(models)]
+    region_names = [f"r{j:02d}" for j in range(regions)]
+    capacity: dict[str, dict[str, float]] = {}
+    gpi: dict[str, dict[str, int]] = {}
+    startup: dict[str, dict[str, float]] = {}
+    for i, m in enumerate(model_names):
+        capacity[m], gpi[m], startup[m] = {}, {}, {}
+        for k, g in enumerate(gpus):
+            per = int(2 ** math.ceil(math.log2(max(1.0, 1.3 * size_gb[i] / mem[k]))))
+            if per > 8:
+                continue
+            capacity[m][g] = float(round(per * speed[k] * 40000.0 / math.sqrt(size_gb[i]), 1))
+            gpi[m][g] = per
+            startup[m][g] = float(round(60 + 2.0 * size_gb[i] * rng.uniform(0.8, 1.2), 1))
+    demand: dict[str, dict[str, list[float]]] = {}
+    current: dict[str, dict[str, dict[str, int]]] = {}
+    used = np.zeros((regions, gpu_types))
+    popularity = rng.lognormal(0.0, 1.0, models)
+    for i, m in enumerate(model_names):
+        demand[m], current[m] = {}, {}
+        base_theta = max(capacity[m].values()) if capacity[m] else 1.0
+        for j, r in enumerate(region_names):
+            if rng.random() < 0.25:
+                continue  # model not offered in this region
+            level = popularity[i] * base_theta * rng.uniform(0.5, 6.0)
+            phase = rng.uniform(0, 2 * math.pi)
+            t0 = rng.uniform(0, 24)
+            series = [
+                float(round(level * (1.0 + 0.4 * math.sin(phase + 2 * math.pi * (t0 + w / 6) / 24))
+                            * rng.uniform(0.9, 1.1), 1))
+                for w in range(windows)
+            ]
+            demand[m][r] = series
+            options = list(capacity[m])
+            if not options:
+                continue
+            g = options[int(rng.integers(len(options)))]
+            k = gpus.index(g)
+            n = max(0, round(max(series) / capacity[m][g] * rng.uniform(0.7, 1.3)))
+            current[m][r] = {g: n}
+            used[j, k] += n * gpi[m][g]
+    gpu_capacity = {
+        r: {g: math.ceil(used[j].sum() * tight / gpu_types + 8) for g in gpus}
+        for j, r in enumerate(region_names)
+    }
+    return PlanProblem.model_validate(
+        {
+            "models": model_names,
+            "regions": region_names,
+            "gpu_types": gpus,
+            "current": current,
+            "demand_tps": demand,
+            "capacity_tps": capacity,
+            "gpus_per_instance": gpi,
+            "gpu_hour_cost": {g: float(round(cost[k], 3)) for k, g in enumerate(gpus)},
+            "startup_seconds": startup,
+            "epsilon": 0.8,
+            "gpu_capacity": gpu_capacity,
+            "bounds": {m: {r: {"min": 1, "max": 400} for r in demand[m]} for m in model_names},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    size: str
+    seed: int
+    status: str
+    seconds: float
+    build_seconds: float
+    objective: float | None
+    gap: float | None
+
+
+def bench_plan(
+    sizes: list[tuple[int, int, int]], seeds: int = 3, options: PlanOptions | None = None
+) -> list[BenchRow]:
+    """Solve ``seeds`` random instances of each size; wall seconds include building."""
+    rows: list[BenchRow] = []
+    for size in sizes:
+        for seed in range(seeds):
+            t0 = time.perf_counter()
+            problem = synthetic_problem(*size, seed=seed)
+            t1 = time.perf_counter()
+            result = solve_plan(problem, options)
+            rows.append(
+                BenchRow(
+                    size="x".join(map(str, size)),
+                    seed=seed,
+                    status=result.status,
+                    seconds=time.perf_counter() - t1,
+                    build_seconds=t1 - t0,
+                    objective=result.objective,
+                    gap=result.mip_gap,
+                )
+            )
+    return rows

@@ -1,0 +1,361 @@
+"""SageServe's provisioning ILP (paper §5, [v3]) plus the constraints a real fleet needs.
+
+Decision: the instance target x_{m,r,g} = n_{m,r,g} + δ_{m,r,g} for every (model, region, GPU
+type) the model can run on. The paper's problem, exactly:
+
+- C1 (local service): Σ_g θ_{m,g} x_{m,r,g} ≥ ε · max_w ρ_{m,r}(w)            ∀ m, r
+- C2 (global service): Σ_{r,g} θ_{m,g} x_{m,r,g} ≥ max_w Σ_r ρ_{m,r}(w)       ∀ m
+  (the peak of the *summed* demand per window, not the sum of regional peaks)
+- C3: δ ≥ −n, i.e. x ≥ 0
+- objective γ + μ = Σ c_{m,g} δ + Σ σ_{m,g} max(0, δ), with c = α_g × GPUs per instance.
+
+max(0, δ) is linearised by writing δ = up − down with integer up ≥ 0 and 0 ≤ down ≤ n: the
+objective (c + σ)·up − c·down makes "up and down both positive" never better than the net
+change, and it needs no extra rows (unlike u ≥ δ), which keeps the model small.
+
+Added (the paper leaves them out; documented in docs/plan-json.md):
+- GPU capacity per (region, GPU type): Σ_m gpus_per_instance_{m,g} x_{m,r,g} ≤ cap_{r,g};
+- min/max instances per (model, region) summed over GPU types;
+- shortfall: if no plan meets C1/C2 within capacity and bounds, slack s_{m,r,t} ≤ (tier t's
+  demand at region r's peak window) is allowed in C1 (scaled by ε) and C2, and minimised
+  lexicographically tier by tier, highest tier first; the cheapest plan with those shortfalls
+  is then chosen. So higher tiers are served first, and the result reports the shortfall
+  instead of failing.
+
+ε (paper ambiguity #1): it is an input; the paper gives no value and the reference repository
+effectively uses ε = 1 without C2. ScalingPolicy's default is documented with the policy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sageserve.plan.mip import MipModel, MipSolution, ModelBuilder, solve
+from sageserve.plan.problem import PlanProblem
+from sageserve.plan.result import PlanResult
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Solver settings (from the ScalingPolicy's ILP settings)."""
+
+    solver: str = "highs"
+    time_limit: float = 60.0
+    mip_gap: float = 1e-4
+    threads: int = 1
+
+
+@dataclass
+class _Layout:
+    """Where each decision lives in the column vector."""
+
+    cells: list[tuple[int, int, int]] = field(default_factory=list)  # (m, r, g) indices
+    up: list[int] = field(default_factory=list)
+    down: list[int | None] = field(default_factory=list)
+    shortfall: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (m, r, t) -> col
+
+
+def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> PlanResult:
+    """Solve one planning problem. Never raises for solver outcomes: the status says what
+    happened (see :class:`PlanResult`)."""
+    opts = options or PlanOptions()
+    start = time.perf_counter()
+    data = _Data(problem)
+
+    def remaining() -> float:
+        return max(opts.time_limit - (time.perf_counter() - start), 0.01)
+
+    def run(model: MipModel) -> MipSolution:
+        sol = solve(
+            model,
+            solver=opts.solver,
+            time_limit=remaining(),
+            mip_gap=opts.mip_gap,
+            threads=opts.threads,
+        )
+        if sol.status == "error" and opts.solver == "highs":
+            sol = solve(model, solver="cbc", time_limit=remaining(), mip_gap=opts.mip_gap)
+        return sol
+
+    model, layout = data.build(shortfall=False)
+    sol = run(model)
+    if sol.status in ("optimal", "time_limit"):
+        status = "optimal" if sol.status == "optimal" else "time_limit"
+        return data.result(status, sol, layout, start, reason=_time_reason(sol, status))
+    if sol.status == "no_solution":
+        return _failed(data, "no feasible plan found within the time limit", sol, start)
+    if sol.status == "error":
+        return _failed(data, f"solver error: {sol.message}", sol, start)
+
+    # Demand cannot be met in full: shed lowest tiers first.
+    caps: dict[int, float] = {}
+    for t in range(len(data.tiers)):
+        model, layout = data.build(shortfall=True, minimise_tier=t, tier_caps=caps)
+        sol = run(model)
+        if sol.status == "infeasible":
+            return _failed(data, data.diagnose_infeasible(), sol, start)
+        if sol.status not in ("optimal", "time_limit"):
+            return _failed(data, f"shortfall phase for tier {data.tiers[t]!r}: {sol.message}",
+                           sol, start)
+        caps[t] = data.tier_total(sol, layout, t)
+    model, layout = data.build(shortfall=True, tier_caps=caps)
+    sol = run(model)
+    if sol.status not in ("optimal", "time_limit"):
+        return _failed(data, f"final shortfall phase: {sol.message}", sol, start)
+    status = "shortfall" if sol.status == "optimal" else "time_limit"
+    return data.result(status, sol, layout, start, reason=_time_reason(sol, status)
+                       or "not enough GPUs / instance bounds for the forecast demand")
+
+
+def _time_reason(sol: MipSolution, status: str) -> str | None:
+    if status != "time_limit":
+        return None
+    gap = "unknown" if sol.gap is None else f"{sol.gap:.3%}"
+    return f"time limit reached; best plan found, gap {gap}"
+
+
+def _failed(data: _Data, reason: str, sol: MipSolution, start: float) -> PlanResult:
+    return PlanResult(
+        status="infeasible",
+        reason=reason,
+        solve_seconds=time.perf_counter() - start,
+        solver=sol.solver,
+    )
+
+
+class _Data:
+    """Problem data in index form, and the formulation."""
+
+    def __init__(self, p: PlanProblem) -> None:
+        self.p = p
+        self.models, self.regions, self.gpus = p.models, p.regions, p.gpu_types
+        self.tiers = p.tier_names()
+        nm, nr = len(self.models), len(self.regions)
+        w = p.windows()
+        # peak_local[m][r] = max_w ρ; at_peak[m][r][t] = tier t's demand in that window.
+        self.peak_local = np.zeros((nm, nr))
+        self.at_peak = np.zeros((nm, nr, len(self.tiers)))
+        self.peak_global = np.zeros(nm)
+        for i, m in enumerate(self.models):
+            total = np.zeros(max(w, 1))
+            for j, r in enumerate(self.regions):
+                per_tier = p.tier_demand(m, r)
+                series = np.array([per_tier[t] for t in self.tiers]).reshape(len(self.tiers), -1)
+                summed = series.sum(axis=0) if series.size else np.zeros(1)
+                if summed.size:
+                    wstar = int(np.argmax(summed))
+                    self.peak_local[i, j] = float(summed[wstar])
+                    self.at_peak[i, j, :] = series[:, wstar]
+                    total[: summed.size] += summed
+            self.peak_global[i] = float(total.max()) if total.size else 0.0
+
+    def build(
+        self,
+        *,
+        shortfall: bool,
+        minimise_tier: int | None = None,
+        tier_caps: dict[int, float] | None = None,
+    ) -> tuple[MipModel, _Layout]:
+        p, b, lay = self.p, ModelBuilder(), _Layout()
+        cost_on = minimise_tier is None
+        eps = p.epsilon
+        c1_cols: dict[tuple[int, int], list[int]] = {}
+        c1_vals: dict[tuple[int, int], list[float]] = {}
+        c2_cols: dict[int, list[int]] = {}
+        c2_vals: dict[int, list[float]] = {}
+        cap_cols: dict[tuple[int, int], list[int]] = {}
+        cap_vals: dict[tuple[int, int], list[float]] = {}
+        cnt_cols: dict[tuple[int, int], list[int]] = {}
+        cnt_vals: dict[tuple[int, int], list[float]] = {}
+        base_c1 = np.zeros((len(self.models), len(self.regions)))
+        base_cnt = np.zeros((len(self.models), len(self.regions)))
+        base_cap = np.zeros((len(self.regions), len(self.gpus)))
+        min_cost, max_theta = math.inf, 0.0
+        # Objective offset Σ c·n: the solver then minimises the cost of the whole fleet after
+        # the change (plus μ), so its relative MIP gap is relative to the fleet's cost rather
+        # than to the (near-zero, signed) cost of the change.
+        offset = 0.0
+        for i, m in enumerate(self.models):
+            for j, r in enumerate(self.regions):
+                bnd = p.bound(m, r)
+                for k, g in enumerate(self.gpus):
+                    theta = p.theta(m, g)
+                    if theta is None:
+                        continue
+                    n = p.current_instances(m, r, g)
+                    gpi = p.gpus_per_instance[m][g]
+                    c, sigma = p.instance_cost(m, g), p.startup_cost(m, g)
+                    if c > 0:
+                        min_cost = min(min_cost, c)
+                    max_theta = max(max_theta, theta)
+                    ub = max(n, math.ceil(self.peak_global[i] / theta - 1e-9), bnd.min)
+                    if bnd.max is not None:
+                        ub = min(ub, bnd.max)
+                    cap = p.gpu_cap(r, g)
+                    if cap is not None:
+                        ub = min(ub, cap // gpi)
+                    up = b.add_col(c + sigma if cost_on else 0.0, 0.0, float(max(ub - n, 0)), True)
+                    down: int | None = None
+                    if n > 0:
+                        down = b.add_col(-c if cost_on else 0.0, float(max(n - ub, 0)), float(n),
+                                         True)
+                    lay.cells.append((i, j, k))
+                    lay.up.append(up)
+                    lay.down.append(down)
+                    cols, vals = [up], [1.0]
+                    if down is not None:
+                        cols.append(down)
+                        vals.append(-1.0)
+                    c1_cols.setdefault((i, j), []).extend(cols)
+                    c1_vals.setdefault((i, j), []).extend(v * theta for v in vals)
+                    c2_cols.setdefault(i, []).extend(cols)
+                    c2_vals.setdefault(i, []).extend(v * theta for v in vals)
+                    cnt_cols.setdefault((i, j), []).extend(cols)
+                    cnt_vals.setdefault((i, j), []).extend(vals)
+                    base_c1[i, j] += theta * n
+                    offset += c * n if cost_on else 0.0
+                    base_cnt[i, j] += n
+                    if cap is not None:
+                        cap_cols.setdefault((j, k), []).extend(cols)
+                        cap_vals.setdefault((j, k), []).extend(float(v * gpi) for v in vals)
+                        base_cap[j, k] += gpi * n
+        # A tiny cost on shortfall in the final phase reports the least shortfall that the
+        # chosen plan needs, without trading it against real cost.
+        tiny = 1e-7 * (min_cost if math.isfinite(min_cost) else 1.0) / max(max_theta, 1.0)
+        tier_rows: dict[int, tuple[list[int], list[float]]] = {}
+        if shortfall:
+            for i in range(len(self.models)):
+                for j in range(len(self.regions)):
+                    for t in range(len(self.tiers)):
+                        hi = float(self.at_peak[i, j, t])
+                        if hi <= 0:
+                            continue
+                        obj = tiny if minimise_tier is None else float(t == minimise_tier)
+                        col = b.add_col(obj, 0.0, hi, False)
+                        lay.shortfall[(i, j, t)] = col
+                        c1_cols.setdefault((i, j), []).append(col)
+                        c1_vals.setdefault((i, j), []).append(eps)
+                        c2_cols.setdefault(i, []).append(col)
+                        c2_vals.setdefault(i, []).append(1.0)
+                        cols_t, vals_t = tier_rows.setdefault(t, ([], []))
+                        cols_t.append(col)
+                        vals_t.append(1.0)
+        inf = math.inf
+        for i in range(len(self.models)):
+            for j in range(len(self.regions)):
+                need = eps * self.peak_local[i, j]
+                if need > 0:
+                    _row(b, c1_cols.get((i, j), []), c1_vals.get((i, j), []),
+                         need - base_c1[i, j], inf)
+                bnd = p.bound(self.models[i], self.regions[j])
+                lo = bnd.min - base_cnt[i, j]
+                hi = inf if bnd.max is None else bnd.max - base_cnt[i, j]
+                if bnd.min > 0 or bnd.max is not None:
+                    _row(b, cnt_cols.get((i, j), []), cnt_vals.get((i, j), []), lo, hi)
+            if self.peak_global[i] > 0:
+                _row(b, c2_cols.get(i, []), c2_vals.get(i, []),
+                     self.peak_global[i] - base_c1[i].sum(), inf)
+        for j, r in enumerate(self.regions):
+            for k, g in enumerate(self.gpus):
+                cap = p.gpu_cap(r, g)
+                if cap is not None and (j, k) in cap_cols:
+                    _row(b, cap_cols[(j, k)], cap_vals[(j, k)], -inf, cap - base_cap[j, k])
+        for t, limit in (tier_caps or {}).items():
+            if t in tier_rows:
+                cols_t, vals_t = tier_rows[t]
+                _row(b, cols_t, vals_t, -inf, limit + 1e-7 * max(1.0, limit))
+        return b.build(offset), lay
+
+    def tier_total(self, sol: MipSolution, lay: _Layout, t: int) -> float:
+        return float(sum(sol.x[col] for (_, _, tt), col in lay.shortfall.items() if tt == t))
+
+    def result(
+        self, status: str, sol: MipSolution, lay: _Layout, start: float, reason: str | None
+    ) -> PlanResult:
+        p = self.p
+        target: dict[str, dict[str, dict[str, int]]] = {}
+        delta: dict[str, dict[str, dict[str, int]]] = {}
+        gamma = mu = 0.0
+        for (i, j, k), up, down in zip(lay.cells, lay.up, lay.down, strict=True):
+            m, r, g = self.models[i], self.regions[j], self.gpus[k]
+            n = p.current_instances(m, r, g)
+            d = round(sol.x[up]) - (round(sol.x[down]) if down is not None else 0)
+            target.setdefault(m, {}).setdefault(r, {})[g] = n + d
+            delta.setdefault(m, {}).setdefault(r, {})[g] = d
+            gamma += p.instance_cost(m, g) * d
+            mu += p.startup_cost(m, g) * max(0, d)
+        shortfall: dict[str, dict[str, float]] = {}
+        by_tier: dict[str, dict[str, dict[str, float]]] = {}
+        for (i, j, t), col in lay.shortfall.items():
+            value = float(sol.x[col])
+            if value <= 1e-6 * max(1.0, float(self.peak_local[i, j])):
+                continue
+            m, r = self.models[i], self.regions[j]
+            value = round(value, 3)
+            shortfall.setdefault(m, {})[r] = shortfall.get(m, {}).get(r, 0.0) + value
+            by_tier.setdefault(m, {}).setdefault(r, {})[self.tiers[t]] = value
+        final_status = status
+        if status == "shortfall" and not shortfall:
+            final_status = "optimal"
+        return PlanResult.model_validate(
+            {
+                "status": final_status,
+                "reason": reason if final_status != "optimal" else None,
+                "target": target,
+                "delta": delta,
+                "objective": gamma + mu,
+                "gamma": gamma,
+                "mu": mu,
+                "shortfall_tps": shortfall,
+                "shortfall_tps_by_tier": by_tier if self.p.tiers else {},
+                "solve_seconds": time.perf_counter() - start,
+                "solver": sol.solver,
+                "mip_gap": sol.gap,
+            }
+        )
+
+    def diagnose_infeasible(self) -> str:
+        """Name the regions whose min bounds cannot fit their GPUs (a necessary check)."""
+        p = self.p
+        bad: list[str] = []
+        for r in self.regions:
+            if p.gpu_cap(r, self.gpus[0]) is None and p.gpu_capacity is None:
+                continue
+            need = 0
+            for m in self.models:
+                lo = p.bound(m, r).min
+                if lo <= 0:
+                    continue
+                options = [
+                    p.gpus_per_instance[m][g]
+                    for g in self.gpus
+                    if (p.theta(m, g) is not None and (p.gpu_cap(r, g) or 0) > 0)
+                    or (p.theta(m, g) is not None and p.gpu_cap(r, g) is None)
+                ]
+                if not options:
+                    bad.append(f"{m}@{r} (min {lo}, no GPU type it can run on has capacity)")
+                    continue
+                need += lo * min(options)
+            total = sum((p.gpu_cap(r, g) or 0) for g in self.gpus)
+            if any(p.gpu_cap(r, g) is None for g in self.gpus):
+                continue
+            if need > total:
+                bad.append(f"region {r}: min bounds need at least {need} GPUs, {total} exist")
+        detail = "; ".join(bad) if bad else "min bounds and gpu_capacity contradict each other"
+        return f"no plan satisfies the instance bounds within the GPU capacity: {detail}"
+
+
+def _row(b: ModelBuilder, cols: list[int], vals: list[float], lo: float, hi: float) -> None:
+    """Add a row, or nothing when it has no columns (then it is either trivially true or the
+    infeasibility shows up in the model through another row)."""
+    if cols:
+        b.add_row(cols, vals, lo, hi)
+    elif lo > 1e-9 or hi < -1e-9:
+        # Empty but violated (e.g. demand for a model that can run nowhere): keep it visible
+        # as an impossible bound on a dummy column so the solver reports infeasible.
+        dummy = b.add_col(0.0, 0.0, 0.0, False)
+        b.add_row([dummy], [1.0], lo, hi)
