@@ -187,5 +187,101 @@ def bench_sim(
     run(scenario, policy, hours, console)
 
 
+# --- forecasting and planning (issue 5) -------------------------------------------------
+
+forecast_app = typer.Typer(help="Forecasts of tokens/s per (model, region).",
+                           no_args_is_help=True)
+app.add_typer(forecast_app, name="forecast")
+
+
+@forecast_app.command("backtest")
+def forecast_backtest(
+    trace: Annotated[
+        list[Path], typer.Option("--trace", "-t", help="ServeGen *_aggregate_10min.csv "
+                                 "(repeatable).")
+    ],
+    method: Annotated[
+        str | None, typer.Option("--method", "-m", help="Comma-separated methods "
+                                 "(default: all registered).")
+    ] = None,
+    signal: Annotated[str, typer.Option(help="tokens (tokens/s) or requests (req/s).")] = "tokens",
+    quantile: Annotated[float, typer.Option(help="Provisioned upper quantile.")] = 0.85,
+    lead_minutes: Annotated[float, typer.Option(help="Window start after now.")] = 0.0,
+    horizon_minutes: Annotated[float, typer.Option(help="Window end after now.")] = 60.0,
+    start_hours: Annotated[float, typer.Option(help="First decision (hours into trace).")] = 24.0,
+) -> None:
+    """Rolling hourly backtest: MAPE of the next-hour peak, coverage, mean over-forecast."""
+    from sageserve.forecast.commands import DEFAULT_METHODS, backtest_command
+    from sageserve.forecast.types import ForecastSpec
+
+    methods = [m.strip() for m in method.split(",")] if method else DEFAULT_METHODS
+    spec = ForecastSpec(quantile=quantile, lead_seconds=lead_minutes * 60,
+                        horizon_seconds=horizon_minutes * 60)
+    try:
+        backtest_command(trace, methods, signal, spec, start_hours, console)
+    except (OSError, ValueError, KeyError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+@app.command("plan")
+def plan_cmd(
+    input_path: Annotated[Path, typer.Option("--input", "-i", help="problem.json")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write plan.json here (else stdout).")
+    ] = None,
+    solver: Annotated[str, typer.Option(help="highs (default) or cbc.")] = "highs",
+    time_limit: Annotated[float, typer.Option(help="Seconds for the whole solve.")] = 60.0,
+    gap: Annotated[float, typer.Option(help="Relative MIP gap counted as optimal.")] = 1e-4,
+) -> None:
+    """Solve one provisioning problem (JSON contract: docs/plan-json.md)."""
+    from sageserve.plan.commands import PlanInputError, plan_command
+    from sageserve.plan.ilp import PlanOptions
+
+    try:
+        text = plan_command(input_path, output, PlanOptions(solver, time_limit, gap))
+    except PlanInputError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if output is None:
+        typer.echo(text, nl=False)
+
+
+@bench_app.command("forecast")
+def bench_forecast(
+    series: Annotated[int, typer.Option(help="Series fitted per method.")] = 200,
+    method: Annotated[str, typer.Option(help="Comma-separated methods.")] =
+        "ensemble,arima,peak-regression,arima-classic,persistence",
+) -> None:
+    """Series fitted per second on one core, per forecasting method."""
+    from sageserve.forecast.commands import bench_forecast_command
+
+    bench_forecast_command(series, [m.strip() for m in method.split(",")], console)
+
+
+@bench_app.command("plan")
+def bench_plan_cmd(
+    size: Annotated[
+        list[str] | None, typer.Option(help="models x regions x gpu types, e.g. 20x20x5 "
+                                       "(repeatable; default 20x20x5 and 100x30x6).")
+    ] = None,
+    seeds: Annotated[int, typer.Option(help="Instances per size.")] = 3,
+    solver: Annotated[str, typer.Option(help="highs or cbc.")] = "highs",
+    time_limit: Annotated[float, typer.Option(help="Seconds per solve.")] = 60.0,
+    gap: Annotated[float, typer.Option(help="Relative MIP gap counted as optimal.")] = 1e-4,
+) -> None:
+    """Solve synthetic fleets of the given sizes and print the solve times."""
+    from sageserve.plan.commands import bench_plan_command
+    from sageserve.plan.ilp import PlanOptions
+
+    sizes = [tuple(int(v) for v in s.lower().split("x")) for s in (size or ["20x20x5",
+                                                                              "100x30x6"])]
+    if any(len(s) != 3 for s in sizes):
+        err_console.print("--size must look like 20x20x5")
+        raise typer.Exit(2)
+    bench_plan_command([(s[0], s[1], s[2]) for s in sizes], seeds,
+                       PlanOptions(solver, time_limit, gap), console)
+
+
 if __name__ == "__main__":
     app()
