@@ -2,11 +2,13 @@
 
 The ILP only guarantees that each region keeps ε of its own peak and that the model's total
 capacity covers the peak of the summed demand (C2); the router still needs to know where the
-rest goes. This is a min-cost flow (networkx): demand node of region r → serving node of region
-s with cost = ``cost[r][s]`` (0 for r = s, default 1 otherwise, e.g. inter-region latency),
-serving node s → sink with capacity = capacity of s. Maximum flow first (serve as much as
-possible), then minimum cost (serve locally, then nearest). Tokens/s are scaled to integers
-(``resolution`` tokens/s) because networkx's network simplex is exact only on integers.
+rest goes. Each region first serves its own demand up to its capacity (requests are never sent
+away from a region that can serve them). The excess then goes through a min-cost flow
+(networkx): excess node of region r → spare node of region s with cost = ``cost[r][s]``
+(default 1, e.g. inter-region latency), spare node s → sink with capacity = spare capacity of
+s. Maximum flow first (serve as much as possible), then minimum cost (nearest first).
+Tokens/s are scaled to integers (``resolution`` tokens/s) because networkx's network simplex
+is exact only on integers.
 """
 
 from __future__ import annotations
@@ -40,9 +42,14 @@ def spillover(
     regions = sorted(set(demand_tps) | set(capacity_tps))
     graph = nx.DiGraph()
     src, sink = ("src",), ("sink",)
+    local: dict[str, float] = {}
     for r in regions:
-        d = round(max(demand_tps.get(r, 0.0), 0.0) / resolution)
-        c = round(max(capacity_tps.get(r, 0.0), 0.0) / resolution)
+        d0 = max(demand_tps.get(r, 0.0), 0.0)
+        c0 = max(capacity_tps.get(r, 0.0), 0.0)
+        if min(d0, c0) > 0:
+            local[r] = min(d0, c0)
+        d = round((d0 - min(d0, c0)) / resolution)
+        c = round((c0 - min(d0, c0)) / resolution)
         if d > 0:
             graph.add_edge(src, ("demand", r), capacity=d, weight=0)
         if c > 0:
@@ -51,15 +58,18 @@ def spillover(
         if not graph.has_node(("demand", r)):
             continue
         for s in regions:
-            if not graph.has_node(("serve", s)):
+            if s == r or not graph.has_node(("serve", s)):
                 continue
-            weight = 0.0 if r == s else float((cost or {}).get(r, {}).get(s, 1.0))
+            weight = float((cost or {}).get(r, {}).get(s, 1.0))
             # Integer weights keep network simplex exact; 1e3 keeps 3 decimals of the cost.
             graph.add_edge(("demand", r), ("serve", s), weight=round(weight * 1000))
-    if not graph.has_node(src) or not graph.has_node(sink):
-        return SpillPlan(unserved={r: float(v) for r, v in demand_tps.items() if v > 0})
+    if not graph.has_node(src):
+        return SpillPlan(local=local)
+    if not graph.has_node(sink):
+        excess = {r: graph[src][("demand", r)]["capacity"] * resolution
+                  for r in regions if graph.has_edge(src, ("demand", r))}
+        return SpillPlan(local=local, unserved=excess)
     flow = nx.max_flow_min_cost(graph, src, sink)
-    local: dict[str, float] = {}
     routes: dict[str, dict[str, float]] = {}
     unserved: dict[str, float] = {}
     for r in regions:
@@ -71,10 +81,7 @@ def spillover(
             if kind != "serve" or amount <= 0:
                 continue
             sent += amount
-            if s == r:
-                local[r] = amount * resolution
-            else:
-                routes.setdefault(r, {})[s] = amount * resolution
+            routes.setdefault(r, {})[s] = amount * resolution
         left = graph[src][node]["capacity"] - sent
         if left > 0:
             unserved[r] = left * resolution
