@@ -159,6 +159,7 @@ class Simulation(InstanceHooks):
         self._signal: set[Endpoint] = set()
         # (model, pool) -> endpoints in the fixed region order
         self._eps_by_model_pool: dict[tuple[str, str], list[Endpoint]] = {}
+        self._route_cache: dict[tuple[str, str, str], list[Endpoint]] = {}
         self._build()
 
     # ---- set-up --------------------------------------------------------------------------
@@ -226,7 +227,7 @@ class Simulation(InstanceHooks):
         if ep is not None:
             assert isinstance(ep, Endpoint)
             ep.finished_minute += 1
-            if self.qm_active:
+            if self.qm_active and self.qm.pending(req.model):
                 self._signal.add(ep)
 
     def on_idle(self, inst: Instance, now: float) -> None:
@@ -237,64 +238,63 @@ class Simulation(InstanceHooks):
 
     def run(self) -> RunResult:
         cfg = self.cfg
-        self.qm_active = self.strategy.batch_via_queue_manager
         heap = self.heap
+        heappop = heapq.heappop
         reqs = self.requests
         nxt = next(reqs, None)
-        end = cfg.end_s
+        start, end = cfg.start_s, cfg.end_s
         hard_end = end + cfg.drain_s
-        next_pace = cfg.start_s + cfg.pace_s
-        next_minute = cfg.start_s + 60.0
+        next_pace = start + cfg.pace_s
+        next_minute = start + 60.0
         closed = False
-        prog_next = cfg.start_s
-        prog_step = max(60.0, (end - cfg.start_s) / 200.0)
+        prog_next = start
+        prog_step = max(60.0, (end - start) / 200.0)
+        n_ev = 0
         while True:
             t_arr = nxt.arrival if nxt is not None else _INF
             if t_arr >= end:
                 t_arr = _INF
-            t_ev = heap[0][0] if heap else _INF
             t_tick = next_pace if next_pace < next_minute else next_minute
-            t = t_ev
-            if t_arr < t:
-                t = t_arr
-            if t_tick < t:
-                t = t_tick
-            if not closed and t >= end:
-                self.cluster.close_accounting(end)
-                closed = True
-            if t > hard_end or (t == _INF):
-                break
-            if t >= end and not heap and t_arr == _INF and not self._anything_pending():
-                break
-            self.sim_events += 1
-            if t == t_ev:
-                when, _, kind, obj = heapq.heappop(heap)
+            t_next = t_arr if t_arr < t_tick else t_tick
+            limit = t_next if t_next < hard_end else hard_end
+            # instance events up to the next arrival or tick, in a tight loop
+            while heap and heap[0][0] <= limit:
+                when, _, kind, obj = heappop(heap)
+                if not closed and when >= end:
+                    self.cluster.close_accounting(end)
+                    closed = True
                 if kind == 0:
-                    inst = obj
-                    assert isinstance(inst, Instance)
-                    if inst.event_time != when:
+                    if obj.event_time != when:  # type: ignore[attr-defined]
                         continue
-                    inst.event_time = _INF
-                    inst.update(when)
+                    obj.event_time = _INF  # type: ignore[attr-defined]
+                    obj.update(when)  # type: ignore[attr-defined]
                 else:
-                    assert isinstance(obj, Instance)
-                    self._ready(obj, when)
+                    self._ready(obj, when)  # type: ignore[arg-type]
+                n_ev += 1
                 if self._signal:
                     self._feed_batch(when)
-            elif t == t_tick:
-                if t_tick == next_pace:
-                    self._pace_tick(t)
-                    next_pace += cfg.pace_s
-                else:
-                    self._minute_tick(t)
-                    next_minute += 60.0
-            else:
+            if not closed and t_next >= end:
+                self.cluster.close_accounting(end)
+                closed = True
+            if t_next > hard_end:
+                break
+            if t_next >= end and not heap and t_arr == _INF and not self.qm.pending():
+                break
+            n_ev += 1
+            if t_arr < t_tick:
                 assert nxt is not None
                 self._arrive(nxt)
                 nxt = next(reqs, None)
-            if self.progress is not None and t >= prog_next and t < _INF:
-                self.progress(min(t, end))
-                prog_next = t + prog_step
+            elif t_tick == next_pace:
+                self._pace_tick(t_tick)
+                next_pace += cfg.pace_s
+            else:
+                self._minute_tick(t_tick)
+                next_minute += 60.0
+            if t_next >= prog_next and self.progress is not None:
+                self.progress(t_next if t_next < end else end)
+                prog_next = t_next + prog_step
+        self.sim_events = n_ev
         if not closed:
             self.cluster.close_accounting(end)
         return self._result()
@@ -321,15 +321,19 @@ class Simulation(InstanceHooks):
         self._dispatch(job, ep, req.arrival, check_scaling=True)
 
     def _route_region(self, req: Request, pool: str, t: float) -> Endpoint | None:
-        eps = self._eps_by_model_pool.get((req.model, pool))
+        ck = (req.model, pool, req.region)
+        eps = self._route_cache.get(ck)
+        if eps is None:
+            every = self._eps_by_model_pool.get((req.model, pool), [])
+            # preference: the client's home region, then the scenario's region order
+            eps = [e for e in every if e.key.region == req.region]
+            eps += [e for e in every if e.key.region != req.region]
+            self._route_cache[ck] = eps
         if not eps:
             return None
         if len(eps) == 1:
             return eps[0]
-        home = req.region
-        cands = [(ep, ep.emu(t)) for ep in eps if ep.key.region == home]
-        cands += [(ep, ep.emu(t)) for ep in eps if ep.key.region != home]
-        return pick_region(cands, self.cfg.route_threshold)
+        return pick_region([(ep, ep.emu(t)) for ep in eps], self.cfg.route_threshold)
 
     def _dispatch(self, job: Job, ep: Endpoint, t: float, check_scaling: bool) -> None:
         req = job.req
@@ -361,7 +365,8 @@ class Simulation(InstanceHooks):
         insts = dep.instances
         if len(insts) == 1:
             return insts[0]
-        return pick_instance([(i, i.remaining_tokens_at(t)) for i in insts])
+        rem = Instance.remaining_tokens_at
+        return pick_instance([(i, rem(i, t)) for i in insts])
 
     def _lost(self, job: Job) -> None:
         self.stats[(job.req.tier.name, job.req.model)].dropped += 1
@@ -371,7 +376,7 @@ class Simulation(InstanceHooks):
     def _feed_batch(self, now: float) -> None:
         sig = self._signal
         self._signal = set()
-        for ep in sorted(sig, key=lambda e: e.key):
+        for ep in sorted(sig, key=lambda e: e.key) if len(sig) > 1 else sig:
             if not self.qm.pending(ep.key.model) or not ep.serving:
                 continue
             for job in self.qm.on_signal(ep.key.model, ep.emu(now)):

@@ -116,6 +116,7 @@ class Instance:
         "model",
         "node",
         "perf",
+        "prefill_work",
         "prefilling",
         "ready_at",
         "region",
@@ -157,6 +158,7 @@ class Instance:
         self.v = 0.0
         self.busy_until = -_INF
         self.prefilling: list[Job] = []
+        self.prefill_work = 0  # Σ (prompt + output) tokens of the prefilling batch
         self.kv_prefill = 0
         self._a = 0.0  # Σ (context_i - admit_v_i) over running jobs
         self._n = 0
@@ -188,10 +190,9 @@ class Instance:
 
     def remaining_tokens_at(self, t: float) -> float:
         """Tokens still to process: queued prompts+outputs, prefilling, and decode left."""
-        pre = 0
-        for j in self.prefilling:
-            pre += j.prompt_left + j.out_left
-        return self.waiting_tokens + pre + self._sum_finish_v - self._n * self.v_at(t)
+        return (
+            self.waiting_tokens + self.prefill_work + self._sum_finish_v - self._n * self.v_at(t)
+        )
 
     @property
     def running(self) -> int:
@@ -331,12 +332,14 @@ class Instance:
             self.waiting_tokens -= need + job.out_left
         if batch:
             self.prefilling = batch
+            self.prefill_work = sum(j.prompt_left + j.out_left for j in batch)
             self.kv_prefill += tokens
             self.busy_until = now + self.perf.prefill_curve(tokens)
 
     def _end_prefill(self, t: float) -> None:
         batch = self.prefilling
         self.prefilling = []
+        self.prefill_work = 0
         v = self.v
         for job in batch:
             self.kv_prefill -= job.prompt_left
@@ -393,6 +396,7 @@ class Instance:
         self._running.clear()
         self._run_heap.clear()
         self.prefilling = []
+        self.prefill_work = 0
         self.waiting0.clear()
         self.waiting1.clear()
         self._n = 0
