@@ -180,11 +180,14 @@ def bench_sim(
     hours: Annotated[
         float | None, typer.Option(help="Override the window length (hours).")
     ] = None,
+    sim_only: Annotated[
+        bool, typer.Option(help="Also time a run over requests held in memory (RSS grows).")
+    ] = True,
 ) -> None:
     """Simulated requests per wall-second, events per second and peak RSS of one run."""
     from sageserve.sim.commands import bench_sim as run
 
-    run(scenario, policy, hours, console)
+    run(scenario, policy, hours, console, sim_only)
 
 
 # --- forecasting and planning (issue 5) -------------------------------------------------
