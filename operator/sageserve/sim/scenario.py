@@ -108,15 +108,10 @@ class Scenario:
 
     def strategy(self, name: str | None = None) -> PacingStrategy:
         """The named strategy with the thresholds of the scenario's ScalingPolicy."""
-        params: dict[str, Any] = {}
+        from sageserve.pace.from_policy import strategy_params
+
         sp = self.policy.spec if self.policy is not None else None
-        if sp is not None:
-            params = {
-                "scale_out_above": sp.thresholds.scale_out_emu,
-                "scale_in_below": sp.thresholds.scale_in_emu,
-                "cooldown_s": float(sp.intervals.cooldown_seconds),
-                "interactive_share": 1.0 - sp.siloed.batch_instance_fraction,
-            }
+        params: dict[str, Any] = strategy_params(sp) if sp is not None else {}
         chosen = name or (str(sp.strategy) if sp is not None else "reactive")
         return make_strategy(chosen, params)
 
