@@ -38,7 +38,7 @@ def backtest_command(
         )
         for col in ("method", "hours", "MAPE peak", "coverage", "mean over", "fallbacks",
                     "fits/s"):
-            table.add_column(col, justify="left" if col == "method" else "right")
+            table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
         for r in rows:
             table.add_row(
                 r.method, str(r.hours), f"{r.mape:.1%}", f"{r.coverage:.0%}",
@@ -67,7 +67,7 @@ def bench_forecast_command(series: int, methods: list[str], console: Console) ->
     data = [synthetic_series(14, spec.step_seconds, seed) for seed in range(series)]
     table = Table(title=f"forecast_peak on {series} synthetic 14-day 10-min series, 1 thread")
     for col in ("method", "fits", "seconds", "fits/s", "ms/fit", "fallbacks"):
-        table.add_column(col, justify="left" if col == "method" else "right")
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
     for method in methods:
         start = time.perf_counter()
         fallbacks = sum(forecast_peak(y, spec, method=method).method != method for y in data)
