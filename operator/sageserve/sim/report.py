@@ -43,8 +43,11 @@ def plot_instances(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> N
                 ax.step([x / 60 for x in xs], [series[x] for x in xs], where="post",
                         label=f"{name} {region}", linewidth=1, color=colors[region],
                         linestyle=styles[pi % len(styles)])
+        r0 = next(iter(runs.values()))[0]
+        ax.axvline((r0.end_s - r0.start_s) / 3600, color="grey", linestyle=":", linewidth=0.8)
         ax.set_ylabel("instances")
-        ax.set_title(model, fontsize=9)
+        ax.set_title(f"{model} (dotted line: end of the window; after it, draining only)",
+                     fontsize=9)
         ax.legend(fontsize=6, ncol=3, loc="upper left")
     axes[-1, 0].set_xlabel("hours since window start")
     fig.tight_layout()
