@@ -128,3 +128,22 @@ def test_gpu_hours_per_state_match_a_hand_computed_case() -> None:
     assert g[InstanceState.PROVISIONING] * 3600 == pytest.approx(8 * (60 + 600))
     assert cl.acct.events["reclaim_same_model"] == 1
     assert cl.acct.events["donate_to_spot"] == 1
+
+
+def test_scale_out_redeploys_another_models_donated_instance_when_nothing_else_is_free() -> None:
+    from dataclasses import replace as dc_replace
+
+    perf_a = flat_perf(gpus=8)
+    perf_b = dc_replace(flat_perf(gpus=8), model="b")
+    cl = Cluster(nodes(("r1",), serving=2, spot=0), NoHooks(), Delays(redeploy_s=600), seed=0)
+    ka, kb = EndpointKey("m", "r1"), EndpointKey("b", "r1")
+    dep_a = cl.add_deployment(cl.add_endpoint(ka, 0, 2, 1.0), "a", perf_a)
+    dep_b = cl.add_deployment(cl.add_endpoint(kb, 0, 2, 1.0), "b", perf_b)
+    cl.start_instances(dep_a, 1, 0.0)
+    cl.start_instances(dep_b, 1, 0.0)
+    assert cl.scale_out(ka, 10.0) is None  # both nodes busy: no capacity
+    cl.scale_in(kb, 100.0)  # b's instance is donated to spot
+    got = cl.scale_out(ka, 200.0)
+    assert got is not None and got[1] == "redeploy_other_model"
+    assert got[0].model == "m" and got[0].ready_at == 800.0
+    assert cl.acct.events["scale_out_no_capacity"] == 1
