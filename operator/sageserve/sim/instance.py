@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 _EPS = 1e-9
 _INF = float("inf")
+_SERVING = InstanceState.SERVING
 
 
 class Job:
@@ -95,6 +96,7 @@ class Instance:
 
     __slots__ = (
         "_a",
+        "_dlut",
         "_n",
         "_run_heap",
         "_running",
@@ -140,6 +142,7 @@ class Instance:
     ) -> None:
         self.id = iid
         self.perf = perf
+        self._dlut = perf.decode_lut
         self.model = perf.model
         self.last_model: str | None = perf.model
         self.region = region
@@ -260,21 +263,28 @@ class Instance:
             # finishing within 1e-6 iterations counts as now: float time cannot resolve
             # sub-nanosecond steps at t ~ 1e5-1e6 s
             lim = self.v + 1e-6
+            running = self._running
+            on_finish = self.hooks.on_finish
             while heap and heap[0][0] <= lim:
                 fv, _, job = heappop(heap)
                 if job.done or job.instance is not self or job.finish_v != fv:
                     continue
-                self._finish(job, now)
+                del running[job]
+                self._n -= 1
+                self._a -= job.context - job.admit_v
+                self._sum_finish_v -= fv
+                job.done = True
+                job.finish_time = now
+                job.instance = None
+                on_finish(job, now)
         # KV full: preempt newest sequences until it fits (vLLM recompute preemption); as in
         # vLLM, a step that preempts admits nothing new
-        preempted = False
         if self._n and self.kv_prefill + self._a + self._n * self.v > self.kv_cap + _EPS:
             self._preempt_until_fits()
-            preempted = True
-        if not preempted and not self.prefilling and (self.waiting0 or self.waiting1):
+        elif not self.prefilling and (self.waiting0 or self.waiting1):
             self._admit(now)
         self._reschedule(now)
-        if self.state is not InstanceState.SERVING and self.idle:
+        if self.state is not _SERVING and self.idle:
             self.hooks.on_idle(self, now)
 
     def _finish(self, job: Job, now: float) -> None:
@@ -370,13 +380,19 @@ class Instance:
             when = self.busy_until
         elif self._n:
             kv = self.kv_prefill + self._a + self._n * self.v
-            it = self.perf.decode_curve(kv)
+            k = int(kv) // 128
+            lut = self._dlut
+            it = lut[k] if 0 <= k < len(lut) else self.perf.decode_curve(kv)
             self.iter_time = it
             heap = self._run_heap
-            while heap and (heap[0][2].done or heap[0][2].instance is not self
-                            or heap[0][2].finish_v != heap[0][0]):
-                heappop(heap)
-            dv = heap[0][0] - self.v if heap else _INF
+            dv = _INF
+            while heap:
+                fv, _, j = heap[0]
+                if j.done or j.instance is not self or j.finish_v != fv:
+                    heappop(heap)  # stale: finished or preempted earlier
+                    continue
+                dv = fv - self.v
+                break
             dv_full = (self.kv_cap - kv) / self._n
             if dv_full < dv:
                 dv = dv_full if dv_full > 1e-6 else 1e-6
