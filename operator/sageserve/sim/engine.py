@@ -15,7 +15,7 @@ import heapq
 import math
 from array import array
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sageserve.core.types import (
@@ -25,7 +25,6 @@ from sageserve.core.types import (
     Observation,
     Request,
     ScalingAction,
-    Tier,
 )
 from sageserve.pace.base import PacingStrategy
 from sageserve.perf.model import VariantPerf
@@ -299,9 +298,6 @@ class Simulation(InstanceHooks):
             self.cluster.close_accounting(end)
         return self._result()
 
-    def _anything_pending(self) -> bool:
-        return self.qm.pending() > 0
-
     # ---- arrivals and routing ------------------------------------------------------------
 
     def _arrive(self, req: Request) -> None:
@@ -491,14 +487,4 @@ class Simulation(InstanceHooks):
         )
 
 
-def iter_sorted(requests: Iterable[Request]) -> Iterator[Request]:
-    """Identity helper that checks arrival order (streams must be time-sorted)."""
-    last = -_INF
-    for r in requests:
-        if r.arrival < last:
-            raise ValueError(f"request {r.id} arrives at {r.arrival} before {last}")
-        last = r.arrival
-        yield r
-
-
-__all__ = ["ModelSetup", "RegionPlacement", "RunResult", "SimConfig", "Simulation", "Tier"]
+__all__ = ["ModelSetup", "RegionPlacement", "RunResult", "SimConfig", "Simulation"]

@@ -237,16 +237,6 @@ class Instance:
         if not self.prefilling:
             self.update(now)
 
-    def promote(self, job: Job) -> None:
-        """Move a waiting priority-1 job to priority 0 (batch request aged past 10 h)."""
-        try:
-            self.waiting1.remove(job)
-        except ValueError:
-            job.prio = 0
-            return
-        job.prio = 0
-        self.waiting0.append(job)
-
     def update(self, now: float) -> None:
         """Bring the instance to `now`: finish prefills, finishes, preemptions, admissions."""
         if self.prefilling:
