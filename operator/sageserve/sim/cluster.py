@@ -333,8 +333,11 @@ class Cluster:
         for dep in ep.deployments:
             perf = dep.perf
             spot = self.spot[key.region]
-            # 1. same model, same variant, donated in this region: weights cached
-            for i, inst in enumerate(spot):
+            # 1. same model, same variant, donated in this region: weights cached. The most
+            #    recently donated first, the rule of pace.spot.reclaim_order (weights most
+            #    likely still cached); `spot` is in donation order.
+            for i in range(len(spot) - 1, -1, -1):
+                inst = spot[i]
                 if inst.last_model == key.model and inst.perf is perf:
                     del spot[i]
                     self.set_state(inst, InstanceState.PROVISIONING, now)
@@ -343,7 +346,8 @@ class Cluster:
                     ep.provisioning.append(inst)
                     self.acct.events["reclaim_same_model"] += 1
                     return inst, "reclaim_same_model"
-            # 2. a donated instance of another model on a node that can hold this variant
+            # 2. a donated instance of another model on a node that can hold this variant,
+            #    the longest-donated first (pace.spot.reclaim_order)
             for i, inst in enumerate(spot):
                 node = inst.node
                 assert isinstance(node, Node)
