@@ -123,9 +123,13 @@ def run_operator(
     ] = None,
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig (or in-cluster)."""
+    import os
+
     import kopf
 
     import sageserve.controller.handlers  # noqa: F401  (registers the handlers)
+
+    os.environ["SAGESERVE_NAMESPACES"] = ",".join(namespace or [])
 
     kopf.run(
         standalone=standalone,
@@ -143,15 +147,16 @@ def simulate(
     ] = None,
     policy: Annotated[
         str | None,
-        typer.Option("--policy", "-p", help="Comma-separated strategies, e.g. reactive,siloed "
-                     "(default: the scenario's list)."),
+        typer.Option(
+            "--policy",
+            "-p",
+            help="Comma-separated strategies, e.g. reactive,siloed (default: the scenario's list).",
+        ),
     ] = None,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Directory for summary.json, minutes.csv, report.")
     ] = Path("out/simulate"),
-    seed: Annotated[
-        int | None, typer.Option(help="Override the workload's seed.")
-    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the workload's seed.")] = None,
     report: Annotated[bool, typer.Option(help="Write PNG plots and report.html.")] = True,
 ) -> None:
     """Replay a scenario's traces against simulated fleets, one run per policy, and compare."""
@@ -177,9 +182,7 @@ def bench_sim(
         Path | None, typer.Option("--scenario", "-s", help="Scenario (default: scenarios/default).")
     ] = None,
     policy: Annotated[str, typer.Option("--policy", "-p")] = "reactive",
-    hours: Annotated[
-        float | None, typer.Option(help="Override the window length (hours).")
-    ] = None,
+    hours: Annotated[float | None, typer.Option(help="Override the window length (hours).")] = None,
     sim_only: Annotated[
         bool, typer.Option(help="Also time a run over requests held in memory (RSS grows).")
     ] = True,
@@ -192,20 +195,19 @@ def bench_sim(
 
 # --- forecasting and planning (issue 5) -------------------------------------------------
 
-forecast_app = typer.Typer(help="Forecasts of tokens/s per (model, region).",
-                           no_args_is_help=True)
+forecast_app = typer.Typer(help="Forecasts of tokens/s per (model, region).", no_args_is_help=True)
 app.add_typer(forecast_app, name="forecast")
 
 
 @forecast_app.command("backtest")
 def forecast_backtest(
     trace: Annotated[
-        list[Path], typer.Option("--trace", "-t", help="ServeGen *_aggregate_10min.csv "
-                                 "(repeatable).")
+        list[Path],
+        typer.Option("--trace", "-t", help="ServeGen *_aggregate_10min.csv (repeatable)."),
     ],
     method: Annotated[
-        str | None, typer.Option("--method", "-m", help="Comma-separated methods "
-                                 "(default: all registered).")
+        str | None,
+        typer.Option("--method", "-m", help="Comma-separated methods (default: all registered)."),
     ] = None,
     signal: Annotated[str, typer.Option(help="tokens (tokens/s) or requests (req/s).")] = "tokens",
     quantile: Annotated[float, typer.Option(help="Provisioned upper quantile.")] = 0.85,
@@ -218,8 +220,9 @@ def forecast_backtest(
     from sageserve.forecast.types import ForecastSpec
 
     methods = [m.strip() for m in method.split(",")] if method else DEFAULT_METHODS
-    spec = ForecastSpec(quantile=quantile, lead_seconds=lead_minutes * 60,
-                        horizon_seconds=horizon_minutes * 60)
+    spec = ForecastSpec(
+        quantile=quantile, lead_seconds=lead_minutes * 60, horizon_seconds=horizon_minutes * 60
+    )
     try:
         backtest_command(trace, methods, signal, spec, start_hours, console)
     except (OSError, ValueError, KeyError) as e:
@@ -253,8 +256,9 @@ def plan_cmd(
 @bench_app.command("forecast")
 def bench_forecast(
     series: Annotated[int, typer.Option(help="Series fitted per method.")] = 200,
-    method: Annotated[str, typer.Option(help="Comma-separated methods.")] =
-        "ensemble,arima,peak-regression,arima-classic,persistence",
+    method: Annotated[
+        str, typer.Option(help="Comma-separated methods.")
+    ] = "ensemble,arima,peak-regression,arima-classic,persistence",
 ) -> None:
     """Series fitted per second on one core, per forecasting method."""
     from sageserve.forecast.commands import bench_forecast_command
@@ -265,8 +269,11 @@ def bench_forecast(
 @bench_app.command("plan")
 def bench_plan_cmd(
     size: Annotated[
-        list[str] | None, typer.Option(help="models x regions x gpu types, e.g. 20x20x5 "
-                                       "(repeatable; default 20x20x5 and 100x30x6).")
+        list[str] | None,
+        typer.Option(
+            help="models x regions x gpu types, e.g. 20x20x5 "
+            "(repeatable; default 20x20x5 and 100x30x6)."
+        ),
     ] = None,
     seeds: Annotated[int, typer.Option(help="Instances per size.")] = 3,
     solver: Annotated[str, typer.Option(help="highs or cbc.")] = "highs",
@@ -277,13 +284,13 @@ def bench_plan_cmd(
     from sageserve.plan.commands import bench_plan_command
     from sageserve.plan.ilp import PlanOptions
 
-    sizes = [tuple(int(v) for v in s.lower().split("x")) for s in (size or ["20x20x5",
-                                                                              "100x30x6"])]
+    sizes = [tuple(int(v) for v in s.lower().split("x")) for s in (size or ["20x20x5", "100x30x6"])]
     if any(len(s) != 3 for s in sizes):
         err_console.print("--size must look like 20x20x5")
         raise typer.Exit(2)
-    bench_plan_command([(s[0], s[1], s[2]) for s in sizes], seeds,
-                       PlanOptions(solver, time_limit, gap), console)
+    bench_plan_command(
+        [(s[0], s[1], s[2]) for s in sizes], seeds, PlanOptions(solver, time_limit, gap), console
+    )
 
 
 if __name__ == "__main__":

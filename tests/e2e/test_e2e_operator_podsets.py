@@ -79,6 +79,8 @@ def test_model_deployment_becomes_pod_sets_running_on_matching_gpu_nodes(
     kubeconfig: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:1")  # no policy paces here
     args = ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
     with KopfRunner(args, timeout=120) as runner:
         apply(kubeconfig, namespace, small_model("llama8b"))

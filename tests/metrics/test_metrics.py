@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sageserve.metrics import queries, vllm
@@ -38,9 +40,20 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
-def test_kv_usage_accepts_the_legacy_metric_name() -> None:
-    q = queries.kv_usage_per_pod()
-    assert vllm.KV_CACHE_USAGE in q and vllm.KV_CACHE_USAGE_LEGACY in q and " or " in q
+@pytest.mark.parametrize(
+    ("name", "matches"),
+    [
+        ("vllm:kv_cache_usage_perc", True),
+        ("vllm_kv_cache_usage_perc", True),  # colon escaped by prometheus-client's OpenMetrics
+        ("vllm:gpu_cache_usage_perc", True),  # the name before vLLM's V1 engine
+        ("vllm:cpu_cache_usage_perc", False),
+        ("vllmXkv_cache_usage_perc", False),
+    ],
+)
+def test_kv_usage_matches_current_legacy_and_escaped_names(name: str, matches: bool) -> None:
+    pattern = queries.name_pattern(vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY)
+    assert bool(re.fullmatch(pattern, name)) is matches
+    assert pattern in queries.kv_usage_per_pod()
 
 
 def test_queries_group_by_model_deployment_and_region() -> None:
@@ -60,4 +73,3 @@ def test_operator_metrics_pass_promtool_lint() -> None:
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert b'sageserve_target_instances{model="llama-2-70b",namespace="llm"' in text
     assert b"sageserve_scaling_events_total" in text
-

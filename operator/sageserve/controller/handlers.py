@@ -12,34 +12,21 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from kubernetes import config
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
-from sageserve.controller.kube import Kube
+from sageserve.controller.kube import kube
+from sageserve.controller.pace_loop import Loops
 from sageserve.controller.podset import NodeLabels, render_pod_sets
 from sageserve.controller.semantics import model_deployment_problems, node_shapes
 from sageserve.controller.status import model_deployment_status
 
 RESYNC_SECONDS = float(os.environ.get("SAGESERVE_RESYNC_SECONDS", "30"))
-_kube: Kube | None = None
-
-
-def kube() -> Kube:
-    """The process's API client, created on first use from kubeconfig or in-cluster config."""
-    global _kube
-    if _kube is None:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            # KUBECONFIG is read now, not when the client library was imported.
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        _kube = Kube()
-    return _kube
 
 
 def node_labels() -> NodeLabels:
@@ -69,7 +56,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
-def reconcile(body: kopf.Body, namespace: str, uid: str, logger: Logger) -> dict[str, Any]:
+def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger) -> dict[str, Any]:
     """One level-triggered pass over a ModelDeployment; returns its new status."""
     raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
     md = ModelDeployment.model_validate(raw)
@@ -99,7 +86,8 @@ def reconcile(body: kopf.Body, namespace: str, uid: str, logger: Logger) -> dict
             k.delete_deployment(namespace, name)
     previous = dict(body.get("status") or {})
     if problems and not _already_reported(previous, problems[0].reason):
-        kopf.warn(body, reason=problems[0].reason, message="; ".join(p.message for p in problems))
+        message = "; ".join(p.message for p in problems)
+        k.event(dict(body), "Warning", problems[0].reason, message)
     gpu_types = {v.name: v.gpu_type for v in md.spec.variants}
     return model_deployment_status(
         previous,
@@ -130,10 +118,36 @@ def on_model_deployment(
     patch.status.update(reconcile(body, namespace, uid, logger))
 
 
-@kopf.timer(GROUP, VERSION, "modeldeployments", interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
-def resync_model_deployment(
-    body: kopf.Body, namespace: str | None, uid: str, patch: kopf.Patch, logger: Logger, **_: Any
-) -> None:
-    """Re-check references and pod sets: a policy created later makes the object Ready."""
-    assert namespace is not None  # ModelDeployments are namespaced
-    patch.status.update(reconcile(body, namespace, uid, logger))
+def resync(obj: dict[str, Any]) -> None:
+    """Reconcile one ModelDeployment outside kopf's handlers (the background loop's resync):
+    a policy or node that appears later makes a waiting object Ready."""
+    logger = logging.getLogger("sageserve.resync")
+    status = reconcile(obj, obj["metadata"]["namespace"], obj["metadata"]["uid"], logger)
+    kube().patch_status(
+        obj["metadata"]["namespace"], "modeldeployments", obj["metadata"]["name"], status
+    )
+
+
+_loops: Loops | None = None
+
+
+def watched_namespaces() -> list[str] | None:
+    """SAGESERVE_NAMESPACES (comma-separated, set by `sageserve operator -n`), else all."""
+    raw = os.environ.get("SAGESERVE_NAMESPACES", "").strip()
+    return [n for n in raw.split(",") if n] or None
+
+
+@kopf.on.startup()
+def start_loops(logger: Logger, **_: Any) -> None:
+    """Start the pace and resync loop next to kopf's event handling."""
+    global _loops
+    _loops = Loops(watched_namespaces(), resync, RESYNC_SECONDS, logger)
+    _loops.start()
+
+
+@kopf.on.cleanup()
+def stop_loops(**_: Any) -> None:
+    """Stop the background loop when the operator stops."""
+    if _loops is not None:
+        _loops.stopped.set()
+        _loops.join(timeout=10)

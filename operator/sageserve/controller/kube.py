@@ -6,15 +6,19 @@ only module that speaks HTTP to the API server.
 
 from __future__ import annotations
 
+import os
+from datetime import UTC, datetime
 from typing import Any, cast
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.controller.podset import LABEL_DEPLOYMENT
 
 FIELD_MANAGER = "sageserve"
+#: The pace loop owns replica counts; reconciling owns the rest of each pod set.
+PACE_MANAGER = "sageserve-pace"
 
 
 class Kube:
@@ -28,11 +32,64 @@ class Kube:
 
     def names(self, namespace: str, plural: str) -> list[str]:
         """Names of the sageserve objects of one kind in a namespace."""
+        return [item["metadata"]["name"] for item in self.objects(namespace, plural)]
+
+    def objects(self, namespace: str, plural: str) -> list[dict[str, Any]]:
+        """The sageserve objects of one kind in a namespace, as plain dicts."""
         listed = cast(
             dict[str, Any],
             self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural),
         )
-        return [item["metadata"]["name"] for item in listed.get("items", [])]
+        return list(listed.get("items", []))
+
+    def objects_in(self, namespaces: list[str] | None, plural: str) -> list[dict[str, Any]]:
+        """Sageserve objects of one kind in `namespaces`, or in every namespace if None."""
+        if namespaces is None:
+            listed = cast(
+                dict[str, Any],
+                self.custom.list_cluster_custom_object(GROUP, VERSION, plural),
+            )
+            return list(listed.get("items", []))
+        return [obj for ns in namespaces for obj in self.objects(ns, plural)]
+
+    def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about `obj` (from any thread, unlike kopf's posting)."""
+        meta = obj["metadata"]
+        now = datetime.now(UTC)
+        self.core.create_namespaced_event(
+            meta["namespace"],
+            client.CoreV1Event(
+                metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}."),
+                involved_object=client.V1ObjectReference(
+                    api_version=obj["apiVersion"],
+                    kind=obj["kind"],
+                    name=meta["name"],
+                    namespace=meta["namespace"],
+                    uid=meta.get("uid"),
+                ),
+                type=type_,
+                reason=reason,
+                message=message[:1024],
+                source=client.V1EventSource(component="sageserve"),
+                reporting_component="sageserve",
+                reporting_instance=os.environ.get("HOSTNAME", "sageserve"),
+                first_timestamp=now,
+                last_timestamp=now,
+                count=1,
+            ),
+        )
+
+    def patch_status(self, namespace: str, plural: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch the status subresource of a sageserve object."""
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, plural, name, {"status": status}
+        )
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        """Set the replicas of a pod set through its scale subresource."""
+        self.apps.patch_namespaced_deployment_scale(
+            name, namespace, {"spec": {"replicas": replicas}}, field_manager=PACE_MANAGER
+        )
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every Node, as plain dicts (the form the pure code reads)."""
@@ -67,3 +124,19 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+_shared: Kube | None = None
+
+
+def kube() -> Kube:
+    """The process's API client, created on first use from in-cluster config or kubeconfig."""
+    global _shared
+    if _shared is None:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            # KUBECONFIG is read now, not when the client library was imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        _shared = Kube()
+    return _shared

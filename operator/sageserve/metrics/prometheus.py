@@ -44,7 +44,7 @@ class PrometheusReader:
     def instant(self, expr: str) -> Series:
         """An instant vector grouped by (namespace, model deployment, region)."""
         try:
-            result = self._prom.custom_query(expr, params={"timeout": f"{self.timeout_s}s"})
+            result = self._prom.custom_query(expr, params={"timeout": f"{self.timeout_s:g}s"})
         except Exception as exc:  # requests, HTTP and decoding errors alike
             raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
         out: Series = {}

@@ -11,14 +11,27 @@ from sageserve.metrics import vllm
 GROUP_BY = f"{vllm.LABEL_NAMESPACE}, {vllm.LABEL_MODEL_DEPLOYMENT}, {vllm.LABEL_REGION}"
 
 
-def _selector(namespace: str | None) -> str:
-    return f'{{{vllm.LABEL_NAMESPACE}="{namespace}"}}' if namespace else ""
+def name_pattern(*names: str) -> str:
+    """A regular expression matching `names` with ':' or '_' after the `vllm` prefix.
+
+    prometheus-client ≥ 0.22 escapes ':' to '_' in OpenMetrics samples unless the scraper
+    negotiates UTF-8 names, so the same vLLM gauge reaches Prometheus 2.x as
+    `vllm_kv_cache_usage_perc`; newer Prometheus keeps `vllm:kv_cache_usage_perc`.
+    """
+    stems = sorted({n.split(":", 1)[1] for n in names})
+    return "vllm[:_](" + "|".join(stems) + ")"
+
+
+def _selector(namespace: str | None, *names: str) -> str:
+    matchers = [f'__name__=~"{name_pattern(*names)}"']
+    if namespace:
+        matchers.append(f'{vllm.LABEL_NAMESPACE}="{namespace}"')
+    return "{" + ", ".join(matchers) + "}"
 
 
 def kv_usage_per_pod(namespace: str | None = None) -> str:
-    """KV-cache usage (0–1) of every pod, under the new name or else the legacy one."""
-    sel = _selector(namespace)
-    return f"({vllm.KV_CACHE_USAGE}{sel} or {vllm.KV_CACHE_USAGE_LEGACY}{sel})"
+    """KV-cache usage (0–1) of every pod, under the current or the legacy metric name."""
+    return _selector(namespace, vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY)
 
 
 def emu(namespace: str | None = None) -> str:
@@ -33,22 +46,21 @@ def emu(namespace: str | None = None) -> str:
 
 def tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
     """Input + output tokens/s per (model, region) over `window`: the forecaster's series."""
-    sel = _selector(namespace)
-    return (
-        f"sum by ({GROUP_BY}) (rate({vllm.PROMPT_TOKENS}{sel}[{window}]) "
-        f"+ rate({vllm.GENERATION_TOKENS}{sel}[{window}]))"
+    # Two sums, not one rate over both names: rate() drops the metric name, and two series
+    # of one pod with the same labels are an error in Prometheus 2.x.
+    prompt, output = (
+        f"sum by ({GROUP_BY}) (rate({_selector(namespace, name)}[{window}]))"
+        for name in (vllm.PROMPT_TOKENS, vllm.GENERATION_TOKENS)
     )
+    return f"(({prompt}) + ({output})) or ({prompt}) or ({output})"
 
 
 def waiting_requests(namespace: str | None = None) -> str:
     """Queued requests per (model, region)."""
-    return f"sum by ({GROUP_BY}) ({vllm.REQUESTS_WAITING}{_selector(namespace)})"
+    return f"sum by ({GROUP_BY}) ({_selector(namespace, vllm.REQUESTS_WAITING)})"
 
 
 def ttft_quantile(q: float, window: str = "5m", namespace: str | None = None) -> str:
     """The q-quantile of time to first token per (model, region) over `window`."""
-    sel = _selector(namespace)
-    return (
-        f"histogram_quantile({q}, sum by ({GROUP_BY}, le) "
-        f"(rate({vllm.TTFT}_bucket{sel}[{window}])))"
-    )
+    sel = _selector(namespace, f"{vllm.TTFT}_bucket")
+    return f"histogram_quantile({q}, sum by ({GROUP_BY}, le) (rate({sel}[{window}])))"

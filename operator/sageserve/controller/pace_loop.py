@@ -1,0 +1,223 @@
+"""The pace loop: every ScalingPolicy's fleets move as its strategy decides.
+
+One background thread of the operator (not a kopf daemon per object: kopf puts a finalizer
+on objects with daemons or timers, and then a namespace cannot be deleted while the
+operator is down). For each policy, every `spec.intervals.paceSeconds` it reads
+utilisation and token rates from Prometheus, asks the policy's strategy (the same objects
+the simulator drives) for actions, and sets replicas. Failure behaviour (DESIGN.md):
+Prometheus unreachable or a region's series missing → hold every affected size,
+`Degraded=True` with the reason, one Event per transition. `dryRun` decides and reports
+(Events) without changing replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.scaling_policy import ScalingPolicy, Strategy
+from sageserve.controller.kube import Kube, kube
+from sageserve.controller.pacing import (
+    endpoint_observations,
+    pod_set_states,
+    replicas_after,
+)
+from sageserve.controller.status import set_condition
+from sageserve.core.types import ActionKind, ScalingAction
+from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
+from sageserve.pace.base import PacingStrategy
+from sageserve.pace.from_policy import strategy_for
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+def prometheus_url() -> str:
+    """Where Prometheus is; the Helm chart sets SAGESERVE_PROMETHEUS_URL."""
+    return os.environ.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090")
+
+
+@dataclass
+class PaceState:
+    """What one policy's daemon keeps between passes: its strategy (cooldowns, targets)."""
+
+    generation: int | None = None
+    strategy: PacingStrategy | None = None
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+
+    def strategy_of(self, policy: ScalingPolicy, generation: int | None) -> PacingStrategy:
+        """The policy's strategy, rebuilt only when the spec changed."""
+        if self.strategy is None or generation != self.generation:
+            self.strategy = strategy_for(policy.spec)
+            self.generation = generation
+        return self.strategy
+
+
+def _essence(obj: Any) -> dict[str, Any]:
+    return {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
+
+
+def _is_ready(obj: dict[str, Any]) -> bool:
+    conditions = (obj.get("status") or {}).get("conditions", [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class PacePass:
+    """One pass of the loop for one policy; separated from the daemon for readability."""
+
+    def __init__(self, kube: Kube, body: dict[str, Any], state: PaceState, logger: Logger) -> None:
+        self.kube = kube
+        self.body = body
+        self.state = state
+        self.logger = logger
+        self.policy = ScalingPolicy.model_validate(_essence(body))
+        self.namespace = str(self.policy.metadata.namespace or body["metadata"]["namespace"])
+        self.now = time.time()
+
+    def condition(self, type_: str, status: bool, reason: str, message: str) -> None:
+        """Set a condition on the policy; post an Event when it changes."""
+        before = {c["type"]: c for c in self.state.conditions}
+        self.state.conditions = set_condition(
+            self.state.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            datetime.now(UTC),
+            self.body["metadata"].get("generation"),
+        )
+        old = before.get(type_)
+        if old is None or (old["status"], old["reason"]) != ("True" if status else "False", reason):
+            bad = (type_ == "Degraded") == status
+            self.kube.event(self.body, "Warning" if bad else "Normal", reason, message)
+            self.kube.patch_status(
+                self.namespace,
+                "scalingpolicies",
+                self.policy.metadata.name,
+                {"conditions": self.state.conditions},
+            )
+
+    def run(self) -> None:
+        if self.policy.spec.strategy is Strategy.SILOED:
+            self.condition(
+                "Ready",
+                False,
+                "UnsupportedStrategy",
+                "spec.strategy: siloed needs separate interactive and batch pod sets; it is "
+                "a simulation baseline (sageserve simulate), the operator runs unified pools",
+            )
+            return
+        self.condition("Ready", True, "Pacing", f"strategy {self.policy.spec.strategy.value}")
+        reader = PrometheusReader(prometheus_url())
+        try:
+            emu = reader.emu(self.namespace)
+            tps = reader.tokens_per_second(self.namespace)
+        except MetricsUnavailable as exc:
+            self.condition("Degraded", True, "PrometheusUnreachable", f"holding all sizes: {exc}")
+            return
+        strategy = self.state.strategy_of(self.policy, self.body["metadata"].get("generation"))
+        held: list[str] = []
+        for raw in self.kube.objects(self.namespace, "modeldeployments"):
+            md = ModelDeployment.model_validate(_essence(raw))
+            if md.spec.policy_ref.name != self.policy.metadata.name or not _is_ready(raw):
+                continue
+            deployments = self.kube.deployments_of(self.namespace, md.metadata.name)
+            states = pod_set_states(md, deployments)
+            observations, missing = endpoint_observations(
+                md, self.namespace, states, emu, tps, self.now
+            )
+            held += [f"{md.metadata.name}/{r}" for r in missing]
+            # Every endpoint is observed on every pass, as if a request had just arrived.
+            actions = [a for o in observations.values() for a in strategy.on_arrival(o)]
+            for action in actions:
+                self.act(raw, md, states, action)
+        if held:
+            self.condition(
+                "Degraded",
+                True,
+                "MetricsMissing",
+                "holding sizes of " + ", ".join(held) + ": no KV-cache usage series in Prometheus",
+            )
+        else:
+            self.condition("Degraded", False, "MetricsAvailable", "every pod set reports its load")
+
+    def act(
+        self, raw: dict[str, Any], md: ModelDeployment, states: Any, action: ScalingAction
+    ) -> None:
+        """Carry out one action (unless dry run) and tell the user why."""
+        variants = [v.name for v in md.spec.variants]
+        changes = replicas_after(action, states, variants)
+        dry = self.policy.spec.dry_run
+        if not dry:
+            for (region, variant), replicas in changes.items():
+                name = pod_set_name(md.metadata.name, region, variant)
+                self.kube.scale(self.namespace, name, replicas)
+        verb = "ScaledOut" if action.kind is ActionKind.SCALE_OUT else "ScaledIn"
+        sizes = ", ".join(f"{r}/{v}={n}" for (r, v), n in changes.items())
+        prefix = "dry run, not applied: " if dry else ""
+        reason = ("DryRun" if dry else "") + verb
+        self.kube.event(raw, "Normal", reason, f"{prefix}{sizes} ({action.reason})")
+
+
+class Loops(threading.Thread):
+    """The operator's background work: pace passes per policy, resyncs of ModelDeployments.
+
+    Level-triggered: each pass lists the objects afresh, so a restart loses only the
+    strategies' cooldown timers, and the first pass after it acts on the current state.
+    """
+
+    def __init__(
+        self,
+        namespaces: list[str] | None,
+        resync: Callable[[dict[str, Any]], None],
+        resync_s: float,
+        logger: Logger,
+    ) -> None:
+        super().__init__(name="sageserve-loops", daemon=True)
+        self.namespaces = namespaces
+        self.resync = resync
+        self.resync_s = resync_s
+        self.logger = logger
+        self.stopped = threading.Event()
+        self.states: dict[tuple[str, str], PaceState] = {}
+        self.due: dict[tuple[str, str], float] = {}
+        self.next_resync = 0.0
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.5):
+            try:
+                self.tick(time.monotonic())
+            except Exception:  # listing failed (API server away): try again next tick
+                self.logger.exception("background pass failed; retrying")
+
+    def tick(self, now: float) -> None:
+        k = kube()
+        if now >= self.next_resync:
+            self.next_resync = now + self.resync_s
+            for md in k.objects_in(self.namespaces, "modeldeployments"):
+                try:
+                    self.resync(md)
+                except Exception:
+                    self.logger.exception("resync of %s failed", md["metadata"]["name"])
+        seen = set()
+        for policy in k.objects_in(self.namespaces, "scalingpolicies"):
+            key = (policy["metadata"]["namespace"], policy["metadata"]["name"])
+            seen.add(key)
+            if now < self.due.get(key, 0.0):
+                continue
+            interval = (policy.get("spec") or {}).get("intervals", {}).get("paceSeconds", 15)
+            self.due[key] = now + float(interval)
+            state = self.states.setdefault(key, PaceState())
+            try:
+                PacePass(k, policy, state, self.logger).run()
+            except Exception:  # one bad pass must not stop the others; sizes are held
+                self.logger.exception("pace pass of %s/%s failed; sizes held", *key)
+        for gone in set(self.states) - seen:
+            self.states.pop(gone, None)
+            self.due.pop(gone, None)

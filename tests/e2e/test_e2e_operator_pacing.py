@@ -1,0 +1,218 @@
+"""The pace loop against the real control plane and a real Prometheus.
+
+A stand-in vLLM metrics endpoint (prometheus-client, vLLM's metric names) is scraped by
+the session's Prometheus through file_sd, with the labels the chart's scrape config adds.
+The operator runs in-process; the test drives utilisation and checks what a user sees:
+replicas of the pod set, Events, and the policy's Degraded condition.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import eventually, kubectl
+from kopf.testing import KopfRunner
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+REPO = Path(__file__).resolve().parents[2]
+A100 = "NVIDIA-A100-SXM4-80GB"
+REGION = "us-central"
+
+
+class FakeVllm:
+    """One pod's worth of vLLM metrics on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.kv = Gauge(
+            "vllm:kv_cache_usage_perc", "KV usage", ["model_name"], registry=self.registry
+        )
+        self.prompt = Counter(
+            "vllm:prompt_tokens", "prompt tokens", ["model_name"], registry=self.registry
+        )
+        self.generation = Counter(
+            "vllm:generation_tokens", "output tokens", ["model_name"], registry=self.registry
+        )
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server, self.thread = start_http_server(
+            self.port, addr="127.0.0.1", registry=self.registry
+        )
+        self.set(0.5)
+
+    def set(self, usage: float) -> None:
+        self.kv.labels("llama8b").set(usage)
+        self.prompt.labels("llama8b").inc(1000)
+        self.generation.labels("llama8b").inc(100)
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[FakeVllm]:
+    fake = FakeVllm()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def namespace(kubeconfig: Path) -> Iterator[str]:
+    name = f"pace-{uuid.uuid4().hex[:6]}"
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        kubectl(kubeconfig, ["apply", "--server-side", "-f", str(path)])
+    kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
+    kubectl(kubeconfig, ["create", "namespace", name])
+    kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/paper/tiers.yaml")])
+    yield name
+    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
+
+
+def apply(kubeconfig: Path, namespace: str, doc: dict) -> None:
+    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(doc))
+
+
+def replicas(kubeconfig: Path, namespace: str) -> int | None:
+    out = kubectl(
+        kubeconfig,
+        ["get", "deployment", "-n", namespace, f"llama8b-{REGION}-a100", "-o", "json"],
+        check=False,
+    )
+    return json.loads(out.stdout)["spec"]["replicas"] if out.returncode == 0 else None
+
+
+def condition(kubeconfig: Path, namespace: str, type_: str) -> dict | None:
+    out = json.loads(
+        kubectl(kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]).stdout
+    )
+    found = [c for c in out.get("status", {}).get("conditions", []) if c["type"] == type_]
+    return found[0] if found else None
+
+
+def test_pace_loop_follows_utilisation_and_holds_without_data(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    fake_vllm: FakeVllm,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
+    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    policy = {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ScalingPolicy",
+        "metadata": {"name": "fleet"},
+        "spec": {"strategy": "reactive", "intervals": {"paceSeconds": 2, "cooldownSeconds": 2}},
+    }
+    model = {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "llama8b"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            # 4 GPUs per instance: two instances fit the region's one 8-GPU A100 node.
+            "variants": [
+                {
+                    "name": "a100",
+                    "gpuType": A100,
+                    "gpusPerInstance": 4,
+                    "capacityTokensPerSecond": 900,
+                }
+            ],
+            "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 2}],
+            "tiers": ["iw-f", "iw-n", "niw"],
+            "policyRef": {"name": "fleet"},
+        },
+    }
+    target_file = prometheus_targets_dir / f"{namespace}.json"
+    labels = {
+        "namespace": namespace,
+        "model_deployment": "llama8b",
+        "region": REGION,
+        "pod": "fake-0",
+    }
+    target_file.write_text(
+        json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
+    )
+    try:
+        args = [
+            "run",
+            "--standalone",
+            "--namespace",
+            namespace,
+            "-m",
+            "sageserve.controller.handlers",
+        ]
+        with KopfRunner(args, timeout=180) as runner:
+            apply(kubeconfig, namespace, policy)
+            apply(kubeconfig, namespace, model)
+            assert eventually(
+                lambda: replicas(kubeconfig, namespace) == 1, 60, "the pod set at its minimum"
+            )
+
+            fake_vllm.set(0.9)  # above the 70 % scale-out threshold
+            eventually(
+                lambda: replicas(kubeconfig, namespace) == 2, 90, "scale-out to maxInstances"
+            )
+            events = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
+            assert "ScaledOut" in events
+
+            # The series disappears: sizes are held, never scaled in, and the user is told.
+            target_file.unlink()
+            degraded = eventually(
+                lambda: (
+                    (c := condition(kubeconfig, namespace, "Degraded"))
+                    and c["status"] == "True"
+                    and c
+                ),
+                90,
+                "Degraded=True on missing metrics",
+            )
+            assert degraded["reason"] == "MetricsMissing", degraded
+            assert "llama8b/us-central" in degraded["message"]
+            fake_vllm.set(0.1)  # low load that Prometheus cannot see: still no scale-in
+            time.sleep(8)  # four pace passes
+            assert replicas(kubeconfig, namespace) == 2
+
+            # Data returns, low: scale in to the minimum, Degraded clears.
+            target_file.write_text(
+                json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
+            )
+            eventually(lambda: replicas(kubeconfig, namespace) == 1, 90, "scale-in to minInstances")
+            eventually(
+                lambda: (
+                    (c := condition(kubeconfig, namespace, "Degraded")) and c["status"] == "False"
+                ),
+                30,
+                "Degraded=False once metrics are back",
+            )
+        assert runner.exception is None, runner.output
+
+        # Prometheus unreachable: hold, say why.
+        monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:1")
+        fake_vllm.set(0.95)
+        with KopfRunner(args, timeout=60) as again:
+            unreachable = eventually(
+                lambda: (
+                    (c := condition(kubeconfig, namespace, "Degraded"))
+                    and c["reason"] == "PrometheusUnreachable"
+                    and c
+                ),
+                60,
+                "Degraded=PrometheusUnreachable",
+            )
+            assert unreachable["status"] == "True"
+            assert replicas(kubeconfig, namespace) == 1
+        assert again.exception is None, again.output
+    finally:
+        target_file.unlink(missing_ok=True)
