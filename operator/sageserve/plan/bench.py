@@ -17,19 +17,33 @@ import numpy as np
 from sageserve.plan.ilp import PlanOptions, solve_plan
 from sageserve.plan.problem import PlanProblem
 
-GPU_NAMES = ["h100", "a100-80", "a100-40", "l40s", "a10g", "h200", "b200", "v100"]
+# A GPU catalogue with public-cloud-like relative decode throughput, memory (GB) and $/GPU-hour.
+CATALOGUE: list[tuple[str, float, int, float]] = [
+    ("h100", 1.00, 80, 4.0),
+    ("a100-80", 0.62, 80, 2.6),
+    ("a100-40", 0.55, 40, 2.0),
+    ("l40s", 0.40, 48, 1.4),
+    ("a10g", 0.16, 24, 0.75),
+    ("h200", 1.30, 141, 5.0),
+    ("b200", 2.10, 192, 8.0),
+    ("v100", 0.25, 32, 1.1),
+]
 
 
 def synthetic_problem(
     models: int, regions: int, gpu_types: int, *, seed: int = 0, windows: int = 6,
-    tight: float = 1.1,
+    tight: float = 1.0,
 ) -> PlanProblem:
-    """A reproducible problem; ``tight`` = GPUs available / GPUs needed per region (≈)."""
+    """A reproducible problem; ``tight`` scales the GPU inventory's headroom over today's use
+    (1.0: 0–40 % headroom per (region, type) plus 0–16 spare GPUs)."""
     rng = np.random.default_rng(seed)
-    gpus = [GPU_NAMES[k] if k < len(GPU_NAMES) else f"gpu{k}" for k in range(gpu_types)]
-    speed = np.sort(rng.uniform(0.4, 2.5, gpu_types))[::-1]
-    mem = np.sort(rng.choice([24, 40, 48, 80, 141, 192], gpu_types))[::-1]
-    cost = 1.2 * speed + rng.uniform(0.0, 0.5, gpu_types)
+    if gpu_types > len(CATALOGUE):
+        raise ValueError(f"at most {len(CATALOGUE)} GPU types")
+    gpus = [name for name, *_ in CATALOGUE[:gpu_types]]
+    speed = np.array([v for _, v, _, _ in CATALOGUE[:gpu_types]])
+    mem = np.array([v for _, _, v, _ in CATALOGUE[:gpu_types]])
+    # Each operator negotiates its own prices: ±15 % around the list price.
+    cost = np.array([v for *_, v in CATALOGUE[:gpu_types]]) * rng.uniform(0.85, 1.15, gpu_types)
     size_gb = rng.choice([8, 16, 70, 140, 400], models, p=[0.3, 0.2, 0.3, 0.1, 0.1])
     model_names = [f"m{i:03d}" for i in range(models)]
     region_names = [f"r{j:02d}" for j in range(regions)]
@@ -42,7 +56,10 @@ def synthetic_problem(
             per = int(2 ** math.ceil(math.log2(max(1.0, 1.3 * size_gb[i] / mem[k]))))
             if per > 8:
                 continue
-            capacity[m][g] = float(round(per * speed[k] * 40000.0 / math.sqrt(size_gb[i]), 1))
+            # Throughput per instance: GPU speed × GPUs, less for bigger models, ±10 % per
+            # (model, GPU) pair for kernels that suit one GPU better than another.
+            capacity[m][g] = float(round(per * speed[k] * 40000.0 / math.sqrt(size_gb[i])
+                                         * rng.uniform(0.9, 1.1), 1))
             gpi[m][g] = per
             startup[m][g] = float(round(60 + 2.0 * size_gb[i] * rng.uniform(0.8, 1.2), 1))
     demand: dict[str, dict[str, list[float]]] = {}
@@ -72,8 +89,15 @@ def synthetic_problem(
             n = max(0, round(max(series) / capacity[m][g] * rng.uniform(0.7, 1.3)))
             current[m][r] = {g: n}
             used[j, k] += n * gpi[m][g]
+    # Inventory: what the current fleet uses per (region, type) — it runs today, so it fits —
+    # times a headroom drawn around ``tight``, plus a few spare GPUs; some types are absent
+    # from some regions. Low headroom makes capacity rows bind and forces type substitution.
     gpu_capacity = {
-        r: {g: math.ceil(used[j].sum() * tight / gpu_types + 8) for g in gpus}
+        r: {
+            g: math.ceil(used[j, k] * tight * rng.uniform(1.0, 1.4))
+            + int(rng.integers(0, 3)) * 8 * int(rng.random() < 0.8)
+            for k, g in enumerate(gpus)
+        }
         for j, r in enumerate(region_names)
     }
     return PlanProblem.model_validate(

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -54,8 +56,7 @@ class _Layout:
     """Where each decision lives in the column vector."""
 
     cells: list[tuple[int, int, int]] = field(default_factory=list)  # (m, r, g) indices
-    up: list[int] = field(default_factory=list)
-    down: list[int | None] = field(default_factory=list)
+    x: list[int] = field(default_factory=list)  # target instances of each cell
     shortfall: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (m, r, t) -> col
 
 
@@ -69,11 +70,12 @@ def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> Plan
     def remaining() -> float:
         return max(opts.time_limit - (time.perf_counter() - start), 0.01)
 
-    def run(model: MipModel) -> MipSolution:
+    def run(model: MipModel, budget: float | None = None) -> MipSolution:
+        limit = remaining() if budget is None else min(budget, remaining())
         sol = solve(
             model,
             solver=opts.solver,
-            time_limit=remaining(),
+            time_limit=limit,
             mip_gap=opts.mip_gap,
             threads=opts.threads,
         )
@@ -81,6 +83,9 @@ def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> Plan
             sol = solve(model, solver="cbc", time_limit=remaining(), mip_gap=opts.mip_gap)
         return sol
 
+    decomposed = _solve_by_model(data, run, start, budget=0.25 * opts.time_limit)
+    if decomposed is not None:
+        return decomposed
     model, layout = data.build(shortfall=False)
     sol = run(model)
     if sol.status in ("optimal", "time_limit"):
@@ -109,6 +114,46 @@ def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> Plan
     status = "shortfall" if sol.status == "optimal" else "time_limit"
     return data.result(status, sol, layout, start, reason=_time_reason(sol, status)
                        or "not enough GPUs / instance bounds for the forecast demand")
+
+
+def _solve_by_model(
+    data: _Data, run: Callable[[MipModel, float | None], MipSolution], start: float,
+    budget: float,
+) -> PlanResult | None:
+    """Exact shortcut: without GPU capacity rows the problem splits into one small MIP per
+    model (C1, C2 and bounds never mix models), and one B&B tree per model is far faster than
+    one tree over all of them. If the union of the per-model optima also fits the GPU
+    inventory, it is optimal for the full problem (it is optimal for a relaxation and
+    feasible). Otherwise (or when the per-model solves need more than ``budget`` seconds)
+    return None and let the caller solve the coupled problem."""
+    deadline = time.perf_counter() + budget
+    values: dict[tuple[int, int, int], int] = {}
+    gaps: list[float] = []
+    solver = ""
+    for i in range(len(data.models)):
+        model, layout = data.build(shortfall=False, only_model=i, capacity=False)
+        if model.num_cols == 0:
+            continue
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return None
+        sol = run(model, left)
+        if sol.status != "optimal":
+            return None
+        solver = sol.solver
+        gaps.append(sol.gap or 0.0)
+        values.update(
+            {cell: round(sol.x[col]) for cell, col in zip(layout.cells, layout.x, strict=True)}
+        )
+    p = data.p
+    used: dict[tuple[int, int], int] = {}
+    for (i, j, k), x in values.items():
+        used[(j, k)] = used.get((j, k), 0) + p.gpus_per_instance[data.models[i]][data.gpus[k]] * x
+    for (j, k), total in used.items():
+        cap = p.gpu_cap(data.regions[j], data.gpus[k])
+        if cap is not None and total > cap:
+            return None
+    return data.result_from("optimal", values, {}, solver, max(gaps, default=0.0), start, None)
 
 
 def _time_reason(sol: MipSolution, status: str) -> str | None:
@@ -159,27 +204,24 @@ class _Data:
         shortfall: bool,
         minimise_tier: int | None = None,
         tier_caps: dict[int, float] | None = None,
+        only_model: int | None = None,
+        capacity: bool = True,
     ) -> tuple[MipModel, _Layout]:
+        """The MIP; ``only_model`` / ``capacity=False`` give the per-model relaxation used by
+        ``solve_plan``'s decomposition."""
         p, b, lay = self.p, ModelBuilder(), _Layout()
         cost_on = minimise_tier is None
         eps = p.epsilon
-        c1_cols: dict[tuple[int, int], list[int]] = {}
-        c1_vals: dict[tuple[int, int], list[float]] = {}
-        c2_cols: dict[int, list[int]] = {}
-        c2_vals: dict[int, list[float]] = {}
-        cap_cols: dict[tuple[int, int], list[int]] = {}
-        cap_vals: dict[tuple[int, int], list[float]] = {}
-        cnt_cols: dict[tuple[int, int], list[int]] = {}
-        cnt_vals: dict[tuple[int, int], list[float]] = {}
-        base_c1 = np.zeros((len(self.models), len(self.regions)))
-        base_cnt = np.zeros((len(self.models), len(self.regions)))
-        base_cap = np.zeros((len(self.regions), len(self.gpus)))
+        nm, nr = len(self.models), len(self.regions)
+        c1: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
+        c2: dict[int, tuple[list[int], list[float]]] = {}
+        caps: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
+        counts: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
+        terms: dict[tuple[int, int], list[tuple[int, float]]] = {}
         min_cost, max_theta = math.inf, 0.0
-        # Objective offset Σ c·n: the solver then minimises the cost of the whole fleet after
-        # the change (plus μ), so its relative MIP gap is relative to the fleet's cost rather
-        # than to the (near-zero, signed) cost of the change.
-        offset = 0.0
         for i, m in enumerate(self.models):
+            if only_model is not None and i != only_model:
+                continue
             for j, r in enumerate(self.regions):
                 bnd = p.bound(m, r)
                 for k, g in enumerate(self.gpus):
@@ -192,44 +234,41 @@ class _Data:
                     if c > 0:
                         min_cost = min(min_cost, c)
                     max_theta = max(max_theta, theta)
+                    # More instances than the model's whole peak needs on this GPU type are
+                    # never useful (beyond the min bound), so this bound cuts nothing optimal.
                     ub = max(n, math.ceil(self.peak_global[i] / theta - 1e-9), bnd.min)
                     if bnd.max is not None:
                         ub = min(ub, bnd.max)
                     cap = p.gpu_cap(r, g)
                     if cap is not None:
                         ub = min(ub, cap // gpi)
-                    up = b.add_col(c + sigma if cost_on else 0.0, 0.0, float(max(ub - n, 0)), True)
-                    down: int | None = None
-                    if n > 0:
-                        down = b.add_col(-c if cost_on else 0.0, float(max(n - ub, 0)), float(n),
-                                         True)
+                    # Objective (γ + μ) + Σ c·n: the fleet's cost after the change plus the
+                    # start-up cost, so the relative MIP gap is relative to the fleet's cost.
+                    # n = 0: every instance is new, cost c + σ. n > 0: cost c per instance and
+                    # σ per instance above n through a continuous u ≥ x − n (max(0, δ)
+                    # linearised); u is integral at the optimum because x is.
+                    x = b.add_col((c + sigma if n == 0 else c) if cost_on else 0.0,
+                                  0.0, float(max(ub, 0)), True)
+                    if n > 0 and sigma > 0 and cost_on and ub > n:
+                        u = b.add_col(sigma, 0.0, float(ub - n), False)
+                        b.add_row([u, x], [1.0, -1.0], float(-n), math.inf)
                     lay.cells.append((i, j, k))
-                    lay.up.append(up)
-                    lay.down.append(down)
-                    cols, vals = [up], [1.0]
-                    if down is not None:
-                        cols.append(down)
-                        vals.append(-1.0)
-                    c1_cols.setdefault((i, j), []).extend(cols)
-                    c1_vals.setdefault((i, j), []).extend(v * theta for v in vals)
-                    c2_cols.setdefault(i, []).extend(cols)
-                    c2_vals.setdefault(i, []).extend(v * theta for v in vals)
-                    cnt_cols.setdefault((i, j), []).extend(cols)
-                    cnt_vals.setdefault((i, j), []).extend(vals)
-                    base_c1[i, j] += theta * n
-                    offset += c * n if cost_on else 0.0
-                    base_cnt[i, j] += n
-                    if cap is not None:
-                        cap_cols.setdefault((j, k), []).extend(cols)
-                        cap_vals.setdefault((j, k), []).extend(float(v * gpi) for v in vals)
-                        base_cap[j, k] += gpi * n
+                    lay.x.append(x)
+                    _push(c1, (i, j), x, theta)
+                    _push(c2, i, x, theta)
+                    _push(counts, (i, j), x, 1.0)
+                    terms.setdefault((i, j), []).append((x, theta))
+                    if cap is not None and capacity:
+                        _push(caps, (j, k), x, float(gpi))
         # A tiny cost on shortfall in the final phase reports the least shortfall that the
         # chosen plan needs, without trading it against real cost.
         tiny = 1e-7 * (min_cost if math.isfinite(min_cost) else 1.0) / max(max_theta, 1.0)
         tier_rows: dict[int, tuple[list[int], list[float]]] = {}
         if shortfall:
-            for i in range(len(self.models)):
-                for j in range(len(self.regions)):
+            for i in range(nm):
+                if only_model is not None and i != only_model:
+                    continue
+                for j in range(nr):
                     for t in range(len(self.tiers)):
                         hi = float(self.at_peak[i, j, t])
                         if hi <= 0:
@@ -237,38 +276,37 @@ class _Data:
                         obj = tiny if minimise_tier is None else float(t == minimise_tier)
                         col = b.add_col(obj, 0.0, hi, False)
                         lay.shortfall[(i, j, t)] = col
-                        c1_cols.setdefault((i, j), []).append(col)
-                        c1_vals.setdefault((i, j), []).append(eps)
-                        c2_cols.setdefault(i, []).append(col)
-                        c2_vals.setdefault(i, []).append(1.0)
-                        cols_t, vals_t = tier_rows.setdefault(t, ([], []))
-                        cols_t.append(col)
-                        vals_t.append(1.0)
+                        _push(c1, (i, j), col, eps)
+                        _push(c2, i, col, 1.0)
+                        _push(tier_rows, t, col, 1.0)
         inf = math.inf
-        for i in range(len(self.models)):
-            for j in range(len(self.regions)):
+        for i in range(nm):
+            if only_model is not None and i != only_model:
+                continue
+            for j in range(nr):
                 need = eps * self.peak_local[i, j]
                 if need > 0:
-                    _row(b, c1_cols.get((i, j), []), c1_vals.get((i, j), []),
-                         need - base_c1[i, j], inf)
+                    _row(b, *c1.get((i, j), ([], [])), need, inf)
+                    if not shortfall:
+                        _rounding_cuts(b, terms.get((i, j), []), need)
                 bnd = p.bound(self.models[i], self.regions[j])
-                lo = bnd.min - base_cnt[i, j]
-                hi = inf if bnd.max is None else bnd.max - base_cnt[i, j]
                 if bnd.min > 0 or bnd.max is not None:
-                    _row(b, cnt_cols.get((i, j), []), cnt_vals.get((i, j), []), lo, hi)
+                    hi = inf if bnd.max is None else float(bnd.max)
+                    _row(b, *counts.get((i, j), ([], [])), float(bnd.min), hi)
             if self.peak_global[i] > 0:
-                _row(b, c2_cols.get(i, []), c2_vals.get(i, []),
-                     self.peak_global[i] - base_c1[i].sum(), inf)
+                _row(b, *c2.get(i, ([], [])), float(self.peak_global[i]), inf)
+                if not shortfall:
+                    model_terms = [t for j in range(nr) for t in terms.get((i, j), [])]
+                    _rounding_cuts(b, model_terms, float(self.peak_global[i]))
         for j, r in enumerate(self.regions):
             for k, g in enumerate(self.gpus):
                 cap = p.gpu_cap(r, g)
-                if cap is not None and (j, k) in cap_cols:
-                    _row(b, cap_cols[(j, k)], cap_vals[(j, k)], -inf, cap - base_cap[j, k])
+                if cap is not None and (j, k) in caps:
+                    _row(b, *caps[(j, k)], -inf, float(cap))
         for t, limit in (tier_caps or {}).items():
             if t in tier_rows:
-                cols_t, vals_t = tier_rows[t]
-                _row(b, cols_t, vals_t, -inf, limit + 1e-7 * max(1.0, limit))
-        return b.build(offset), lay
+                _row(b, *tier_rows[t], -inf, limit + 1e-7 * max(1.0, limit))
+        return b.build(), lay
 
     def tier_total(self, sol: MipSolution, lay: _Layout, t: int) -> float:
         return float(sum(sol.x[col] for (_, _, tt), col in lay.shortfall.items() if tt == t))
@@ -276,22 +314,35 @@ class _Data:
     def result(
         self, status: str, sol: MipSolution, lay: _Layout, start: float, reason: str | None
     ) -> PlanResult:
+        values = {cell: round(sol.x[col]) for cell, col in zip(lay.cells, lay.x, strict=True)}
+        short = {key: float(sol.x[col]) for key, col in lay.shortfall.items()}
+        return self.result_from(status, values, short, sol.solver, sol.gap, start, reason)
+
+    def result_from(
+        self,
+        status: str,
+        values: dict[tuple[int, int, int], int],
+        short: dict[tuple[int, int, int], float],
+        solver: str,
+        gap: float | None,
+        start: float,
+        reason: str | None,
+    ) -> PlanResult:
         p = self.p
         target: dict[str, dict[str, dict[str, int]]] = {}
         delta: dict[str, dict[str, dict[str, int]]] = {}
         gamma = mu = 0.0
-        for (i, j, k), up, down in zip(lay.cells, lay.up, lay.down, strict=True):
+        for (i, j, k), x in values.items():
             m, r, g = self.models[i], self.regions[j], self.gpus[k]
             n = p.current_instances(m, r, g)
-            d = round(sol.x[up]) - (round(sol.x[down]) if down is not None else 0)
+            d = x - n
             target.setdefault(m, {}).setdefault(r, {})[g] = n + d
             delta.setdefault(m, {}).setdefault(r, {})[g] = d
             gamma += p.instance_cost(m, g) * d
             mu += p.startup_cost(m, g) * max(0, d)
         shortfall: dict[str, dict[str, float]] = {}
         by_tier: dict[str, dict[str, dict[str, float]]] = {}
-        for (i, j, t), col in lay.shortfall.items():
-            value = float(sol.x[col])
+        for (i, j, t), value in short.items():
             if value <= 1e-6 * max(1.0, float(self.peak_local[i, j])):
                 continue
             m, r = self.models[i], self.regions[j]
@@ -313,8 +364,8 @@ class _Data:
                 "shortfall_tps": shortfall,
                 "shortfall_tps_by_tier": by_tier if self.p.tiers else {},
                 "solve_seconds": time.perf_counter() - start,
-                "solver": sol.solver,
-                "mip_gap": sol.gap,
+                "solver": solver,
+                "mip_gap": gap,
             }
         )
 
@@ -347,6 +398,22 @@ class _Data:
                 bad.append(f"region {r}: min bounds need at least {need} GPUs, {total} exist")
         detail = "; ".join(bad) if bad else "min bounds and gpu_capacity contradict each other"
         return f"no plan satisfies the instance bounds within the GPU capacity: {detail}"
+
+
+def _rounding_cuts(b: ModelBuilder, terms: list[tuple[int, float]], need: float) -> None:
+    """Chvátal–Gomory rounding of a covering row Σ θ_k x_k ≥ need, once per divisor d among
+    the row's θ values: Σ ceil(θ_k/d) x_k ≥ ceil(need/d). Valid for integer x ≥ 0 and tighter
+    than the LP row (d = max θ gives "at least ceil(need/θmax) instances")."""
+    for d in sorted({theta for _, theta in terms}):
+        cols = [x for x, _ in terms]
+        vals = [float(math.ceil(theta / d - 1e-9)) for _, theta in terms]
+        _row(b, cols, vals, float(math.ceil(need / d - 1e-9)), math.inf)
+
+
+def _push(rows: dict[Any, tuple[list[int], list[float]]], key: Any, col: int, val: float) -> None:
+    cols, vals = rows.setdefault(key, ([], []))
+    cols.append(col)
+    vals.append(val)
 
 
 def _row(b: ModelBuilder, cols: list[int], vals: list[float], lo: float, hi: float) -> None:
