@@ -159,3 +159,14 @@ def test_spillover_reports_what_nobody_can_serve() -> None:
     assert spill.unserved == {"east": 150.0}
     served = spill.local.get("east", 0) + sum(spill.routes.get("east", {}).values())
     assert served == 150.0
+
+
+def test_the_documented_example_solves_as_documented() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "plan-json.md").read_text()
+    example = json.loads(doc[doc.index("```json") + 7 : doc.rindex("```")])
+    problem = PlanProblem.model_validate(example)
+    plan = solve_plan(problem)
+    assert plan.status == "optimal"
+    assert violations(problem, plan) == []
+    # westus needs 0.8 × 900 tokens/s locally: one H100 instance beats two A100 ones.
+    assert plan.target["llama-70b"]["westus"] == {"h100": 1, "a100": 0}
