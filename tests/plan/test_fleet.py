@@ -1,0 +1,77 @@
+"""Manifests → plan problem → targets, solved by the real MILP solver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import ScalingPolicy
+from sageserve.core.types import EndpointKey
+from sageserve.plan.fleet import build_problem, endpoint_targets, variant_targets
+from sageserve.plan.ilp import solve_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
+REGIONS = ("us-east", "us-central", "us-west")
+
+
+def _paper() -> tuple[list[ModelDeployment], ScalingPolicy]:
+    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    mds = [ModelDeployment.model_validate(d) for d in docs]
+    policy = ScalingPolicy.model_validate(
+        yaml.safe_load((ROOT / "policies" / "paper" / "scalingpolicy.yaml").read_text())
+    )
+    return mds, policy
+
+
+def test_problem_carries_capacities_costs_bounds_and_demand_from_the_manifests() -> None:
+    mds, policy = _paper()
+    current = {("llama-2-70b", "us-east", "h100"): 20}
+    demand = {("llama-2-70b", "us-east"): [3000.0, 6160.0]}
+    problem = build_problem(mds, policy.spec, current, demand)
+    assert problem.models == ["llama-2-70b", "bloom-176b", "llama-3-1-8b", "llama-3-2-3b"]
+    assert problem.gpu_types == [A100, H100]
+    assert problem.capacity_tps["llama-2-70b"] == {H100: 308, A100: 180}
+    assert problem.gpu_hour_cost == {H100: 12.29, A100: 4.10}
+    assert problem.current["llama-2-70b"]["us-east"] == {H100: 20, A100: 0}
+    assert problem.demand_tps["llama-2-70b"]["us-east"] == [3000.0, 6160.0]
+    assert problem.demand_tps["bloom-176b"]["us-west"] == [0.0, 0.0]  # padded to the horizon
+    assert problem.bounds is not None and problem.bounds["llama-2-70b"]["us-west"].min == 2
+    assert problem.epsilon == 1.0
+
+
+def test_planned_targets_cover_the_forecast_within_gpu_capacity() -> None:
+    mds, policy = _paper()
+    mds = mds[:1]  # llama-2-70b only
+    demand = {("llama-2-70b", r): [6160.0] for r in REGIONS}  # 20 H100 instances' worth
+    capacity = {(r, g): 8 * 30 for r in REGIONS for g in (H100, A100)}
+    result = solve_plan(build_problem(mds, policy.spec, {}, demand, capacity))
+    assert result.status == "optimal"
+    targets = variant_targets(mds, result)
+    for region in REGIONS:
+        served = (
+            targets[("llama-2-70b", region, "h100")] * 308
+            + targets[("llama-2-70b", region, "a100")] * 180
+        )
+        assert served >= 6160.0
+        assert (
+            targets[("llama-2-70b", region, "h100")] + targets[("llama-2-70b", region, "a100")]
+            <= 40
+        )
+    totals = endpoint_targets(targets)
+    assert set(totals) == {EndpointKey("llama-2-70b", r) for r in REGIONS}
+
+
+def test_too_few_gpus_gives_a_reported_shortfall_not_an_error() -> None:
+    mds, policy = _paper()
+    mds = mds[:1]
+    demand = {("llama-2-70b", r): [6160.0] for r in REGIONS}
+    capacity = {(r, g): 8 * 4 for r in REGIONS for g in (H100, A100)}  # 8 instances per region
+    result = solve_plan(build_problem(mds, policy.spec, {}, demand, capacity))
+    assert result.status == "shortfall"
+    assert result.shortfall_tps["llama-2-70b"]["us-east"] == pytest.approx(
+        6160.0 - 4 * 308 - 4 * 180
+    )
