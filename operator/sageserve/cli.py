@@ -277,8 +277,11 @@ def bench_plan_cmd(
     ] = None,
     seeds: Annotated[int, typer.Option(help="Instances per size.")] = 3,
     solver: Annotated[str, typer.Option(help="highs or cbc.")] = "highs",
-    time_limit: Annotated[float, typer.Option(help="Seconds per solve.")] = 60.0,
+    time_limit: Annotated[float, typer.Option(help="Seconds per solve.")] = 10.0,
     gap: Annotated[float, typer.Option(help="Relative MIP gap counted as optimal.")] = 1e-4,
+    inventory: Annotated[
+        bool, typer.Option(help="Include GPU inventory rows (the paper's ILP has none).")
+    ] = True,
 ) -> None:
     """Solve synthetic fleets of the given sizes and print the solve times."""
     from sageserve.plan.commands import bench_plan_command
@@ -289,7 +292,11 @@ def bench_plan_cmd(
         err_console.print("--size must look like 20x20x5")
         raise typer.Exit(2)
     bench_plan_command(
-        [(s[0], s[1], s[2]) for s in sizes], seeds, PlanOptions(solver, time_limit, gap), console
+        [(s[0], s[1], s[2]) for s in sizes],
+        seeds,
+        PlanOptions(solver, time_limit, gap),
+        console,
+        inventory,
     )
 
 

@@ -33,6 +33,7 @@ CATALOGUE: list[tuple[str, float, int, float]] = [
 def synthetic_problem(
     models: int, regions: int, gpu_types: int, *, seed: int = 0, windows: int = 6,
     tight: float = 1.0,
+    inventory: bool = True,
 ) -> PlanProblem:
     """A reproducible problem; ``tight`` scales the GPU inventory's headroom over today's use
     (1.0: 0–40 % headroom per (region, type) plus 0–16 spare GPUs)."""
@@ -112,7 +113,7 @@ def synthetic_problem(
             "gpu_hour_cost": {g: float(round(cost[k], 3)) for k, g in enumerate(gpus)},
             "startup_seconds": startup,
             "epsilon": 0.8,
-            "gpu_capacity": gpu_capacity,
+            "gpu_capacity": gpu_capacity if inventory else None,
             "bounds": {m: {r: {"min": 1, "max": 400} for r in demand[m]} for m in model_names},
         }
     )
@@ -130,14 +131,17 @@ class BenchRow:
 
 
 def bench_plan(
-    sizes: list[tuple[int, int, int]], seeds: int = 3, options: PlanOptions | None = None
+    sizes: list[tuple[int, int, int]],
+    seeds: int = 3,
+    options: PlanOptions | None = None,
+    inventory: bool = True,
 ) -> list[BenchRow]:
     """Solve ``seeds`` random instances of each size; wall seconds include building."""
     rows: list[BenchRow] = []
     for size in sizes:
         for seed in range(seeds):
             t0 = time.perf_counter()
-            problem = synthetic_problem(*size, seed=seed)
+            problem = synthetic_problem(*size, seed=seed, inventory=inventory)
             t1 = time.perf_counter()
             result = solve_plan(problem, options)
             rows.append(

@@ -48,17 +48,22 @@ def plan_command(input_path: Path, output: Path | None, options: PlanOptions) ->
 
 
 def bench_plan_command(
-    sizes: list[tuple[int, int, int]], seeds: int, options: PlanOptions, console: Console
+    sizes: list[tuple[int, int, int]],
+    seeds: int,
+    options: PlanOptions,
+    console: Console,
+    inventory: bool = True,
 ) -> None:
     from sageserve.plan.bench import bench_plan
 
     table = Table(
         title=f"solve_plan on synthetic fleets ({options.solver}, gap {options.mip_gap:g}, "
-        f"limit {options.time_limit:g} s, {options.threads} thread)"
+        f"limit {options.time_limit:g} s, {options.threads} thread, "
+        f"{'with' if inventory else 'without'} GPU inventory)"
     )
     for col in ("size m×r×g", "seed", "status", "solve s", "gap", "objective"):
         table.add_column(col, justify="right")
-    for row in bench_plan(sizes, seeds, options):
+    for row in bench_plan(sizes, seeds, options, inventory):
         table.add_row(
             row.size, str(row.seed), row.status, f"{row.seconds:.2f}",
             "-" if row.gap is None else f"{row.gap:.2e}",
