@@ -1,0 +1,121 @@
+"""One planning cycle: forecast every (model, region), solve the ILP, derive the targets.
+
+The hourly step of SageServe (digest §4–§5), as one pure function of its inputs so the
+operator's plan loop and the simulator run exactly the same decision:
+
+    ρ(m, r) = provisioned forecast of the next-hour peak + β (10 % of last hour's batch load)
+
+A (model, region) with no usable observation at all is *held*: its demand is set to what
+its current instances serve, so the plan neither grows nor shrinks it on no information.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import ScalingPolicySpec
+from sageserve.core.types import EndpointKey
+from sageserve.forecast.api import batch_buffer_tps, forecast_peak
+from sageserve.forecast.types import Forecast, ForecastSpec
+from sageserve.plan.fleet import (
+    VariantCounts,
+    build_problem,
+    endpoint_targets,
+    planned_variants,
+    variant_targets,
+)
+from sageserve.plan.ilp import PlanOptions, solve_plan
+from sageserve.plan.result import PlanResult
+
+#: (model deployment, region) → a series or a value.
+PerEndpoint = Mapping[tuple[str, str], Sequence[float]]
+
+
+@dataclass(frozen=True)
+class PlanCycle:
+    """What one cycle decided, with everything the status and the strategies need."""
+
+    forecasts: dict[tuple[str, str], Forecast]
+    batch_buffer_tps: dict[tuple[str, str], float]
+    demand_tps: dict[tuple[str, str], float]
+    result: PlanResult
+    targets: VariantCounts
+    endpoint_targets: dict[EndpointKey, int]
+
+    @property
+    def forecast_tps(self) -> dict[EndpointKey, float]:
+        """Forecast load per endpoint, which LT-UA compares observed load against."""
+        return {EndpointKey(m, r): v for (m, r), v in self.demand_tps.items()}
+
+
+def forecast_spec(policy: ScalingPolicySpec) -> ForecastSpec:
+    """The forecaster's settings from a ScalingPolicy's `spec.forecast`."""
+    f = policy.forecast
+    return ForecastSpec(
+        step_seconds=float(f.granularity_seconds),
+        lead_seconds=float(f.lead_seconds),
+        horizon_seconds=float(f.horizon_seconds),
+        quantile=f.quantile,
+        min_history_seconds=float(f.training_window_seconds),
+    )
+
+
+def plan_options(policy: ScalingPolicySpec) -> PlanOptions:
+    """The solver's settings from a ScalingPolicy's `spec.optimizer`."""
+    o = policy.optimizer
+    return PlanOptions(
+        solver=o.solver.value, time_limit=o.time_limit_seconds, mip_gap=o.relative_gap
+    )
+
+
+def run_plan_cycle(
+    mds: Sequence[ModelDeployment],
+    policy: ScalingPolicySpec,
+    history_tps: PerEndpoint,
+    batch_tps_last_hour: PerEndpoint,
+    current: Mapping[tuple[str, str, str], int],
+    gpu_capacity: Mapping[tuple[str, str], int] | None = None,
+) -> PlanCycle:
+    """Forecast, plan and derive targets for `mds` under `policy`.
+
+    `history_tps[(md, region)]` is the interactive tokens/s per `granularitySeconds` step
+    ending now (NaN for gaps); `batch_tps_last_hour` the batch tokens/s over the last hour.
+    """
+    spec = forecast_spec(policy)
+    method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
+    forecasts: dict[tuple[str, str], Forecast] = {}
+    buffers: dict[tuple[str, str], float] = {}
+    demand: dict[tuple[str, str], float] = {}
+    for md in mds:
+        variants = planned_variants(md)
+        for region in md.spec.regions:
+            key = (md.metadata.name, region.name)
+            fc = forecast_peak(history_tps.get(key, []), spec, method=method, fallback=fallback)
+            forecasts[key] = fc
+            beta = (
+                policy.forecast.batch_buffer_fraction
+                / 0.1
+                * batch_buffer_tps(batch_tps_last_hour.get(key, []))
+            )
+            buffers[key] = beta
+            if fc.reliable:
+                provisioned = fc.upper_tps if policy.forecast.quantile > 0.5 else fc.peak_tps
+                demand[key] = provisioned + beta
+            else:  # hold: ask for what the current instances serve
+                demand[key] = sum(
+                    current.get((key[0], key[1], v.name), 0) * v.capacity_tokens_per_second
+                    for v in variants.values()
+                )
+    problem = build_problem(mds, policy, current, {k: [v] for k, v in demand.items()}, gpu_capacity)
+    result = solve_plan(problem, plan_options(policy))
+    targets = variant_targets(mds, result) if result.target else {}
+    return PlanCycle(
+        forecasts=forecasts,
+        batch_buffer_tps=buffers,
+        demand_tps=demand,
+        result=result,
+        targets=targets,
+        endpoint_targets=endpoint_targets(targets),
+    )

@@ -1,0 +1,79 @@
+"""One planning cycle from manifests and token-rate history, with the real forecaster and solver."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import ScalingPolicySpec
+from sageserve.core.types import EndpointKey
+from sageserve.plan.cycle import run_plan_cycle
+
+ROOT = Path(__file__).resolve().parents[2]
+REGIONS = ("us-east", "us-central", "us-west")
+
+
+def _llama() -> ModelDeployment:
+    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    return ModelDeployment.model_validate(next(iter(docs)))
+
+
+def _policy(**forecast: object) -> ScalingPolicySpec:
+    return ScalingPolicySpec.model_validate(
+        {
+            "forecast": {
+                "granularitySeconds": 600,
+                "trainingWindowSeconds": 6 * 3600,
+                "method": "persistence",
+                **forecast,
+            }
+        }
+    )
+
+
+def _diurnal(days: int, base: float, amplitude: float) -> list[float]:
+    steps = days * 144
+    return [base + amplitude * math.sin(2 * math.pi * i / 144) for i in range(steps)]
+
+
+def test_demand_is_the_forecast_plus_the_batch_buffer_and_the_plan_covers_it() -> None:
+    md = _llama()
+    history = {("llama-2-70b", r): _diurnal(2, 3000.0, 1000.0) for r in REGIONS}
+    batch = {("llama-2-70b", "us-east"): [500.0] * 6}
+    cycle = run_plan_cycle([md], _policy(), history, batch, current={})
+    east = ("llama-2-70b", "us-east")
+    assert cycle.forecasts[east].method == "persistence"
+    assert cycle.batch_buffer_tps[east] == 50.0  # 10 % of the last hour's batch rate
+    assert cycle.demand_tps[east] == cycle.forecasts[east].peak_tps + 50.0
+    assert cycle.result.status == "optimal"
+    for region in REGIONS:
+        h100 = cycle.targets[("llama-2-70b", region, "h100")]
+        a100 = cycle.targets[("llama-2-70b", region, "a100")]
+        assert h100 * 308 + a100 * 180 >= cycle.demand_tps[("llama-2-70b", region)]
+        assert cycle.endpoint_targets[EndpointKey("llama-2-70b", region)] == h100 + a100
+    assert cycle.forecast_tps[EndpointKey("llama-2-70b", "us-east")] == cycle.demand_tps[east]
+
+
+def test_a_region_without_any_observation_keeps_its_current_size() -> None:
+    md = _llama()
+    history = {("llama-2-70b", r): _diurnal(2, 3000.0, 1000.0) for r in ("us-east", "us-central")}
+    current = {("llama-2-70b", "us-west", "h100"): 12}
+    cycle = run_plan_cycle([md], _policy(), history, {}, current)
+    assert not cycle.forecasts[("llama-2-70b", "us-west")].reliable
+    assert cycle.demand_tps[("llama-2-70b", "us-west")] == 12 * 308
+    assert cycle.endpoint_targets[EndpointKey("llama-2-70b", "us-west")] == 12
+
+
+def test_too_little_history_falls_back_to_the_named_baseline() -> None:
+    md = _llama()
+    history = {("llama-2-70b", r): [2000.0] * 3 for r in REGIONS}
+    cycle = run_plan_cycle(
+        [md], _policy(method="arima", fallback="moving-average"), history, {}, {}
+    )
+    forecast = cycle.forecasts[("llama-2-70b", "us-east")]
+    assert forecast.requested == "arima"
+    assert forecast.method != "arima"
+    assert forecast.fallback_reason and "history" in forecast.fallback_reason
