@@ -64,8 +64,13 @@ class PacingStrategy(Protocol):
     #: True: batch requests wait in the Queue Manager; False: routed like interactive ones.
     batch_via_queue_manager: bool
 
-    def on_plan(self, now: float, targets: Mapping[EndpointKey, int]) -> None:
-        """New hourly targets (instances per endpoint) from the planner."""
+    def on_plan(
+        self,
+        now: float,
+        targets: Mapping[EndpointKey, int],
+        forecasts: Mapping[EndpointKey, float] | None = None,
+    ) -> None:
+        """New hourly targets (instances per endpoint) and the forecast tokens/s they serve."""
         ...
 
     def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:

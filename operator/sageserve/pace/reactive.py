@@ -68,8 +68,13 @@ class UnifiedReactive:
     batch_via_queue_manager: bool = True
     _last_event: dict[EndpointKey, float] = field(default_factory=dict)
 
-    def on_plan(self, now: float, targets: Mapping[EndpointKey, int]) -> None:
-        """Reactive baselines ignore forecasts."""
+    def on_plan(
+        self,
+        now: float,
+        targets: Mapping[EndpointKey, int],
+        forecasts: Mapping[EndpointKey, float] | None = None,
+    ) -> None:
+        """Reactive baselines ignore plans and forecasts."""
 
     def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:
         last = self._last_event.get(obs.key)
