@@ -147,3 +147,14 @@ def test_scale_out_redeploys_another_models_donated_instance_when_nothing_else_i
     assert got is not None and got[1] == "redeploy_other_model"
     assert got[0].model == "m" and got[0].ready_at == 800.0
     assert cl.acct.events["scale_out_no_capacity"] == 1
+
+
+def test_runs_sharing_one_config_start_from_the_same_empty_cluster() -> None:
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, initial=4, end_s=600.0)
+    reqs = list(poisson(5.0, 600.0, [IW_F]))
+    first = Simulation(cfg, make_strategy("reactive"), reqs)
+    first.run()
+    second = Simulation(cfg, make_strategy("siloed"), reqs)
+    assert sum(ep.serving for ep in second.cluster.endpoints.values()) == 4
+    assert all(n.free_gpus == n.gpus for n in cfg.nodes)

@@ -23,7 +23,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sageserve.core.types import (
@@ -221,7 +221,8 @@ class Cluster:
         seed: int,
         max_batched_tokens: int = 16384,
     ) -> None:
-        self.nodes = list(nodes)
+        # copies: a run mutates free GPUs, and several runs share one SimConfig
+        self.nodes = [replace(n, free_gpus=n.gpus) for n in nodes]
         self.hooks = hooks
         self.delays = delays
         self.rng = random.Random(seed)

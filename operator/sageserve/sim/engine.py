@@ -184,7 +184,7 @@ class Simulation(InstanceHooks):
                         if len(pools) > 1:
                             name += f"-{pool}"
                         self.cluster.add_deployment(ep, name, perf)
-                    todo = split.get(pool, 0)
+                    todo = max(split.get(pool, 0), rp.min_instances)
                     for dep in ep.deployments:
                         todo -= self.cluster.start_instances(dep, todo, cfg.start_s)
                         if todo <= 0:
