@@ -121,3 +121,18 @@ def test_small_instances_match_brute_force(data: dict[str, Any]) -> None:
         assert plan.status == "optimal"
         assert plan.objective is not None
         assert abs(plan.objective - best) <= 1e-6 * max(1.0, abs(best))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_models=3, max_regions=3, max_gpus=3))
+def test_greedy_fallback_plan_satisfies_every_constraint(data: dict[str, Any]) -> None:
+    from sageserve.plan.ilp import _Data
+
+    problem = PlanProblem.model_validate(data)
+    d = _Data(problem)
+    _, layout = d.build(shortfall=False)
+    values = d.greedy(layout)
+    if values is None:
+        return
+    plan = d.result_from("time_limit", values, {}, "greedy", None, 0.0, "greedy")
+    assert violations(problem, plan) == []

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from sageserve.plan.greedy import greedy_plan
 from sageserve.plan.mip import MipModel, MipSolution, ModelBuilder, solve
 from sageserve.plan.problem import PlanProblem
 from sageserve.plan.result import PlanResult
@@ -57,6 +58,8 @@ class _Layout:
 
     cells: list[tuple[int, int, int]] = field(default_factory=list)  # (m, r, g) indices
     x: list[int] = field(default_factory=list)  # target instances of each cell
+    u: dict[tuple[int, int, int], int] = field(default_factory=dict)  # start-up slack columns
+    ub: dict[tuple[int, int, int], int] = field(default_factory=dict)
     shortfall: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (m, r, t) -> col
 
 
@@ -92,6 +95,12 @@ def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> Plan
         status = "optimal" if sol.status == "optimal" else "time_limit"
         return data.result(status, sol, layout, start, reason=_time_reason(sol, status))
     if sol.status == "no_solution":
+        greedy = data.greedy(layout)
+        if greedy is not None:
+            # A valid plan beats none: the greedy plan meets every constraint.
+            return data.result_from("time_limit", greedy, {}, "greedy", None, start,
+                                    "time limit reached before the solver found a plan; "
+                                    "greedy plan (feasible, not optimised)")
         return _failed(data, "no feasible plan found within the time limit", sol, start)
     if sol.status == "error":
         return _failed(data, f"solver error: {sol.message}", sol, start)
@@ -261,8 +270,10 @@ class _Data:
                     if n > 0 and sigma > 0 and cost_on and ub > n:
                         u = b.add_col(sigma, 0.0, float(ub - n), False)
                         b.add_row([u, x], [1.0, -1.0], float(-n), math.inf)
+                        lay.u[(i, j, k)] = u
                     lay.cells.append((i, j, k))
                     lay.x.append(x)
+                    lay.ub[(i, j, k)] = max(ub, 0)
                     _push(c1, (i, j), x, theta)
                     _push(c2, i, x, theta)
                     _push(counts, (i, j), x, 1.0)
@@ -316,6 +327,16 @@ class _Data:
             if t in tier_rows:
                 _row(b, *tier_rows[t], -inf, limit + 1e-7 * max(1.0, limit))
         return b.build(), lay
+
+    def greedy(self, lay: _Layout) -> dict[tuple[int, int, int], int] | None:
+        """The greedy feasible plan (see ``plan.greedy``), or None if it gets stuck."""
+        p = self.p
+        need_local = {
+            (i, j): p.epsilon * float(self.peak_local[i, j])
+            for i in range(len(self.models)) for j in range(len(self.regions))
+        }
+        need_global = {i: float(self.peak_global[i]) for i in range(len(self.models))}
+        return greedy_plan(p, lay.cells, lay.ub, need_local, need_global)
 
     def tier_total(self, sol: MipSolution, lay: _Layout, t: int) -> float:
         return float(sum(sol.x[col] for (_, _, tt), col in lay.shortfall.items() if tt == t))

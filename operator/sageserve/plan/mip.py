@@ -111,12 +111,14 @@ def solve(
     time_limit: float = 60.0,
     mip_gap: float = 1e-6,
     threads: int = 1,
+    start: FloatArray | None = None,
 ) -> MipSolution:
     """Solve with ``highs`` (highspy, default) or ``cbc`` (PuLP's bundled CBC). Never raises
-    for solver-side trouble: it returns a status with a message instead."""
+    for solver-side trouble: it returns a status with a message instead. ``start`` is a
+    feasible column vector HiGHS starts from (CBC ignores it)."""
     if solver == "highs":
         try:
-            return _solve_highs(model, time_limit, mip_gap, threads)
+            return _solve_highs(model, time_limit, mip_gap, threads, start)
         except ImportError as exc:  # highspy missing: fall back rather than fail the plan.
             fallback = _solve_cbc(model, time_limit, mip_gap, threads)
             fallback.message = f"highspy unavailable ({exc}); solved with CBC. {fallback.message}"
@@ -126,7 +128,10 @@ def solve(
     return MipSolution(status="error", message=f"unknown solver {solver!r} (use highs or cbc)")
 
 
-def _solve_highs(model: MipModel, time_limit: float, mip_gap: float, threads: int) -> MipSolution:
+def _solve_highs(
+    model: MipModel, time_limit: float, mip_gap: float, threads: int,
+    start_x: FloatArray | None = None,
+) -> MipSolution:
     import highspy
 
     start = time.perf_counter()
@@ -162,6 +167,10 @@ def _solve_highs(model: MipModel, time_limit: float, mip_gap: float, threads: in
         for flag in model.integer
     ]
     h.passModel(lp)
+    if start_x is not None and start_x.shape[0] == n:
+        start_sol = highspy.HighsSolution()
+        start_sol.col_value = list(map(float, start_x))
+        h.setSolution(start_sol)
     h.run()
     seconds = time.perf_counter() - start
     status = h.getModelStatus()
