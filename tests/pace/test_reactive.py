@@ -85,3 +85,8 @@ def test_strategies_are_chosen_by_name_behind_one_interface() -> None:
         assert s.on_tick(Observation(0.0, {})) == []
     with pytest.raises(KeyError, match="unknown scaling strategy"):
         make_strategy("nope")
+
+
+def test_an_endpoint_still_coming_up_does_not_scale_out_again() -> None:
+    # no serving instance yet (signal reads 100%), one provisioning: wait for it
+    assert UnifiedReactive().on_arrival(obs(0.0, 1.0, serving=0, prov=1, lo=0)) == []

@@ -49,7 +49,8 @@ class ReactiveParams:
 def reactive_decision(obs: EndpointObservation, p: ReactiveParams) -> ActionKind | None:
     """The pure 70/30 rule for one endpoint observation (cooldown handled by the caller)."""
     emu = obs.emu
-    if p.count_provisioning and obs.provisioning and obs.serving:
+    if p.count_provisioning and obs.provisioning:
+        # (an endpoint whose every instance is still coming up projects to 0: wait for it)
         emu = emu * obs.serving / (obs.serving + obs.provisioning)
     if emu > p.scale_out_above and obs.active < obs.max_instances:
         return ActionKind.SCALE_OUT
