@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,9 @@ import yaml
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from sageserve.metrics import queries
+from sageserve.metrics.prometheus import PrometheusReader
 
 REPO = Path(__file__).resolve().parents[2]
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -215,4 +219,113 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
             assert replicas(kubeconfig, namespace) == 1
         assert again.exception is None, again.output
     finally:
+        target_file.unlink(missing_ok=True)
+
+
+def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    fake_vllm: FakeVllm,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
+    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    # 2,400 tokens/s for a variant of 900 tokens/s per instance: the plan needs 3 instances.
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.wait(0.25):
+            fake_vllm.prompt.labels("llama8b").inc(550)
+            fake_vllm.generation.labels("llama8b").inc(50)
+
+    feeder = threading.Thread(target=load, daemon=True)
+    feeder.start()
+    target_file = prometheus_targets_dir / f"{namespace}.json"
+    labels = {
+        "namespace": namespace,
+        "model_deployment": "llama8b",
+        "region": REGION,
+        "pod": "fake-0",
+    }
+    target_file.write_text(
+        json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
+    )
+    policy = {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ScalingPolicy",
+        "metadata": {"name": "fleet"},
+        "spec": {
+            "strategy": "lt-immediate",
+            "intervals": {"paceSeconds": 2, "cooldownSeconds": 2},
+            "forecast": {
+                "method": "persistence",
+                "granularitySeconds": 30,
+                "trainingWindowSeconds": 300,
+            },
+        },
+    }
+    model = {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "llama8b"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "variants": [
+                {
+                    "name": "a100",
+                    "gpuType": A100,
+                    "gpusPerInstance": 4,
+                    "capacityTokensPerSecond": 900,
+                }
+            ],
+            "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 4}],
+            "tiers": ["iw-f", "iw-n", "niw"],
+            "policyRef": {"name": "fleet"},
+        },
+    }
+    rate = queries.tokens_per_second("60s", namespace)  # the plan loop's window
+
+    def settled() -> bool:
+        history = PrometheusReader(prometheus_url).history(rate, time.time(), 60, 30)
+        return any(series[-1] > 2300 for series in history.values())
+
+    try:
+        # rate() needs a full window of samples before it reads the true 2,400 tokens/s.
+        eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
+        apply(kubeconfig, namespace, model)
+        apply(kubeconfig, namespace, policy)
+        args = [
+            "run",
+            "--standalone",
+            "--namespace",
+            namespace,
+            "-m",
+            "sageserve.controller.handlers",
+        ]
+        with KopfRunner(args, timeout=120) as runner:
+
+            def plan() -> dict | None:
+                out = kubectl(
+                    kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]
+                )
+                return json.loads(out.stdout).get("status", {}).get("plan")
+
+            recorded = eventually(plan, 60, "a plan in the ScalingPolicy status")
+            [forecast] = recorded["forecasts"]
+            assert forecast["method"] == "persistence"
+            assert 2000 < forecast["tokensPerSecond"] < 2900
+            [target] = recorded["targets"]
+            assert (target["variant"], target["target"]) == ("a100", 3)
+            assert recorded["solverStatus"] == "optimal"
+            ready = condition(kubeconfig, namespace, "PlanReady")
+            assert ready is not None and (ready["status"], ready["reason"]) == ("True", "Planned")
+            eventually(
+                lambda: replicas(kubeconfig, namespace) == 3, 60, "LT-I at the planned 3 instances"
+            )
+        assert runner.exception is None, runner.output
+    finally:
+        stop.set()
         target_file.unlink(missing_ok=True)

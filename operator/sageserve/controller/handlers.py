@@ -29,16 +29,6 @@ from sageserve.controller.status import model_deployment_status
 RESYNC_SECONDS = float(os.environ.get("SAGESERVE_RESYNC_SECONDS", "30"))
 
 
-def node_labels() -> NodeLabels:
-    """Node label keys, from the environment the Helm chart sets."""
-    defaults = NodeLabels()
-    return NodeLabels(
-        region=os.environ.get("SAGESERVE_REGION_LABEL", defaults.region),
-        gpu_type=os.environ.get("SAGESERVE_GPU_LABEL", defaults.gpu_type),
-        pool=os.environ.get("SAGESERVE_POOL_LABEL", defaults.pool),
-    )
-
-
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account, else the kubeconfig named by KUBECONFIG at start-up."""
@@ -61,7 +51,7 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
     raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
     md = ModelDeployment.model_validate(raw)
     k = kube()
-    labels = node_labels()
+    labels = NodeLabels.from_env()
     problems = model_deployment_problems(
         md,
         policies=k.names(namespace, "scalingpolicies"),

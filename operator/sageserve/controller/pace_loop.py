@@ -13,7 +13,6 @@ Prometheus unreachable or a region's series missing → hold every affected size
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,18 +28,15 @@ from sageserve.controller.pacing import (
     pod_set_states,
     replicas_after,
 )
+from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
+from sageserve.controller.podset import NodeLabels
 from sageserve.controller.status import set_condition
-from sageserve.core.types import ActionKind, ScalingAction
-from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
+from sageserve.core.types import ActionKind, EndpointKey, ScalingAction
+from sageserve.metrics.prometheus import MetricsUnavailable
 from sageserve.pace.base import PacingStrategy
 from sageserve.pace.from_policy import strategy_for
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
-
-
-def prometheus_url() -> str:
-    """Where Prometheus is; the Helm chart sets SAGESERVE_PROMETHEUS_URL."""
-    return os.environ.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090")
 
 
 @dataclass
@@ -50,13 +46,26 @@ class PaceState:
     generation: int | None = None
     strategy: PacingStrategy | None = None
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    #: The plan in force: (computed at, targets, forecast tokens/s) per endpoint.
+    plan: tuple[float, dict[EndpointKey, int], dict[EndpointKey, float]] | None = None
+    next_plan: float = 0.0
 
     def strategy_of(self, policy: ScalingPolicy, generation: int | None) -> PacingStrategy:
-        """The policy's strategy, rebuilt only when the spec changed."""
+        """The policy's strategy, rebuilt (with the plan in force) only when the spec changed."""
         if self.strategy is None or generation != self.generation:
             self.strategy = strategy_for(policy.spec)
             self.generation = generation
+            if self.plan is not None:
+                self.strategy.on_plan(*self.plan)
         return self.strategy
+
+    def adopt(
+        self, at: float, targets: dict[EndpointKey, int], forecasts: dict[EndpointKey, float]
+    ) -> None:
+        """Make a plan the one in force and tell the strategy."""
+        self.plan = (at, targets, forecasts)
+        if self.strategy is not None:
+            self.strategy.on_plan(at, targets, forecasts)
 
 
 def _essence(obj: Any) -> dict[str, Any]:
@@ -114,7 +123,7 @@ class PacePass:
             )
             return
         self.condition("Ready", True, "Pacing", f"strategy {self.policy.spec.strategy.value}")
-        reader = PrometheusReader(prometheus_url())
+        reader = prometheus_reader()
         try:
             emu = reader.emu(self.namespace)
             tps = reader.tokens_per_second(self.namespace)
@@ -165,6 +174,12 @@ class PacePass:
         self.kube.event(raw, "Normal", reason, f"{prefix}{sizes} ({action.reason})")
 
 
+def plans(policy: dict[str, Any]) -> bool:
+    """Whether the policy's strategy uses the hourly plan (the LT strategies do)."""
+    strategy = (policy.get("spec") or {}).get("strategy", Strategy.LT_UTILIZATION_ARIMA.value)
+    return str(strategy).startswith("lt-")
+
+
 class Loops(threading.Thread):
     """The operator's background work: pace passes per policy, resyncs of ModelDeployments.
 
@@ -196,6 +211,26 @@ class Loops(threading.Thread):
             except Exception:  # listing failed (API server away): try again next tick
                 self.logger.exception("background pass failed; retrying")
 
+    def plan_if_due(self, k: Kube, policy: dict[str, Any], state: PaceState) -> None:
+        """Adopt the plan recorded in status if it is fresh, else plan now (LT strategies)."""
+        if not plans(policy):
+            return
+        wall = time.time()
+        if wall < state.next_plan:
+            return
+        interval = float((policy.get("spec") or {}).get("intervals", {}).get("planSeconds", 3600))
+        recorded = recorded_plan(policy)
+        if state.plan is None and recorded is not None and wall - recorded[0] < interval:
+            state.adopt(*recorded)  # restart: the plan in status is still in force
+            state.next_plan = recorded[0] + interval
+            return
+        state.next_plan = wall + interval
+        cycle = PlanPass(k, policy, state.conditions, self.logger).run(
+            prometheus_reader(), NodeLabels.from_env()
+        )
+        if cycle is not None:
+            state.adopt(wall, cycle.endpoint_targets, cycle.forecast_tps)
+
     def tick(self, now: float) -> None:
         k = kube()
         if now >= self.next_resync:
@@ -215,6 +250,7 @@ class Loops(threading.Thread):
             self.due[key] = now + float(interval)
             state = self.states.setdefault(key, PaceState())
             try:
+                self.plan_if_due(k, policy, state)
                 PacePass(k, policy, state, self.logger).run()
             except Exception:  # one bad pass must not stop the others; sizes are held
                 self.logger.exception("pace pass of %s/%s failed; sizes held", *key)

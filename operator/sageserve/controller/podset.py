@@ -7,6 +7,7 @@ are passed in (they belong to the pacing loop), everything else comes from the s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,15 @@ class NodeLabels:
     pool: str = "sageserve.io/pool"
     serving_pool: str = "serving"
     spot_pool: str = "spot"
+
+    @classmethod
+    def from_env(cls) -> NodeLabels:
+        """Label keys from the environment the Helm chart sets, else the defaults."""
+        return cls(
+            region=os.environ.get("SAGESERVE_REGION_LABEL", cls.region),
+            gpu_type=os.environ.get("SAGESERVE_GPU_LABEL", cls.gpu_type),
+            pool=os.environ.get("SAGESERVE_POOL_LABEL", cls.pool),
+        )
 
 
 def selector_labels(deployment: str, region: str, variant: str) -> dict[str, str]:

@@ -7,8 +7,10 @@ hold the current sizes and say so (DESIGN.md, failure behaviour).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from prometheus_api_client import PrometheusConnect
 
@@ -53,6 +55,35 @@ class PrometheusReader:
                 out[_key(sample["metric"])] = float(sample["value"][1])
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise MetricsUnavailable(f"unexpected sample from Prometheus: {sample!r}") from exc
+        return out
+
+    def history(
+        self, expr: str, end: float, seconds: float, step: float
+    ) -> dict[tuple[str, str, str], list[float]]:
+        """A range query on a fixed grid of `step` seconds ending at `end` (Unix time).
+
+        Missing points are NaN (a gap the forecaster knows how to treat), so every series
+        has the same length whatever Prometheus returned.
+        """
+        n = max(1, int(seconds // step))
+        start = end - (n - 1) * step
+        try:
+            result = self._prom.custom_query_range(
+                expr,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=f"{step:g}s",
+            )
+        except Exception as exc:
+            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        out: dict[tuple[str, str, str], list[float]] = {}
+        for series in result:
+            values = [math.nan] * n
+            for t, v in series.get("values", []):
+                i = round((float(t) - start) / step)
+                if 0 <= i < n:
+                    values[i] = float(v)
+            out[_key(series["metric"])] = values
         return out
 
     def emu(self, namespace: str) -> Series:

@@ -1,0 +1,232 @@
+"""The plan loop: every `spec.intervals.planSeconds`, forecast and solve for one policy.
+
+Reads each (model, region)'s token-rate history from Prometheus, the GPUs of the serving
+and spot pools from the Nodes, and the current pod sets; runs the same planning cycle the
+simulator runs (`plan.cycle`); records the plan in the policy's status (forecasts, targets,
+objective, solver time, shortfalls) with a `PlanReady` condition, and hands the targets and
+forecasts to the pacing strategy. A plan survives restarts in status: the loop plans again
+only when the one recorded there is older than the interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.scaling_policy import ScalingPolicy
+from sageserve.controller.kube import Kube
+from sageserve.controller.podset import NodeLabels
+from sageserve.controller.status import set_condition
+from sageserve.core.types import EndpointKey
+from sageserve.metrics import queries
+from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
+from sageserve.plan.cycle import PlanCycle, run_plan_cycle
+from sageserve.plan.fleet import planned_variants
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+def gpu_capacity(
+    nodes: Iterable[Mapping[str, Any]], labels: NodeLabels
+) -> dict[tuple[str, str], int]:
+    """GPUs per (region, GPU type) in the serving and spot pools (spot can be reclaimed)."""
+    out: dict[tuple[str, str], int] = {}
+    for node in nodes:
+        meta_labels = (node.get("metadata") or {}).get("labels") or {}
+        if meta_labels.get(labels.pool) not in (labels.serving_pool, labels.spot_pool):
+            continue
+        region, gpu = meta_labels.get(labels.region), meta_labels.get(labels.gpu_type)
+        if not region or not gpu:
+            continue
+        gpus = int(
+            str(((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0))
+        )
+        out[(region, gpu)] = out.get((region, gpu), 0) + gpus
+    return out
+
+
+def plan_status(
+    cycle: PlanCycle,
+    mds: Sequence[ModelDeployment],
+    current: Mapping[tuple[str, str, str], int],
+    strategy: str,
+    now: datetime,
+) -> dict[str, Any]:
+    """`status.plan` of a ScalingPolicy for one cycle (pure)."""
+    result = cycle.result
+    forecasts = [
+        {
+            "model": m,
+            "region": r,
+            "tokensPerSecond": round(cycle.demand_tps[(m, r)], 3),
+            "batchBufferTokensPerSecond": round(cycle.batch_buffer_tps[(m, r)], 3),
+            "method": fc.method,
+            **({"fallbackReason": fc.fallback_reason[:1024]} if fc.fallback_reason else {}),
+        }
+        for (m, r), fc in sorted(cycle.forecasts.items())
+    ]
+    targets = []
+    for md in mds:
+        for gpu, variant in planned_variants(md).items():
+            for region in md.spec.regions:
+                key = (md.metadata.name, region.name, variant.name)
+                if key not in cycle.targets:
+                    continue
+                now_n, target = current.get(key, 0), cycle.targets[key]
+                targets.append(
+                    {
+                        "model": key[0],
+                        "region": key[1],
+                        "variant": key[2],
+                        "gpuType": gpu,
+                        "current": now_n,
+                        "target": target,
+                        "delta": target - now_n,
+                    }
+                )
+    shortfalls = [
+        {"model": m, "region": r, "tokensPerSecond": round(v, 3)}
+        for m, per_region in sorted(result.shortfall_tps.items())
+        for r, v in sorted(per_region.items())
+        if v > 0
+    ]
+    status: dict[str, Any] = {
+        "computedAt": now.isoformat().replace("+00:00", "Z"),
+        "strategy": strategy,
+        "solverStatus": result.status,
+        "solverSeconds": round(result.solve_seconds, 4),
+        "forecasts": forecasts,
+        "targets": targets,
+        "shortfalls": shortfalls,
+    }
+    if result.objective is not None:
+        status["objective"] = round(result.objective, 4)
+    return status
+
+
+class PlanPass:
+    """One planning pass for one policy."""
+
+    def __init__(
+        self, kube: Kube, body: dict[str, Any], conditions: list[dict[str, Any]], logger: Logger
+    ) -> None:
+        self.kube = kube
+        self.body = body
+        self.conditions = conditions
+        self.logger = logger
+        self.policy = ScalingPolicy.model_validate(
+            {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+        )
+        self.namespace = str(body["metadata"]["namespace"])
+
+    def run(self, reader: PrometheusReader, labels: NodeLabels) -> PlanCycle | None:
+        """Plan, write status, return the cycle (None when the fleet could not be planned)."""
+        spec = self.policy.spec
+        mds = [
+            ModelDeployment.model_validate(
+                {k: o[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+            )
+            for o in self.kube.objects(self.namespace, "modeldeployments")
+            if (o.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
+        ]
+        if not mds:
+            return None
+        step = float(spec.forecast.granularity_seconds)
+        window = f"{max(int(step), 60)}s"
+        try:
+            history = reader.history(
+                queries.tokens_per_second(window, self.namespace),
+                end=time.time(),
+                seconds=float(spec.forecast.training_window_seconds),
+                step=step,
+            )
+        except MetricsUnavailable as exc:
+            self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")
+            return None
+        current: dict[tuple[str, str, str], int] = {}
+        for md in mds:
+            deployments = self.kube.deployments_of(self.namespace, md.metadata.name)
+            for region in md.spec.regions:
+                for variant in md.spec.variants:
+                    d = deployments.get(pod_set_name(md.metadata.name, region.name, variant.name))
+                    if d is not None:
+                        current[(md.metadata.name, region.name, variant.name)] = int(
+                            d["spec"].get("replicas") or 0
+                        )
+        per_endpoint = {(m, r): v for (_ns, m, r), v in history.items()}
+        cycle = run_plan_cycle(
+            mds, spec, per_endpoint, {}, current, gpu_capacity(self.kube.nodes(), labels)
+        )
+        status = plan_status(cycle, mds, current, spec.strategy.value, datetime.now(UTC))
+        self.kube.patch_status(
+            self.namespace, "scalingpolicies", self.policy.metadata.name, {"plan": status}
+        )
+        result = cycle.result
+        if result.status == "infeasible":
+            self.set("PlanReady", False, "Infeasible", result.reason or "no plan exists")
+        elif result.status == "shortfall":
+            unmet = ", ".join(
+                f"{s['model']}/{s['region']} {s['tokensPerSecond']:.0f} tok/s"
+                for s in status["shortfalls"]
+            )
+            self.set("PlanReady", True, "Shortfall", f"not enough GPUs; unmet demand: {unmet}")
+        else:
+            self.set(
+                "PlanReady", True, "Planned", f"{result.status} in {result.solve_seconds:.2f}s"
+            )
+        return cycle
+
+    def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        """Set a condition and post an Event when it changes."""
+        before = {c["type"]: (c["status"], c["reason"]) for c in self.conditions}
+        self.conditions[:] = set_condition(
+            self.conditions,
+            type_,
+            ok,
+            reason,
+            message,
+            datetime.now(UTC),
+            self.body["metadata"].get("generation"),
+        )
+        if before.get(type_) != ("True" if ok else "False", reason):
+            self.kube.event(
+                self.body, "Normal" if ok and reason == "Planned" else "Warning", reason, message
+            )
+            self.kube.patch_status(
+                self.namespace,
+                "scalingpolicies",
+                self.policy.metadata.name,
+                {"conditions": self.conditions},
+            )
+
+
+def recorded_plan(
+    body: Mapping[str, Any],
+) -> tuple[float, dict[EndpointKey, int], dict[EndpointKey, float]] | None:
+    """(computed at, endpoint targets, forecasts) of the plan in status, if any."""
+    plan = ((body.get("status") or {}).get("plan")) or None
+    if not plan:
+        return None
+    try:
+        at = datetime.fromisoformat(plan["computedAt"].replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        return None
+    targets: dict[EndpointKey, int] = {}
+    for t in plan.get("targets", []):
+        key = EndpointKey(t["model"], t["region"])
+        targets[key] = targets.get(key, 0) + int(t["target"])
+    forecasts = {
+        EndpointKey(f["model"], f["region"]): float(f["tokensPerSecond"])
+        for f in plan.get("forecasts", [])
+    }
+    return at, targets, forecasts
+
+
+def prometheus_reader() -> PrometheusReader:
+    """The Prometheus the operator reads (SAGESERVE_PROMETHEUS_URL)."""
+    return PrometheusReader(os.environ.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090"))

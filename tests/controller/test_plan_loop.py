@@ -1,0 +1,69 @@
+"""The plan loop's pure parts: GPU capacity from Nodes, plan status, restoring a plan."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import PlanStatus, ScalingPolicySpec
+from sageserve.controller.plan_loop import gpu_capacity, plan_status, recorded_plan
+from sageserve.controller.podset import NodeLabels
+from sageserve.core.types import EndpointKey
+from sageserve.plan.cycle import run_plan_cycle
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def _llama() -> ModelDeployment:
+    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    return ModelDeployment.model_validate(next(iter(docs)))
+
+
+def test_gpu_capacity_counts_serving_and_spot_pools_per_region_and_type() -> None:
+    nodes = list(
+        yaml.safe_load_all((ROOT / "e2e" / "inventory" / "paper-3regions.yaml").read_text())
+    )
+    nodes.append({"metadata": {"labels": {"sageserve.io/pool": "other"}}, "status": {}})
+    capacity = gpu_capacity([n for n in nodes if n], NodeLabels())
+    assert capacity[("us-east", H100)] == (4 + 2) * 8
+    assert len(capacity) == 6
+
+
+def test_plan_status_is_a_valid_crd_status_and_restores_the_same_targets() -> None:
+    md = _llama()
+    spec = ScalingPolicySpec.model_validate(
+        {
+            "forecast": {
+                "granularitySeconds": 600,
+                "trainingWindowSeconds": 21600,
+                "method": "persistence",
+            }
+        }
+    )
+    history = {
+        ("llama-2-70b", r): [2000 + 500 * math.sin(i / 20) for i in range(300)]
+        for r in ("us-east", "us-central", "us-west")
+    }
+    current = {("llama-2-70b", "us-east", "h100"): 20}
+    cycle = run_plan_cycle([md], spec, history, {}, current)
+    status = plan_status(
+        cycle, [md], current, "lt-utilization-arima", datetime(2026, 11, 21, tzinfo=UTC)
+    )
+    PlanStatus.model_validate(status)  # what the API server's schema will accept
+    east = next(t for t in status["targets"] if (t["region"], t["variant"]) == ("us-east", "h100"))
+    assert east["current"] == 20 and east["delta"] == east["target"] - 20
+    assert {f["method"] for f in status["forecasts"]} == {"persistence"}
+    restored = recorded_plan({"status": {"plan": status}})
+    assert restored is not None
+    at, targets, forecasts = restored
+    assert at == datetime(2026, 11, 21, tzinfo=UTC).timestamp()
+    assert targets == cycle.endpoint_targets
+    assert forecasts[EndpointKey("llama-2-70b", "us-east")] == round(
+        cycle.demand_tps[("llama-2-70b", "us-east")], 3
+    )
+    assert recorded_plan({"status": {}}) is None
