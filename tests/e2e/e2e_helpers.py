@@ -15,12 +15,17 @@ from e2e import versions
 T = TypeVar("T")
 
 
-def kubectl(kubeconfig: Path, args: Sequence[str], stdin: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    kubeconfig: Path, args: Sequence[str], stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Our kubectl against the test cluster; with check, a failure raises with stderr."""
     proc = subprocess.run(
         [str(versions.bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
-        input=stdin, capture_output=True, text=True, timeout=120, check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
         env=kubectl_env(),
     )
     if check and proc.returncode != 0:
@@ -28,8 +33,9 @@ def kubectl(kubeconfig: Path, args: Sequence[str], stdin: str | None = None,
     return proc
 
 
-def eventually(probe: Callable[[], T | None], timeout: float, what: str,
-               interval: float = 0.5) -> T:
+def eventually(
+    probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5
+) -> T:
     """Poll until ``probe`` returns something truthy; fail naming ``what`` otherwise."""
     deadline = time.monotonic() + timeout
     last: T | None = None

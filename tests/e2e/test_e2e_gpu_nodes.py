@@ -17,16 +17,21 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 NAMESPACE = "gpu-e2e"
 
 
-def gpu_pod_template(app: str, region: str, product: str, pool: str,
-                     gpus: int = 8) -> client.V1PodTemplateSpec:
+def gpu_pod_template(
+    app: str, region: str, product: str, pool: str, gpus: int = 8
+) -> client.V1PodTemplateSpec:
     """A pod like the operator's pod sets: GPU request plus required node affinity."""
     terms = [
         client.V1NodeSelectorRequirement(key=k, operator="In", values=[v])
         for k, v in ((REGION, region), (PRODUCT, product), (POOL, pool))
     ]
-    affinity = client.V1Affinity(node_affinity=client.V1NodeAffinity(
-        required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
-            node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=terms)])))
+    affinity = client.V1Affinity(
+        node_affinity=client.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
+                node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=terms)]
+            )
+        )
+    )
     resources = client.V1ResourceRequirements(
         requests={"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)},
         limits={"nvidia.com/gpu": str(gpus)},
@@ -35,8 +40,11 @@ def gpu_pod_template(app: str, region: str, product: str, pool: str,
         metadata=client.V1ObjectMeta(labels={"app": app}),
         spec=client.V1PodSpec(
             affinity=affinity,
-            containers=[client.V1Container(name="vllm", image="vllm/vllm-openai:v0.11.0",
-                                           resources=resources)],
+            containers=[
+                client.V1Container(
+                    name="vllm", image="vllm/vllm-openai:v0.11.0", resources=resources
+                )
+            ],
         ),
     )
 
@@ -57,8 +65,9 @@ def core(api_client: Any) -> Iterator[client.CoreV1Api]:
     api = client.CoreV1Api(api_client)
     api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
     # Pods need the namespace's default ServiceAccount, made by the controller-manager.
-    eventually(lambda: api.list_namespaced_service_account(NAMESPACE).items, 60,
-               "default ServiceAccount")
+    eventually(
+        lambda: api.list_namespaced_service_account(NAMESPACE).items, 60, "default ServiceAccount"
+    )
     yield api
     api.delete_namespace(NAMESPACE)
 
@@ -97,17 +106,21 @@ def test_gpu_deployment_runs_on_matching_node_and_extra_pod_stays_pending(
         pods = pods_of(core, name)
         running = [p for p in pods if p.status.phase == "Running"]
         pending = [
-            p for p in pods
-            if p.status.phase == "Pending" and any(
+            p
+            for p in pods
+            if p.status.phase == "Pending"
+            and any(
                 c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-                for c in (p.status.conditions or []))
+                for c in (p.status.conditions or [])
+            )
         ]
         if len(pods) == 2 and len(running) == 1 and len(pending) == 1:
             return running[0], pending[0]
         return None
 
-    running, pending = eventually(one_running_one_pending, 90,
-                                  "one pod Running and one Unschedulable")
+    running, pending = eventually(
+        one_running_one_pending, 90, "one pod Running and one Unschedulable"
+    )
     assert running.spec.node_name == "gpu-us-west-h100-serving-0"
     assert pending.spec.node_name is None
     message = next(c.message for c in pending.status.conditions if c.type == "PodScheduled")
@@ -128,8 +141,9 @@ def test_spot_pool_pod_lands_on_spot_node(core: client.CoreV1Api, apps: client.A
 
 def test_pod_asking_more_gpus_than_any_node_has_stays_pending(core: client.CoreV1Api) -> None:
     template = gpu_pod_template("too-big", "us-central", H100, "serving", gpus=16)
-    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="too-big", labels={"app": "too-big"}),
-                       spec=template.spec)
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="too-big", labels={"app": "too-big"}), spec=template.spec
+    )
     core.create_namespaced_pod(NAMESPACE, pod)
 
     def unschedulable() -> str | None:

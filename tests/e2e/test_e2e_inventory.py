@@ -30,8 +30,13 @@ def test_inventory_covers_every_region_gpu_type_and_pool(path: Path) -> None:
         assert labels["kubernetes.io/hostname"] == node["metadata"]["name"]
         assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
         assert node["status"]["allocatable"][inventory.GPU_RESOURCE] == "8"
-        combos.add((labels[inventory.REGION_LABEL], labels[inventory.GPU_PRODUCT_LABEL],
-                    labels[inventory.POOL_LABEL]))
+        combos.add(
+            (
+                labels[inventory.REGION_LABEL],
+                labels[inventory.GPU_PRODUCT_LABEL],
+                labels[inventory.POOL_LABEL],
+            )
+        )
     assert combos == set(product(REGIONS, GPU_TYPES, POOLS))
 
 

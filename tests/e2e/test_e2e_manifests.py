@@ -70,8 +70,10 @@ def test_every_crd_is_accepted_and_becomes_established(
         ok = [
             item["metadata"]["name"]
             for item in out["items"]
-            if any(c["type"] == "Established" and c["status"] == "True"
-                   for c in item.get("status", {}).get("conditions", []))
+            if any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in item.get("status", {}).get("conditions", [])
+            )
         ]
         return ok if sorted(ok) == sorted(names) else None
 

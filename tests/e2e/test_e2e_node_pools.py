@@ -21,8 +21,12 @@ def watched_pools(core: client.CoreV1Api, since: str, until_pool: str) -> list[s
     """Pool labels of NODE seen by a watch from resourceVersion ``since``."""
     seen: list[str] = []
     w = watch.Watch()
-    for event in w.stream(core.list_node, field_selector=f"metadata.name={NODE}",
-                          resource_version=since, timeout_seconds=30):
+    for event in w.stream(
+        core.list_node,
+        field_selector=f"metadata.name={NODE}",
+        resource_version=since,
+        timeout_seconds=30,
+    ):
         seen.append(event["object"].metadata.labels.get(POOL, ""))
         if seen[-1] == until_pool:
             w.stop()

@@ -23,8 +23,11 @@ def query(url: str, promql: str) -> list[dict[str, Any]]:
 
 def test_prometheus_listens_on_loopback_and_scrapes_itself(prometheus_url: str) -> None:
     assert prometheus_url.startswith("http://127.0.0.1:")
-    result = eventually(lambda: query(prometheus_url, 'up{job="prometheus"} == 1'), 60,
-                        "Prometheus to scrape itself")
+    result = eventually(
+        lambda: query(prometheus_url, 'up{job="prometheus"} == 1'),
+        60,
+        "Prometheus to scrape itself",
+    )
     assert result[0]["value"][1] == "1"
 
 
@@ -33,7 +36,8 @@ def test_file_sd_target_is_scraped(prometheus_url: str, prometheus_targets_dir: 
     target = [{"targets": [host], "labels": {"probe": "file-sd"}}]
     (prometheus_targets_dir / "probe.json").write_text(json.dumps(target))
     result = eventually(
-        lambda: query(prometheus_url, 'up{job="sageserve-e2e", probe="file-sd"} == 1'), 60,
+        lambda: query(prometheus_url, 'up{job="sageserve-e2e", probe="file-sd"} == 1'),
+        60,
         "the file_sd target to be scraped",
     )
     assert result[0]["metric"]["instance"] == host
