@@ -158,3 +158,41 @@ def test_runs_sharing_one_config_start_from_the_same_empty_cluster() -> None:
     second = Simulation(cfg, make_strategy("siloed"), reqs)
     assert sum(ep.serving for ep in second.cluster.endpoints.values()) == 4
     assert all(n.free_gpus == n.gpus for n in cfg.nodes)
+
+
+def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
+    calls: list[tuple[float, dict, dict]] = []
+
+    def planner(now, history, batch, current):
+        calls.append((now, {k: list(v) for k, v in history.items()}, dict(current)))
+        return {EndpointKey("m", "r1"): 3}, {EndpointKey("m", "r1"): 1000.0}
+
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, initial=2, end_s=2 * 3600.0 + 10)
+    seen: list[tuple[float, dict]] = []
+    strat = make_strategy("lt-immediate")
+    orig = strat.on_plan
+
+    def spy(now, targets, forecasts=None):
+        seen.append((now, dict(targets)))
+        orig(now, targets, forecasts)
+
+    strat.on_plan = spy  # type: ignore[method-assign]
+    reqs = poisson(2.0, cfg.end_s, [IW_F])
+    r = Simulation(cfg, strat, reqs, planner=planner).run()
+    assert [c[0] for c in calls] == [3600.0, 7200.0]
+    _now, history, current = calls[0]
+    assert len(history[("m", "r1")]) == 60 and sum(history[("m", "r1")]) > 0
+    assert current == {("m", "r1", "v"): 2}
+    assert seen[0][1] == {EndpointKey("m", "r1"): 3}
+    assert r.events.get("deploy_free_gpus", 0) + r.events.get("reclaim_same_model", 0) >= 1
+
+
+def test_baselines_never_run_the_planner() -> None:
+    def planner(*a):
+        raise AssertionError("baselines must not plan")
+
+    perf = flat_perf()
+    cfg = config(perf, end_s=2 * 3600.0)
+    Simulation(cfg, make_strategy("reactive"), poisson(1.0, cfg.end_s, [IW_F]),
+               planner=planner).run()

@@ -69,6 +69,9 @@ class UnifiedReactive:
     batch_via_queue_manager: bool = True
     _last_event: dict[EndpointKey, float] = field(default_factory=dict)
 
+    #: baselines ignore forecasts: executors need not run the planner for them
+    uses_plan: bool = False
+
     def on_plan(
         self,
         now: float,

@@ -100,10 +100,11 @@ class Delays:
 class Deployment:
     """One pod set: instances of one model on one variant in one region and pool."""
 
-    __slots__ = ("endpoint", "instances", "name", "perf")
+    __slots__ = ("endpoint", "instances", "name", "perf", "variant")
 
     def __init__(self, name: str, perf: VariantPerf, endpoint: Endpoint) -> None:
         self.name = name
+        self.variant = name  # the ModelDeployment variant name (set by the simulator)
         self.perf = perf
         self.endpoint = endpoint
         self.instances: list[Instance] = []  # SERVING instances only (routable)

@@ -95,7 +95,8 @@ def bench_sim(
     reqs = itertools.chain([first] if first is not None else [], stream)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    res = Simulation(cfg, sc.strategy(policy), reqs).run()
+    strat = sc.strategy(policy)
+    res = Simulation(cfg, strat, reqs, None, sc.planner()).run()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     figures = {
@@ -111,7 +112,7 @@ def bench_sim(
         held = list(sc.requests())
         t0 = time.perf_counter()
         cpu0 = time.process_time()
-        res2 = Simulation(sc.sim_config(), sc.strategy(policy), held).run()
+        res2 = Simulation(sc.sim_config(), sc.strategy(policy), held, None, sc.planner()).run()
         wall2 = time.perf_counter() - t0
         cpu2 = time.process_time() - cpu0
         del held

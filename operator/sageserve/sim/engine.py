@@ -14,8 +14,8 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sageserve.core.types import (
@@ -74,6 +74,22 @@ class SimConfig:
     inter_region_latency_s: float = 0.05
     delays: Delays = field(default_factory=Delays)
     max_batched_tokens: int = 16384
+    plan_s: float = 3600.0
+    history_minutes: int = 180
+
+
+#: (now, interactive tokens/s per minute per (model, region), batch tokens/s per minute over
+#: the last hour, current instances per (model, region, variant)) -> (targets per endpoint,
+#: forecast tokens/s per endpoint). Built from plan.cycle by `sim.scenario`.
+Planner = Callable[
+    [
+        float,
+        Mapping[tuple[str, str], Sequence[float]],
+        Mapping[tuple[str, str], Sequence[float]],
+        Mapping[tuple[str, str, str], int],
+    ],
+    tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float]],
+]
 
 
 class TierModelStats:
@@ -135,8 +151,20 @@ class Simulation(InstanceHooks):
         strategy: PacingStrategy,
         requests: Iterable[Request],
         progress: Callable[[float], None] | None = None,
+        planner: Planner | None = None,
     ) -> None:
         self.cfg = config
+        self.planner = planner if getattr(strategy, "uses_plan", True) else None
+        self.plans = 0
+        # per (model, served region): tokens/s per minute, interactive and batch
+        self._iw_hist: dict[tuple[str, str], deque[float]] = defaultdict(
+            lambda: deque(maxlen=config.history_minutes)
+        )
+        self._niw_hist: dict[tuple[str, str], deque[float]] = defaultdict(
+            lambda: deque(maxlen=60)
+        )
+        self._iw_tok: dict[tuple[str, str], int] = defaultdict(int)
+        self._niw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self.strategy = strategy
         self.requests = iter(requests)
         self.progress = progress
@@ -183,7 +211,7 @@ class Simulation(InstanceHooks):
                         name = f"{m.name}-{rp.region}-{vname}"
                         if len(pools) > 1:
                             name += f"-{pool}"
-                        self.cluster.add_deployment(ep, name, perf)
+                        self.cluster.add_deployment(ep, name, perf).variant = vname
                     todo = max(split.get(pool, 0), rp.min_instances)
                     for dep in ep.deployments:
                         todo -= self.cluster.start_instances(dep, todo, cfg.start_s)
@@ -337,6 +365,12 @@ class Simulation(InstanceHooks):
             job.net_delay = self.cfg.inter_region_latency_s
         ep.arrivals_minute += 1
         ep.tokens_minute += req.prompt_tokens
+        if self.planner is not None:
+            hk = (req.model, ep.key.region)
+            if req.tier.interactive:
+                self._iw_tok[hk] += req.prompt_tokens + req.output_tokens
+            else:
+                self._niw_tok[hk] += req.prompt_tokens + req.output_tokens
         job.ep = ep
         inst = self._pick_instance(ep, t)
         if inst is None:
@@ -401,6 +435,12 @@ class Simulation(InstanceHooks):
 
     def _minute_tick(self, now: float) -> None:
         minute = round((now - self.cfg.start_s) / 60.0)
+        if self.planner is not None:
+            for key in {(k.model, k.region) for k in self.cluster.endpoints}:
+                self._iw_hist[key].append(self._iw_tok.pop(key, 0) / 60.0)
+                self._niw_hist[key].append(self._niw_tok.pop(key, 0) / 60.0)
+            if round(minute * 60.0) % round(self.cfg.plan_s) == 0:
+                self._plan(now)
         promo = self.cfg.promotion_age_s
         for key, ep in self.cluster.endpoints.items():
             ep.tokens_per_s = ep.tokens_minute / 60.0
@@ -425,6 +465,28 @@ class Simulation(InstanceHooks):
                             job = w1.popleft()
                             job.prio = 0
                             inst.waiting0.append(job)
+
+    # ---- planning ------------------------------------------------------------------------
+
+    def _plan(self, now: float) -> None:
+        """Hourly: forecast + ILP through the scenario's planner, targets to the strategy."""
+        assert self.planner is not None
+        current: dict[tuple[str, str, str], int] = defaultdict(int)
+        for key, ep in self.cluster.endpoints.items():
+            for dep in ep.deployments:
+                current[(key.model, key.region, dep.variant)] += len(dep.instances)
+            for inst in ep.provisioning:
+                d = inst.endpoint
+                if isinstance(d, Deployment):
+                    current[(key.model, key.region, d.variant)] += 1
+        targets, forecasts = self.planner(
+            now,
+            {k: list(v) for k, v in self._iw_hist.items()},
+            {k: list(v) for k, v in self._niw_hist.items()},
+            dict(current),
+        )
+        self.plans += 1
+        self.strategy.on_plan(now, targets, forecasts)
 
     # ---- scaling -------------------------------------------------------------------------
 

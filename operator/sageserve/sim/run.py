@@ -46,7 +46,8 @@ def run_policies(
             def cb(t: float, _n: str = name) -> None:
                 on_progress(_n, (t - cfg.start_s) / span)
         t0 = time.perf_counter()
-        result = Simulation(cfg, strategy, scenario.requests(), cb).run()
+        planner = scenario.planner() if getattr(strategy, "uses_plan", True) else None
+        result = Simulation(cfg, strategy, scenario.requests(), cb, planner).run()
         runs[name] = (result, time.perf_counter() - t0)
         if on_progress is not None:
             on_progress(name, 1.0)

@@ -24,7 +24,7 @@ Without it, every `*.yaml` of the directory is read and documents are sorted by 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,11 +34,11 @@ import yaml
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
-from sageserve.core.types import Request, Tier, TierKind
+from sageserve.core.types import EndpointKey, Request, Tier, TierKind
 from sageserve.pace.base import PacingStrategy, make_strategy
 from sageserve.perf.model import PerfCatalog, load_catalog
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
-from sageserve.sim.engine import ModelSetup, RegionPlacement, SimConfig
+from sageserve.sim.engine import ModelSetup, Planner, RegionPlacement, SimConfig
 from sageserve.sim.workload import Workload, load_workload, parse_duration, requests
 
 PERF_PROFILE_ANNOTATION = "sageserve.io/perf-profile"
@@ -95,6 +95,7 @@ class Scenario:
                 route_threshold=sp.routing.region_emu_threshold,
                 release_rules=((br.two_below_emu, 2), (br.one_below_emu, 1)),
                 pace_s=float(sp.intervals.pace_seconds),
+                plan_s=float(sp.intervals.plan_seconds),
                 delays=Delays(
                     reclaim_same_model_median_s=float(sp.spot.reclaim_same_model_seconds),
                     reclaim_same_model_max_s=float(sp.spot.reclaim_same_model_max_seconds),
@@ -117,6 +118,32 @@ class Scenario:
 
     def requests(self) -> Iterator[Request]:
         return requests(self.workload, self.tiers)
+
+    def planner(self) -> Planner:
+        """The hourly plan cycle of the operator (forecast + ILP, `plan.cycle`) for the sim.
+
+        History is the interactive tokens/s (input + output) per minute of each (model,
+        served region); β comes from the batch tokens/s of the last hour.
+        """
+        from sageserve.api.scaling_policy import ScalingPolicySpec
+        from sageserve.plan.cycle import run_plan_cycle
+
+        spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
+        capacity: dict[tuple[str, str], int] = {}
+        for n in self.nodes:
+            capacity[(n.region, n.gpu_type)] = capacity.get((n.region, n.gpu_type), 0) + n.gpus
+        models = self.models
+
+        def plan(
+            now: float,
+            history: Mapping[tuple[str, str], Sequence[float]],
+            batch: Mapping[tuple[str, str], Sequence[float]],
+            current: Mapping[tuple[str, str, str], int],
+        ) -> tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float]]:
+            cycle = run_plan_cycle(models, spec, history, batch, current, capacity)
+            return cycle.endpoint_targets, cycle.forecast_tps
+
+        return plan
 
 
 def tier_from_manifest(wt: WorkloadTier) -> Tier:
