@@ -91,6 +91,24 @@ class Kube:
             name, namespace, {"spec": {"replicas": replicas}}, field_manager=PACE_MANAGER
         )
 
+    def pods(self) -> list[dict[str, Any]]:
+        """Every pod of the cluster (spot workloads live in other namespaces), as dicts."""
+        listed = self.core.list_pod_for_all_namespaces()
+        return [self.api.sanitize_for_serialization(p) for p in listed.items]
+
+    def evict(self, namespace: str, name: str) -> None:
+        """Evict a pod through the Eviction API, so PodDisruptionBudgets are honoured."""
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        try:
+            self.core.create_namespaced_pod_eviction(name, namespace, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def mark_node(self, name: str, labels: dict[str, str], annotations: dict[str, str]) -> None:
+        """Merge-patch a node's labels and annotations (moving it between pools)."""
+        self.core.patch_node(name, {"metadata": {"labels": labels, "annotations": annotations}})
+
     def nodes(self) -> list[dict[str, Any]]:
         """Every Node, as plain dicts (the form the pure code reads)."""
         listed = self.core.list_node()

@@ -30,6 +30,7 @@ from sageserve.controller.pacing import (
 )
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
 from sageserve.controller.podset import NodeLabels
+from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
 from sageserve.core.types import ActionKind, EndpointKey, ScalingAction
 from sageserve.metrics.prometheus import MetricsUnavailable
@@ -123,6 +124,13 @@ class PacePass:
             )
             return
         self.condition("Ready", True, "Pacing", f"strategy {self.policy.spec.strategy.value}")
+        fleet = [
+            (raw, ModelDeployment.model_validate(_essence(raw)))
+            for raw in self.kube.objects(self.namespace, "modeldeployments")
+            if (raw.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
+            and _is_ready(raw)
+        ]
+        self.spot([md for _, md in fleet])
         reader = prometheus_reader()
         try:
             emu = reader.emu(self.namespace)
@@ -132,10 +140,7 @@ class PacePass:
             return
         strategy = self.state.strategy_of(self.policy, self.body["metadata"].get("generation"))
         held: list[str] = []
-        for raw in self.kube.objects(self.namespace, "modeldeployments"):
-            md = ModelDeployment.model_validate(_essence(raw))
-            if md.spec.policy_ref.name != self.policy.metadata.name or not _is_ready(raw):
-                continue
+        for raw, md in fleet:
             deployments = self.kube.deployments_of(self.namespace, md.metadata.name)
             states = pod_set_states(md, deployments)
             observations, missing = endpoint_observations(
@@ -155,6 +160,34 @@ class PacePass:
             )
         else:
             self.condition("Degraded", False, "MetricsAvailable", "every pod set reports its load")
+
+    def spot(self, mds: list[ModelDeployment]) -> None:
+        """Reclaim spot nodes for unschedulable serving pods; donate idle serving nodes."""
+        if not self.policy.spec.spot.enabled or not mds:
+            return
+        region_of = {
+            pod_set_name(md.metadata.name, r.name, v.name): (r.name, v.gpu_type)
+            for md in mds
+            for r in md.spec.regions
+            for v in md.spec.variants
+        }
+        busy = set()
+        for md in mds:
+            for name, d in self.kube.deployments_of(self.namespace, md.metadata.name).items():
+                wanted = int((d.get("spec") or {}).get("replicas") or 0)
+                if name in region_of and wanted > int(
+                    (d.get("status") or {}).get("readyReplicas") or 0
+                ):
+                    busy.add(region_of[name])
+        dry = self.policy.spec.dry_run
+        reclaimed, donated = SpotPass(self.kube, NodeLabels.from_env()).run(region_of, busy, dry)
+        prefix = "DryRun" if dry else ""
+        if reclaimed:
+            message = f"spot node(s) {', '.join(reclaimed)} back to serving for unschedulable pods"
+            self.kube.event(self.body, "Normal", prefix + "Reclaimed", message)
+        if donated:
+            message = f"idle serving node(s) {', '.join(donated)} donated to the spot pool"
+            self.kube.event(self.body, "Normal", prefix + "Donated", message)
 
     def act(
         self, raw: dict[str, Any], md: ModelDeployment, states: Any, action: ScalingAction

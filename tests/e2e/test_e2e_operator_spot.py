@@ -1,0 +1,200 @@
+"""Donation and reclaim of GPU nodes against the real control plane and Prometheus.
+
+A spot workload runs on the region's spot node. Rising load needs a second instance that
+does not fit the serving pool: the operator evicts the spot pod through the Eviction API,
+moves the node to `serving`, and the serving pod lands there. Falling load scales in; the
+idle node goes back to `spot` (annotated with the model it served) and the spot workload
+runs on it again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import eventually, kubectl
+from kopf.testing import KopfRunner
+from test_e2e_operator_pacing import FakeVllm
+
+REPO = Path(__file__).resolve().parents[2]
+A100 = "NVIDIA-A100-SXM4-80GB"
+REGION = "us-west"
+SPOT_NODE = "gpu-us-west-a100-spot-0"
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[FakeVllm]:
+    fake = FakeVllm()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def namespace(kubeconfig: Path) -> Iterator[str]:
+    name = f"spot-{uuid.uuid4().hex[:6]}"
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        kubectl(kubeconfig, ["apply", "--server-side", "-f", str(path)])
+    kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
+    kubectl(kubeconfig, ["create", "namespace", name])
+    kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/paper/tiers.yaml")])
+    yield name
+    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
+
+
+def apply(kubeconfig: Path, namespace: str, doc: dict) -> None:
+    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(doc))
+
+
+def get(kubeconfig: Path, *what: str) -> dict:
+    return json.loads(kubectl(kubeconfig, ["get", *what, "-o", "json"]).stdout)
+
+
+def spot_workload() -> dict:
+    """A batch job that may only use spot GPUs of the region."""
+    match = [
+        {"key": "topology.kubernetes.io/region", "operator": "In", "values": [REGION]},
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": [A100]},
+        {"key": "sageserve.io/pool", "operator": "In", "values": ["spot"]},
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "spot-batch"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "spot-batch"}},
+            "template": {
+                "metadata": {"labels": {"app": "spot-batch"}},
+                "spec": {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": match}]
+                            }
+                        }
+                    },
+                    "containers": [
+                        {
+                            "name": "work",
+                            "image": "batch:latest",
+                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    fake_vllm: FakeVllm,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
+    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    apply(kubeconfig, namespace, spot_workload())
+
+    def spot_pod_node() -> str | None:
+        pods = get(kubeconfig, "pods", "-n", namespace, "-l", "app=spot-batch")["items"]
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        return running[0]["spec"]["nodeName"] if running else None
+
+    assert eventually(spot_pod_node, 60, "the spot workload running") == SPOT_NODE
+
+    labels = {
+        "namespace": namespace,
+        "model_deployment": "llama8b",
+        "region": REGION,
+        "pod": "fake-0",
+    }
+    target_file = prometheus_targets_dir / f"{namespace}.json"
+    target_file.write_text(
+        json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
+    )
+    policy = {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ScalingPolicy",
+        "metadata": {"name": "fleet"},
+        "spec": {"strategy": "reactive", "intervals": {"paceSeconds": 2, "cooldownSeconds": 2}},
+    }
+    model = {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "llama8b"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "variants": [
+                {
+                    "name": "a100",
+                    "gpuType": A100,
+                    "gpusPerInstance": 8,
+                    "capacityTokensPerSecond": 1800,
+                }
+            ],
+            "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 2}],
+            "tiers": ["iw-f", "iw-n", "niw"],
+            "policyRef": {"name": "fleet"},
+        },
+    }
+
+    def serving_nodes() -> list[str]:
+        pods = get(
+            kubeconfig, "pods", "-n", namespace, "-l", "sageserve.io/model-deployment=llama8b"
+        )["items"]
+        return sorted(p["spec"]["nodeName"] for p in pods if p["status"].get("phase") == "Running")
+
+    def pool(node: str) -> str:
+        return get(kubeconfig, "node", node)["metadata"]["labels"]["sageserve.io/pool"]
+
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
+    try:
+        with KopfRunner(args, timeout=240) as runner:
+            fake_vllm.set(0.5)
+            apply(kubeconfig, namespace, policy)
+            apply(kubeconfig, namespace, model)
+            assert eventually(
+                lambda: len(serving_nodes()) == 1 and serving_nodes(), 60, "one serving instance"
+            )
+
+            fake_vllm.set(0.9)  # rising load: a second instance, which needs the spot node
+            both = eventually(
+                lambda: len(serving_nodes()) == 2 and serving_nodes(),
+                120,
+                "a second instance on the reclaimed node",
+            )
+            assert SPOT_NODE in both
+            assert pool(SPOT_NODE) == "serving"
+            assert (
+                "sageserve.io/reclaimed-at"
+                in get(kubeconfig, "node", SPOT_NODE)["metadata"]["annotations"]
+            )
+            batch = get(kubeconfig, "pods", "-n", namespace, "-l", "app=spot-batch")["items"]
+            assert [p["status"]["phase"] for p in batch] == ["Pending"]  # evicted, waiting for spot
+
+            fake_vllm.set(0.1)  # falling load: back to one instance, the idle node is donated
+            eventually(lambda: len(serving_nodes()) == 1, 120, "scale-in to one instance")
+            freed = eventually(
+                lambda: next(
+                    (n for n in both if n not in serving_nodes() and pool(n) == "spot"), None
+                ),
+                60,
+                "the idle node donated to spot",
+            )
+            annotations = get(kubeconfig, "node", freed)["metadata"]["annotations"]
+            assert annotations["sageserve.io/last-model"] == f"{namespace}/llama8b"
+            assert "sageserve.io/donated-at" in annotations
+            assert eventually(spot_pod_node, 60, "the spot workload running again") == freed
+            events = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
+            assert "Reclaimed" in events and "Donated" in events
+        assert runner.exception is None, runner.output
+    finally:
+        target_file.unlink(missing_ok=True)
