@@ -23,6 +23,7 @@ from sageserve.forecast.methods import gaussian_z, get_forecaster
 from sageserve.forecast.types import FloatArray, Forecast, ForecastSpec, PeakModel
 
 MIN_CALIBRATION = 8
+POINT_QUANTILE = 0.5
 CALIBRATION_ORIGINS = 168
 
 
@@ -91,7 +92,7 @@ def _run(
         point = peak
         notes.append("upper from the model's prediction interval")
     elif errors.size >= MIN_CALIBRATION:
-        point = peak + float(np.median(errors))
+        point = peak + float(np.quantile(errors, POINT_QUANTILE))
         upper = peak + float(np.quantile(errors, spec.quantile))
     else:
         vol = float(np.std(np.diff(x[-max(last * 6, 12) :]))) if x.size > 2 else 0.0

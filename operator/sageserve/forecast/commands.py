@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sageserve.forecast.api import forecast_peak
@@ -32,9 +33,9 @@ def backtest_command(
         series = load_servegen_aggregate(trace, signal)
         rows = backtest(series, methods, spec, start_seconds=start_hours * 3600.0)
         table = Table(
-            title=f"{trace.name} ({signal}/s, decision every hour from h{start_hours:g}, "
+            title=escape(f"{trace.name} ({signal}/s, decision every hour from h{start_hours:g}, "
             f"peak of [now+{spec.lead_seconds / 60:g} min, now+{spec.horizon_seconds / 60:g} min], "
-            f"provisioned = q{spec.quantile:g})"
+            f"provisioned = q{spec.quantile:g})")
         )
         for col in ("method", "hours", "MAPE peak", "coverage", "mean over", "fallbacks",
                     "fits/s"):
