@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,6 +234,10 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
     monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    monkeypatch.setenv("SAGESERVE_METRICS_PORT", str(metrics_port))
     # 2,400 tokens/s for a variant of 900 tokens/s per instance: the plan needs 3 instances.
     stop = threading.Event()
 
@@ -325,6 +330,13 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
             eventually(
                 lambda: replicas(kubeconfig, namespace) == 3, 60, "LT-I at the planned 3 instances"
             )
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
+            expected = (
+                f'sageserve_target_instances{{model="llama8b",namespace="{namespace}",'
+                f'region="{REGION}",variant="a100"}} 3.0'
+            )
+            assert expected in metrics.decode()
+            assert b"sageserve_solver_seconds_count" in metrics
         assert runner.exception is None, runner.output
     finally:
         stop.set()

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from prometheus_client import start_http_server
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
@@ -25,6 +26,7 @@ from sageserve.controller.pace_loop import Loops
 from sageserve.controller.podset import NodeLabels, render_pod_sets
 from sageserve.controller.semantics import model_deployment_problems, node_shapes
 from sageserve.controller.status import model_deployment_status
+from sageserve.metrics.exporter import OPERATOR_METRICS
 
 RESYNC_SECONDS = float(os.environ.get("SAGESERVE_RESYNC_SECONDS", "30"))
 
@@ -119,6 +121,8 @@ def resync(obj: dict[str, Any]) -> None:
 
 
 _loops: Loops | None = None
+#: Ports already serving metrics in this process (an operator restarted in-process reuses them).
+_metrics_ports: set[int] = set()
 
 
 def watched_namespaces() -> list[str] | None:
@@ -131,6 +135,14 @@ def watched_namespaces() -> list[str] | None:
 def start_loops(logger: Logger, **_: Any) -> None:
     """Start the pace and resync loop next to kopf's event handling."""
     global _loops
+    port = int(os.environ.get("SAGESERVE_METRICS_PORT", "8080"))
+    if port > 0 and port not in _metrics_ports:
+        try:
+            start_http_server(port, registry=OPERATOR_METRICS.registry)
+            _metrics_ports.add(port)
+            logger.info("operator metrics on :%d/metrics", port)
+        except OSError as exc:  # scaling goes on without its metrics; say so loudly
+            logger.error("cannot serve metrics on port %d: %s", port, exc)
     _loops = Loops(watched_namespaces(), resync, RESYNC_SECONDS, logger)
     _loops.start()
 

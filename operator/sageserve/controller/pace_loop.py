@@ -33,6 +33,7 @@ from sageserve.controller.podset import NodeLabels
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
 from sageserve.core.types import ActionKind, EndpointKey, ScalingAction
+from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable
 from sageserve.pace.base import PacingStrategy
 from sageserve.pace.from_policy import strategy_for
@@ -143,6 +144,9 @@ class PacePass:
         for raw, md in fleet:
             deployments = self.kube.deployments_of(self.namespace, md.metadata.name)
             states = pod_set_states(md, deployments)
+            for st in states:
+                labels = (self.namespace, md.metadata.name, st.region, st.variant)
+                OPERATOR_METRICS.instances.labels(*labels).set(st.replicas)
             observations, missing = endpoint_observations(
                 md, self.namespace, states, emu, tps, self.now
             )
@@ -200,6 +204,15 @@ class PacePass:
             for (region, variant), replicas in changes.items():
                 name = pod_set_name(md.metadata.name, region, variant)
                 self.kube.scale(self.namespace, name, replicas)
+        direction = "out" if action.kind is ActionKind.SCALE_OUT else "in"
+        if not dry:
+            OPERATOR_METRICS.scaling_events.labels(
+                self.namespace,
+                md.metadata.name,
+                action.key.region,
+                direction,
+                self.policy.spec.strategy.value,
+            ).inc()
         verb = "ScaledOut" if action.kind is ActionKind.SCALE_OUT else "ScaledIn"
         sizes = ", ".join(f"{r}/{v}={n}" for (r, v), n in changes.items())
         prefix = "dry run, not applied: " if dry else ""

@@ -24,6 +24,7 @@ from sageserve.controller.podset import NodeLabels
 from sageserve.controller.status import set_condition
 from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
+from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
 from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
@@ -166,6 +167,7 @@ class PlanPass:
         self.kube.patch_status(
             self.namespace, "scalingpolicies", self.policy.metadata.name, {"plan": status}
         )
+        OPERATOR_METRICS.record_plan(self.namespace, status, spec.optimizer.solver.value)
         result = cycle.result
         if result.status == "infeasible":
             self.set("PlanReady", False, "Infeasible", result.reason or "no plan exists")

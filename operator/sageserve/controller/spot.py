@@ -25,6 +25,7 @@ from sageserve.controller.podset import (
     MANAGED_BY,
     NodeLabels,
 )
+from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.pace.spot import PoolNode, donation_candidates, reclaim_order
 
 ANNOTATION_LAST_MODEL = "sageserve.io/last-model"
@@ -191,8 +192,18 @@ class SpotPass:
         scope = set(region_of.values())
         pending = unschedulable(pods, region_of)
         reclaims, donations = plan_moves(nodes, pending, scope, self.labels, busy)
+        spot = {pair: 0 for pair in scope}
+        for n in nodes:
+            if n.pool == self.labels.spot_pool and (n.region, n.gpu_type) in spot:
+                spot[(n.region, n.gpu_type)] += 1
         if dry_run:
+            OPERATOR_METRICS.record_pools(spot)
             return [n.name for n, _ in reclaims], [n.name for n in donations]
+        for node, _ in reclaims:
+            spot[(node.region, node.gpu_type)] -= 1
+        for node in donations:
+            spot[(node.region, node.gpu_type)] += 1
+        OPERATOR_METRICS.record_pools(spot)
         for node, _pending in reclaims:
             for pod in pods:
                 meta = pod.get("metadata") or {}

@@ -6,6 +6,9 @@ exporters in one process, and so only sageserve's metrics are served.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 ENDPOINT = ("namespace", "model", "region")
@@ -67,6 +70,29 @@ class OperatorMetrics:
             registry=r,
         )
 
+    def record_plan(self, namespace: str, plan: Mapping[str, Any], solver: str) -> None:
+        """Export a plan as recorded in a ScalingPolicy's status (`status.plan`)."""
+        for t in plan.get("targets", []):
+            labels = (namespace, t["model"], t["region"], t["variant"])
+            self.target_instances.labels(*labels).set(t["target"])
+        for f in plan.get("forecasts", []):
+            labels = (namespace, f["model"], f["region"], f["method"])
+            self.forecast_tps.labels(*labels).set(f["tokensPerSecond"])
+        for endpoint in {(f["model"], f["region"]) for f in plan.get("forecasts", [])}:
+            self.shortfall_tps.labels(namespace, *endpoint).set(0.0)
+        for s in plan.get("shortfalls", []):
+            self.shortfall_tps.labels(namespace, s["model"], s["region"]).set(s["tokensPerSecond"])
+        self.solver_seconds.labels(solver, plan["solverStatus"]).observe(plan["solverSeconds"])
+
+    def record_pools(self, spot_nodes: Mapping[tuple[str, str], int]) -> None:
+        """Export how many nodes sit in the spot pool per (region, GPU type)."""
+        for (region, gpu), count in spot_nodes.items():
+            self.donated_nodes.labels(region, gpu).set(count)
+
     def exposition(self) -> bytes:
         """The metrics in the Prometheus text format, as served on /metrics."""
         return generate_latest(self.registry)
+
+
+#: The operator process's metrics (one per process, served by `sageserve operator`).
+OPERATOR_METRICS = OperatorMetrics()
