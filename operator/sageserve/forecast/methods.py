@@ -111,19 +111,26 @@ class _DirectPeak:
         return out
 
     def paths(self, origins: IntArray) -> FloatArray:
-        feats = np.array([_peak_features(self.x, int(o), self.last, self.season) for o in origins])
+        feats = _peak_features(self.x, origins, self.last, self.season)
         return np.repeat((feats @ self.coefs)[:, None], self.last, axis=1)
 
 
-def _peak_features(x: FloatArray, origin: int, last: int, season: int) -> FloatArray:
-    """Regressors of the next horizon's log peak, known at ``origin``."""
-    recent = x[max(origin - last, 0) : origin]
-    before = x[max(origin - 2 * last, 0) : max(origin - last, 1)]
-    lo = origin - season
-    yesterday = x[lo : lo + last] if lo >= 0 else recent
-    return np.array(
-        [1.0, x[origin - 1], recent.max(), recent.mean(), yesterday.max(), before.max()]
-    )
+def _peak_features(x: FloatArray, origins: IntArray, last: int, season: int) -> FloatArray:
+    """Regressors of the next horizon's log peak known at each origin (one row per origin):
+    1, last value, last horizon's max and mean, the horizon before's max, and the same
+    horizon one day earlier (the last horizon's max when there is no day of history)."""
+    o = origins[:, None]
+    steps = np.arange(last)[None, :]
+    recent = x[np.clip(o - last + steps, 0, None)]
+    before = x[np.clip(o - 2 * last + steps, 0, None)]
+    day = o - season + steps
+    yesterday = np.where(origins >= season, x[np.clip(day, 0, None)].max(axis=1),
+                         recent.max(axis=1))
+    out: FloatArray = np.column_stack([
+        np.ones(origins.size), x[origins - 1], recent.max(axis=1), recent.mean(axis=1),
+        yesterday, before.max(axis=1),
+    ])
+    return out
 
 
 @dataclass(frozen=True)
@@ -146,11 +153,11 @@ class PeakRegression:
         first, last = spec.steps()
         s = _season(spec)
         count = int(self.window_days * DAY_SECONDS // (last * spec.step_seconds))
-        origins = [o for o in range(x.size - last, 2 * last, -last)][:count]
-        if len(origins) < 8:
-            raise ValueError(f"only {len(origins)} training origins")
-        feats = np.array([_peak_features(x, o, last, s) for o in origins])
-        target = np.array([x[o + first - 1 : o + last].max() for o in origins])
+        origins = np.arange(x.size - last, 2 * last, -last, dtype=np.int64)[:count]
+        if origins.size < 8:
+            raise ValueError(f"only {origins.size} training origins")
+        feats = _peak_features(x, origins, last, s)
+        target = x[origins[:, None] + np.arange(first - 1, last)[None, :]].max(axis=1)
         gram = feats.T @ feats + self.ridge * np.eye(feats.shape[1])
         coefs = np.linalg.solve(gram, feats.T @ target)
         return _DirectPeak(x, coefs, first, last, s)
