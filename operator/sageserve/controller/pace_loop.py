@@ -13,6 +13,7 @@ Prometheus unreachable or a region's series missing → hold every affected size
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
 from sageserve.controller.kube import Kube, kube
+from sageserve.controller.leader import LeaderElection, identity
 from sageserve.controller.pacing import (
     endpoint_observations,
     pod_set_states,
@@ -39,6 +41,8 @@ from sageserve.pace.base import PacingStrategy
 from sageserve.pace.from_policy import strategy_for
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+#: The leader renews its Lease this often (a third of the Lease's 15 s duration).
+LEASE_RENEW_SECONDS = 5.0
 
 
 @dataclass
@@ -249,6 +253,8 @@ class Loops(threading.Thread):
         self.states: dict[tuple[str, str], PaceState] = {}
         self.due: dict[tuple[str, str], float] = {}
         self.next_resync = 0.0
+        self.is_leader = False
+        self.lease_check = 0.0
 
     def run(self) -> None:
         while not self.stopped.wait(0.5):
@@ -256,6 +262,21 @@ class Loops(threading.Thread):
                 self.tick(time.monotonic())
             except Exception:  # listing failed (API server away): try again next tick
                 self.logger.exception("background pass failed; retrying")
+
+    def leading(self, k: Kube, now: float) -> bool:
+        """Whether this replica holds the Lease (always, when no Lease namespace is set)."""
+        namespace = os.environ.get("SAGESERVE_LEASE_NAMESPACE")
+        if not namespace:
+            return True
+        if now >= self.lease_check:
+            was = self.is_leader
+            self.is_leader = LeaderElection(k, namespace, identity()).lead()
+            self.lease_check = now + LEASE_RENEW_SECONDS
+            if self.is_leader != was:
+                self.logger.info(
+                    "leader: %s", "this replica" if self.is_leader else "another replica"
+                )
+        return self.is_leader
 
     def plan_if_due(self, k: Kube, policy: dict[str, Any], state: PaceState) -> None:
         """Adopt the plan recorded in status if it is fresh, else plan now (LT strategies)."""
@@ -279,6 +300,8 @@ class Loops(threading.Thread):
 
     def tick(self, now: float) -> None:
         k = kube()
+        if not self.leading(k, now):
+            return
         if now >= self.next_resync:
             self.next_resync = now + self.resync_s
             for md in k.objects_in(self.namespaces, "modeldeployments"):
