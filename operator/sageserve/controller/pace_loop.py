@@ -94,6 +94,9 @@ class PacePass:
         self.policy = ScalingPolicy.model_validate(_essence(body))
         self.namespace = str(self.policy.metadata.namespace or body["metadata"]["namespace"])
         self.now = time.time()
+        # SAGESERVE_DRY_RUN (the chart's dryRun value) overrides every policy to dry run.
+        forced = os.environ.get("SAGESERVE_DRY_RUN", "false").lower() == "true"
+        self.dry_run = forced or self.policy.spec.dry_run
 
     def condition(self, type_: str, status: bool, reason: str, message: str) -> None:
         """Set a condition on the policy; post an Event when it changes."""
@@ -187,7 +190,7 @@ class PacePass:
                     (d.get("status") or {}).get("readyReplicas") or 0
                 ):
                     busy.add(region_of[name])
-        dry = self.policy.spec.dry_run
+        dry = self.dry_run
         reclaimed, donated = SpotPass(self.kube, NodeLabels.from_env()).run(region_of, busy, dry)
         prefix = "DryRun" if dry else ""
         if reclaimed:
@@ -203,7 +206,7 @@ class PacePass:
         """Carry out one action (unless dry run) and tell the user why."""
         variants = [v.name for v in md.spec.variants]
         changes = replicas_after(action, states, variants)
-        dry = self.policy.spec.dry_run
+        dry = self.dry_run
         if not dry:
             for (region, variant), replicas in changes.items():
                 name = pod_set_name(md.metadata.name, region, variant)

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
@@ -230,5 +231,22 @@ def recorded_plan(
 
 
 def prometheus_reader() -> PrometheusReader:
-    """The Prometheus the operator reads (SAGESERVE_PROMETHEUS_URL)."""
-    return PrometheusReader(os.environ.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090"))
+    """The Prometheus the operator reads, configured by the environment the chart sets.
+
+    SAGESERVE_PROMETHEUS_URL; optional SAGESERVE_PROMETHEUS_BEARER_TOKEN_FILE, or
+    SAGESERVE_PROMETHEUS_USERNAME with SAGESERVE_PROMETHEUS_PASSWORD_FILE; and
+    SAGESERVE_PROMETHEUS_INSECURE=true to skip TLS verification. Files are read on every
+    pass so that rotated credentials are picked up.
+    """
+    env = os.environ
+    token_file = env.get("SAGESERVE_PROMETHEUS_BEARER_TOKEN_FILE")
+    password_file = env.get("SAGESERVE_PROMETHEUS_PASSWORD_FILE")
+    username = env.get("SAGESERVE_PROMETHEUS_USERNAME")
+    return PrometheusReader(
+        env.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090"),
+        bearer_token=Path(token_file).read_text().strip() if token_file else None,
+        basic_auth=(username, Path(password_file).read_text().strip())
+        if username and password_file
+        else None,
+        verify_tls=env.get("SAGESERVE_PROMETHEUS_INSECURE", "false").lower() != "true",
+    )

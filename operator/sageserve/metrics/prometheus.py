@@ -39,9 +39,15 @@ class PrometheusReader:
 
     url: str
     timeout_s: float = 10.0
+    bearer_token: str | None = None
+    basic_auth: tuple[str, str] | None = None
+    verify_tls: bool = True
 
     def __post_init__(self) -> None:
-        self._prom = PrometheusConnect(url=self.url, disable_ssl=True)
+        headers = {"Authorization": f"Bearer {self.bearer_token}"} if self.bearer_token else None
+        self._prom = PrometheusConnect(
+            url=self.url, headers=headers, auth=self.basic_auth, disable_ssl=not self.verify_tls
+        )
 
     def instant(self, expr: str) -> Series:
         """An instant vector grouped by (namespace, model deployment, region)."""
