@@ -115,12 +115,19 @@ def run_operator(
         typer.Option("--namespace", "-n", help="Watch only these namespaces (default: all)."),
     ] = None,
     standalone: Annotated[
-        bool, typer.Option(help="Run without peering (a single replica).")
+        bool,
+        typer.Option(
+            help="kopf without peering objects; the scaling loops elect a leader "
+            "through a Lease when SAGESERVE_LEASE_NAMESPACE is set."
+        ),
     ] = True,
     liveness: Annotated[
         str | None,
         typer.Option(help="Serve liveness probes here, e.g. http://0.0.0.0:8080/healthz."),
     ] = None,
+    log_level: Annotated[
+        str, typer.Option(help="debug, info or warning.", case_sensitive=False)
+    ] = "info",
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig (or in-cluster)."""
     import os
@@ -130,6 +137,11 @@ def run_operator(
     import sageserve.controller.handlers  # noqa: F401  (registers the handlers)
 
     os.environ["SAGESERVE_NAMESPACES"] = ",".join(namespace or [])
+    level = log_level.lower()
+    if level not in {"debug", "info", "warning"}:
+        err_console.print(f"--log-level: {log_level!r} is not one of debug, info, warning")
+        raise typer.Exit(2)
+    kopf.configure(debug=level == "debug", verbose=level == "info", quiet=level == "warning")
 
     kopf.run(
         standalone=standalone,

@@ -151,9 +151,21 @@ class PacePass:
         for raw, md in fleet:
             deployments = self.kube.deployments_of(self.namespace, md.metadata.name)
             states = pod_set_states(md, deployments)
+            per_gpu = {v.name: v.gpus_per_instance for v in md.spec.variants}
+            gpus: dict[tuple[str, str], int] = {}
             for st in states:
                 labels = (self.namespace, md.metadata.name, st.region, st.variant)
                 OPERATOR_METRICS.instances.labels(*labels).set(st.replicas)
+                n = per_gpu.get(st.variant, 0)
+                for state, count in (
+                    ("serving", st.ready),
+                    ("provisioning", st.replicas - st.ready),
+                ):
+                    gpus[(st.region, state)] = gpus.get((st.region, state), 0) + max(count, 0) * n
+            for (region, state), value in gpus.items():
+                OPERATOR_METRICS.gpus.labels(self.namespace, md.metadata.name, region, state).set(
+                    value
+                )
             observations, missing = endpoint_observations(
                 md, self.namespace, states, emu, tps, self.now
             )

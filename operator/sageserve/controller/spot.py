@@ -193,17 +193,19 @@ class SpotPass:
         pending = unschedulable(pods, region_of)
         reclaims, donations = plan_moves(nodes, pending, scope, self.labels, busy)
         spot = {pair: 0 for pair in scope}
+        size: dict[tuple[str, str], int] = {}
         for n in nodes:
+            size[(n.region, n.gpu_type)] = max(size.get((n.region, n.gpu_type), 0), n.gpus)
             if n.pool == self.labels.spot_pool and (n.region, n.gpu_type) in spot:
                 spot[(n.region, n.gpu_type)] += 1
         if dry_run:
-            OPERATOR_METRICS.record_pools(spot)
+            OPERATOR_METRICS.record_pools(spot, size)
             return [n.name for n, _ in reclaims], [n.name for n in donations]
         for node, _ in reclaims:
             spot[(node.region, node.gpu_type)] -= 1
         for node in donations:
             spot[(node.region, node.gpu_type)] += 1
-        OPERATOR_METRICS.record_pools(spot)
+        OPERATOR_METRICS.record_pools(spot, size)
         for node, _pending in reclaims:
             for pod in pods:
                 meta = pod.get("metadata") or {}

@@ -57,6 +57,13 @@ class OperatorMetrics:
             [*ENDPOINT, "direction", "strategy"],
             registry=r,
         )
+        self.gpus = Gauge(
+            "sageserve_gpus",
+            "GPUs by state: serving (ready pods), provisioning (pods not ready yet), donated "
+            "(nodes in the spot pool; model is empty). Integrate over time for GPU-hours.",
+            [*ENDPOINT, "state"],
+            registry=r,
+        )
         self.donated_nodes = Gauge(
             "sageserve_donated_nodes",
             "Nodes currently in the spot pool, per region and GPU type.",
@@ -84,10 +91,20 @@ class OperatorMetrics:
             self.shortfall_tps.labels(namespace, s["model"], s["region"]).set(s["tokensPerSecond"])
         self.solver_seconds.labels(solver, plan["solverStatus"]).observe(plan["solverSeconds"])
 
-    def record_pools(self, spot_nodes: Mapping[tuple[str, str], int]) -> None:
-        """Export how many nodes sit in the spot pool per (region, GPU type)."""
+    def record_pools(
+        self,
+        spot_nodes: Mapping[tuple[str, str], int],
+        gpus_per_node: Mapping[tuple[str, str], int],
+    ) -> None:
+        """Export how many nodes (and GPUs) sit in the spot pool per (region, GPU type)."""
+        donated_gpus: dict[str, int] = {}
         for (region, gpu), count in spot_nodes.items():
             self.donated_nodes.labels(region, gpu).set(count)
+            donated_gpus[region] = donated_gpus.get(region, 0) + count * gpus_per_node.get(
+                (region, gpu), 0
+            )
+        for region, gpus in donated_gpus.items():
+            self.gpus.labels("", "", region, "donated").set(gpus)
 
     def exposition(self) -> bytes:
         """The metrics in the Prometheus text format, as served on /metrics."""
