@@ -58,9 +58,7 @@ class Tier:
 #: The three tiers of the SageServe paper with its SLOs.
 IW_F = Tier("IW-F", TierKind.INTERACTIVE, ttft_slo_s=1.0, priority=0)
 IW_N = Tier("IW-N", TierKind.INTERACTIVE, ttft_slo_s=60.0, priority=0)
-NIW = Tier(
-    "NIW", TierKind.BATCH, deadline_s=24 * 3600.0, priority=1, promotion_age_s=10 * 3600.0
-)
+NIW = Tier("NIW", TierKind.BATCH, deadline_s=24 * 3600.0, priority=1, promotion_age_s=10 * 3600.0)
 DEFAULT_TIERS: Mapping[str, Tier] = {t.name: t for t in (IW_F, IW_N, NIW)}
 
 

@@ -23,9 +23,7 @@ DEFAULT_RELEASE_RULES: tuple[tuple[float, int], ...] = ((0.50, 2), (0.60, 1))
 DEFAULT_PROMOTION_AGE_S = 10 * 3600.0
 
 
-def release_count(
-    emu: float, rules: Sequence[tuple[float, int]] = DEFAULT_RELEASE_RULES
-) -> int:
+def release_count(emu: float, rules: Sequence[tuple[float, int]] = DEFAULT_RELEASE_RULES) -> int:
     """How many queued requests an endpoint at `emu` may take now."""
     for below, count in rules:
         if emu < below:

@@ -19,8 +19,7 @@ from sageserve.sim.scenario import default_scenario_dir, load_scenario
 def comparison_table(cmp: Comparison, title: str) -> Table:
     tiers = sorted({t for r in cmp.table for t in r["slo"]})
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for col in ("policy", "inst-h", "vs 1st", "GPU-h", "prov GPU-h", "spot GPU-h",
-                "IW TTFT p95 s"):
+    for col in ("policy", "inst-h", "vs 1st", "GPU-h", "prov GPU-h", "spot GPU-h", "IW TTFT p95 s"):
         table.add_column(col, justify="right" if col != "policy" else "left")
     for t in tiers:
         table.add_column(f"SLO {t}", justify="right")
@@ -44,8 +43,12 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
 
 
 def simulate(
-    scenario: Path | None, policies: list[str] | None, out: Path, seed: int | None,
-    report: bool, console: Console,
+    scenario: Path | None,
+    policies: list[str] | None,
+    out: Path,
+    seed: int | None,
+    report: bool,
+    console: Console,
 ) -> Comparison:
     sc = load_scenario(scenario or default_scenario_dir())
     names = policies or sc.policies
@@ -54,8 +57,12 @@ def simulate(
         f"window {sc.workload.duration_s / 3600:.1f} h, policies {', '.join(names)}"
     )
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
-        TimeElapsedColumn(), console=console, transient=False,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
     ) as prog:
         tasks = {n: prog.add_task(n, total=1.0) for n in names}
 
@@ -71,7 +78,10 @@ def simulate(
 
 
 def bench_sim(
-    scenario: Path | None, policy: str, hours: float | None, console: Console,
+    scenario: Path | None,
+    policy: str,
+    hours: float | None,
+    console: Console,
     sim_only: bool = True,
 ) -> dict[str, float]:
     """Time one policy over a scenario; figures are printed, never asserted.
@@ -116,15 +126,19 @@ def bench_sim(
         wall2 = time.perf_counter() - t0
         cpu2 = time.process_time() - cpu0
         del held
-        figures.update({
-            "sim_only_requests_per_wall_s": res2.arrived / wall2,
-            "sim_only_requests_per_cpu_s": res2.arrived / cpu2 if cpu2 else 0.0,
-            "sim_only_events_per_wall_s": res2.sim_events / wall2,
-        })
+        figures.update(
+            {
+                "sim_only_requests_per_wall_s": res2.arrived / wall2,
+                "sim_only_requests_per_cpu_s": res2.arrived / cpu2 if cpu2 else 0.0,
+                "sim_only_events_per_wall_s": res2.sim_events / wall2,
+            }
+        )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     figures["peak_rss_mb"] = rss / 1024 if sys.platform != "darwin" else rss / 1024 / 1024
-    t = Table(title=f"sageserve bench sim: {sc.name}, {policy}, "
-                    f"{sc.workload.duration_s / 3600:.1f} h window")
+    t = Table(
+        title=f"sageserve bench sim: {sc.name}, {policy}, "
+        f"{sc.workload.duration_s / 3600:.1f} h window"
+    )
     t.add_column("figure")
     t.add_column("value", justify="right")
     for k, v in figures.items():

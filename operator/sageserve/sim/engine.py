@@ -160,9 +160,7 @@ class Simulation(InstanceHooks):
         self._iw_hist: dict[tuple[str, str], deque[float]] = defaultdict(
             lambda: deque(maxlen=config.history_minutes)
         )
-        self._niw_hist: dict[tuple[str, str], deque[float]] = defaultdict(
-            lambda: deque(maxlen=60)
-        )
+        self._niw_hist: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=60))
         self._iw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self._niw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self.strategy = strategy
@@ -202,8 +200,10 @@ class Simulation(InstanceHooks):
                 pools = layout.pools()
                 for pool in pools:
                     share = split.get(pool, 0) / max(1, rp.initial_instances)
-                    max_i = rp.max_instances if len(pools) == 1 else max(
-                        rp.min_instances, math.ceil(rp.max_instances * share)
+                    max_i = (
+                        rp.max_instances
+                        if len(pools) == 1
+                        else max(rp.min_instances, math.ceil(rp.max_instances * share))
                     )
                     key = EndpointKey(m.name, rp.region, pool)
                     ep = self.cluster.add_endpoint(key, rp.min_instances, max_i, cfg.emu_refresh_s)
@@ -444,14 +444,24 @@ class Simulation(InstanceHooks):
         promo = self.cfg.promotion_age_s
         for key, ep in self.cluster.endpoints.items():
             ep.tokens_per_s = ep.tokens_minute / 60.0
-            donated = sum(
-                1 for i in self.cluster.spot[key.region] if i.last_model == key.model
-            ) if key.pool in ("unified", "interactive") else 0
+            donated = (
+                sum(1 for i in self.cluster.spot[key.region] if i.last_model == key.model)
+                if key.pool in ("unified", "interactive")
+                else 0
+            )
             self.minutes.append(
                 MinuteRow(
-                    minute, key.model, key.region, key.pool, ep.serving,
-                    len(ep.provisioning), len(ep.draining), donated,
-                    round(ep.emu(now), 4), ep.arrivals_minute, ep.finished_minute,
+                    minute,
+                    key.model,
+                    key.region,
+                    key.pool,
+                    ep.serving,
+                    len(ep.provisioning),
+                    len(ep.draining),
+                    donated,
+                    round(ep.emu(now), 4),
+                    ep.arrivals_minute,
+                    ep.finished_minute,
                     self.qm.pending(key.model),
                 )
             )

@@ -193,9 +193,7 @@ class Instance:
 
     def remaining_tokens_at(self, t: float) -> float:
         """Tokens still to process: queued prompts+outputs, prefilling, and decode left."""
-        return (
-            self.waiting_tokens + self.prefill_work + self._sum_finish_v - self._n * self.v_at(t)
-        )
+        return self.waiting_tokens + self.prefill_work + self._sum_finish_v - self._n * self.v_at(t)
 
     @property
     def running(self) -> int:

@@ -27,8 +27,9 @@ def _plt() -> Any:
 def plot_instances(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> None:
     plt = _plt()
     models = sorted({m.model for r, _ in runs.values() for m in r.minutes})
-    fig, axes = plt.subplots(len(models), 1, figsize=(11, 2.4 * len(models)), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(models), 1, figsize=(11, 2.4 * len(models)), sharex=True, squeeze=False
+    )
     styles = ("-", "--", ":", "-.")
     regions = sorted({m.region for r, _ in runs.values() for m in r.minutes})
     colors = {reg: f"C{i}" for i, reg in enumerate(regions)}
@@ -40,14 +41,21 @@ def plot_instances(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> N
                     per_region[m.region][m.minute] += m.serving + m.provisioning + m.draining
             for region, series in sorted(per_region.items()):
                 xs = sorted(series)
-                ax.step([x / 60 for x in xs], [series[x] for x in xs], where="post",
-                        label=f"{name} {region}", linewidth=1, color=colors[region],
-                        linestyle=styles[pi % len(styles)])
+                ax.step(
+                    [x / 60 for x in xs],
+                    [series[x] for x in xs],
+                    where="post",
+                    label=f"{name} {region}",
+                    linewidth=1,
+                    color=colors[region],
+                    linestyle=styles[pi % len(styles)],
+                )
         r0 = next(iter(runs.values()))[0]
         ax.axvline((r0.end_s - r0.start_s) / 3600, color="grey", linestyle=":", linewidth=0.8)
         ax.set_ylabel("instances")
-        ax.set_title(f"{model} (dotted line: end of the window; after it, draining only)",
-                     fontsize=9)
+        ax.set_title(
+            f"{model} (dotted line: end of the window; after it, draining only)", fontsize=9
+        )
         ax.legend(fontsize=6, ncol=3, loc="upper left")
     axes[-1, 0].set_xlabel("hours since window start")
     fig.tight_layout()
@@ -58,8 +66,9 @@ def plot_instances(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> N
 def plot_emu(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> None:
     plt = _plt()
     models = sorted({m.model for r, _ in runs.values() for m in r.minutes})
-    fig, axes = plt.subplots(len(models), 1, figsize=(11, 2.2 * len(models)), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(models), 1, figsize=(11, 2.2 * len(models)), sharex=True, squeeze=False
+    )
     for ax, model in zip(axes[:, 0], models, strict=True):
         for name, (r, _) in runs.items():
             acc: dict[int, list[float]] = defaultdict(list)
@@ -67,8 +76,12 @@ def plot_emu(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> None:
                 if m.model == model and m.serving:
                     acc[m.minute].append(m.emu)
             xs = sorted(acc)
-            ax.plot([x / 60 for x in xs], [max(acc[x]) for x in xs], label=f"{name} (max)",
-                    linewidth=0.8)
+            ax.plot(
+                [x / 60 for x in xs],
+                [max(acc[x]) for x in xs],
+                label=f"{name} (max)",
+                linewidth=0.8,
+            )
         ax.axhline(0.7, color="grey", linestyle=":", linewidth=0.8)
         ax.axhline(0.3, color="grey", linestyle=":", linewidth=0.8)
         ax.set_ylim(0, 1.05)
@@ -125,7 +138,9 @@ def plot_latency(path: Path, doc: Mapping[str, Any]) -> None:
 
 
 def write_report(
-    out: Path, doc: Mapping[str, Any], runs: Mapping[str, tuple[RunResult, float]],
+    out: Path,
+    doc: Mapping[str, Any],
+    runs: Mapping[str, tuple[RunResult, float]],
     table: Sequence[Mapping[str, Any]],
 ) -> Path:
     """Write the PNGs and `report.html` into `out`; return the HTML path."""
@@ -133,29 +148,44 @@ def write_report(
     plot_emu(out / "emu.png", runs)
     plot_gpu_hours(out / "gpu_hours.png", doc)
     plot_latency(out / "latency.png", doc)
-    head = ("policy", "instance-h", "vs first", "GPU-h", "provisioning GPU-h", "donated GPU-h",
-            "IW TTFT p95 s", "unfinished")
+    head = (
+        "policy",
+        "instance-h",
+        "vs first",
+        "GPU-h",
+        "provisioning GPU-h",
+        "donated GPU-h",
+        "IW TTFT p95 s",
+        "unfinished",
+    )
     rows = "".join(
-        "<tr>" + "".join(
-            f"<td>{html.escape(str(c))}</td>" for c in (
-                r["policy"], r["instance_hours"], f"{r['vs_first']:+.1%}", r["gpu_hours"],
-                r["provisioning_gpu_hours"], r["donated_gpu_hours"],
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(str(c))}</td>"
+            for c in (
+                r["policy"],
+                r["instance_hours"],
+                f"{r['vs_first']:+.1%}",
+                r["gpu_hours"],
+                r["provisioning_gpu_hours"],
+                r["donated_gpu_hours"],
                 f"{r['iw_ttft_p95_s']:.3f}" if r["iw_ttft_p95_s"] is not None else "-",
                 r["unfinished"],
             )
-        ) + "</tr>"
+        )
+        + "</tr>"
         for r in table
     )
     sc = doc["scenario"]
     page = f"""<!doctype html><html><head><meta charset="utf-8">
-<title>sageserve simulate: {html.escape(str(sc.get('name')))}</title>
+<title>sageserve simulate: {html.escape(str(sc.get("name")))}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:auto}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style>
-</head><body><h1>Scenario {html.escape(str(sc.get('name')))}</h1>
-<p>Window {sc['window']['start_s']:.0f}–{sc['window']['end_s']:.0f} s, seed {sc.get('seed')}.
+</head><body><h1>Scenario {html.escape(str(sc.get("name")))}</h1>
+<p>Window {sc["window"]["start_s"]:.0f}–{sc["window"]["end_s"]:.0f} s, seed {sc.get("seed")}.
 Summary: <a href="summary.json">summary.json</a>, per minute:
 <a href="minutes.csv">minutes.csv</a>.</p>
-<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{rows}</table>
+<table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{rows}</table>
 <h2>Instances per model and region</h2><img src="instances.png">
 <h2>Effective memory utilisation</h2><img src="emu.png">
 <h2>GPU-hours by state</h2><img src="gpu_hours.png">

@@ -128,8 +128,11 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
 
 
 def interactive_ttft_p95(r: RunResult, interactive_tiers: Sequence[str]) -> float | None:
-    arrs = [np.frombuffer(st.ttft, dtype=np.float64) for (t, _), st in r.stats.items()
-            if t in interactive_tiers and len(st.ttft)]
+    arrs = [
+        np.frombuffer(st.ttft, dtype=np.float64)
+        for (t, _), st in r.stats.items()
+        if t in interactive_tiers and len(st.ttft)
+    ]
     if not arrs:
         return None
     return float(np.percentile(np.concatenate(arrs), 95))
@@ -150,8 +153,19 @@ def write_summary(path: Path, doc: Mapping[str, Any]) -> None:
 
 
 MINUTE_COLUMNS = (
-    "policy", "minute", "model", "region", "pool", "serving", "provisioning", "draining",
-    "donated", "emu", "arrivals", "finished", "batch_queued",
+    "policy",
+    "minute",
+    "model",
+    "region",
+    "pool",
+    "serving",
+    "provisioning",
+    "draining",
+    "donated",
+    "emu",
+    "arrivals",
+    "finished",
+    "batch_queued",
 )
 
 
@@ -162,13 +176,27 @@ def write_minutes(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> No
         for name, (r, _) in runs.items():
             for m in r.minutes:
                 w.writerow(
-                    (name, m.minute, m.model, m.region, m.pool, m.serving, m.provisioning,
-                     m.draining, m.donated, m.emu, m.arrivals, m.finished, m.batch_queued)
+                    (
+                        name,
+                        m.minute,
+                        m.model,
+                        m.region,
+                        m.pool,
+                        m.serving,
+                        m.provisioning,
+                        m.draining,
+                        m.donated,
+                        m.emu,
+                        m.arrivals,
+                        m.finished,
+                        m.batch_queued,
+                    )
                 )
 
 
 def comparison_rows(
-    doc: Mapping[str, Any], runs: Mapping[str, tuple[RunResult, float]],
+    doc: Mapping[str, Any],
+    runs: Mapping[str, tuple[RunResult, float]],
     interactive_tiers: Sequence[str],
 ) -> list[dict[str, Any]]:
     """One row per policy: the numbers `sageserve simulate` prints."""
@@ -182,19 +210,23 @@ def comparison_rows(
         att = []
         for tier, models in p["tiers"].items():
             fin = sum(v["finished"] + v["unfinished"] for v in models.values())
-            met = sum((v["slo_attainment"] or 0) * (v["finished"] + v["unfinished"])
-                      for v in models.values())
+            met = sum(
+                (v["slo_attainment"] or 0) * (v["finished"] + v["unfinished"])
+                for v in models.values()
+            )
             att.append((tier, met / fin if fin else math.nan))
-        rows.append({
-            "policy": name,
-            "instance_hours": ih,
-            "vs_first": (ih / base - 1.0) if base else 0.0,
-            "gpu_hours": p["fleet"]["gpu_hours"]["internal"],
-            "provisioning_gpu_hours": p["fleet"]["gpu_hours"]["provisioning"],
-            "donated_gpu_hours": p["fleet"]["gpu_hours"]["donated"],
-            "iw_ttft_p95_s": interactive_ttft_p95(r, interactive_tiers),
-            "slo": dict(att),
-            "unfinished": p["requests"]["unfinished"],
-            "scale_events": sum(p["scaling_events"].values()),
-        })
+        rows.append(
+            {
+                "policy": name,
+                "instance_hours": ih,
+                "vs_first": (ih / base - 1.0) if base else 0.0,
+                "gpu_hours": p["fleet"]["gpu_hours"]["internal"],
+                "provisioning_gpu_hours": p["fleet"]["gpu_hours"]["provisioning"],
+                "donated_gpu_hours": p["fleet"]["gpu_hours"]["donated"],
+                "iw_ttft_p95_s": interactive_ttft_p95(r, interactive_tiers),
+                "slo": dict(att),
+                "unfinished": p["requests"]["unfinished"],
+                "scale_events": sum(p["scaling_events"].values()),
+            }
+        )
     return rows

@@ -43,8 +43,10 @@ def run_policies(
         strategy = scenario.strategy(name)
         cb = None
         if on_progress is not None:
+
             def cb(t: float, _n: str = name) -> None:
                 on_progress(_n, (t - cfg.start_s) / span)
+
         t0 = time.perf_counter()
         planner = scenario.planner() if getattr(strategy, "uses_plan", True) else None
         result = Simulation(cfg, strategy, scenario.requests(), cb, planner).run()
