@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sageserve.plan import PlanProblem, solve_plan
+from sageserve.plan import PlanOptions, PlanProblem, solve_plan
 from sageserve.plan.check import violations
 
 
@@ -112,7 +112,7 @@ def test_every_returned_plan_satisfies_every_constraint(data: dict[str, Any]) ->
     lambda d: sum(len(c) for c in d["capacity_tps"].values()) * len(d["regions"]) <= 6))
 def test_small_instances_match_brute_force(data: dict[str, Any]) -> None:
     problem = PlanProblem.model_validate(data)
-    plan = solve_plan(problem)
+    plan = solve_plan(problem, PlanOptions(mip_gap=1e-9))  # exact, to compare with brute force
     best = brute_force(problem)
     if best is None:
         # No plan meets all demand: the planner must say so, not claim optimality.

@@ -44,8 +44,15 @@ def forecast_peak(
     raw = np.asarray(history_tps, dtype=np.float64)
     observed = np.isfinite(raw)
     if raw.size == 0 or not observed.any():
-        return Forecast(0.0, 0.0, spec.quantile, "none", method,
-                        "no observations in the history", reliable=False)
+        return Forecast(
+            0.0,
+            0.0,
+            spec.quantile,
+            "none",
+            method,
+            "no observations in the history",
+            reliable=False,
+        )
     x = _prepare(raw)
     reason: str | None = None
     try:
@@ -65,8 +72,14 @@ def forecast_peak(
         return _run(fallback, method, x, spec, calibration_origins, reason)
     except Exception as exc:
         last = float(np.expm1(x[-1]))
-        return Forecast(last, last, spec.quantile, "last-value", method,
-                        f"{reason}; fallback {fallback} failed too: {exc}")
+        return Forecast(
+            last,
+            last,
+            spec.quantile,
+            "last-value",
+            method,
+            f"{reason}; fallback {fallback} failed too: {exc}",
+        )
 
 
 def _run(

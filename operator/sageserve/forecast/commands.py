@@ -16,8 +16,13 @@ from sageserve.forecast.backtest import backtest, load_servegen_aggregate
 from sageserve.forecast.types import FloatArray, ForecastSpec
 
 DEFAULT_METHODS = [
-    "ensemble", "arima", "peak-regression", "arima-classic",
-    "persistence", "seasonal-naive", "moving-average",
+    "ensemble",
+    "arima",
+    "peak-regression",
+    "arima-classic",
+    "persistence",
+    "seasonal-naive",
+    "moving-average",
 ]
 
 
@@ -33,17 +38,23 @@ def backtest_command(
         series = load_servegen_aggregate(trace, signal)
         rows = backtest(series, methods, spec, start_seconds=start_hours * 3600.0)
         table = Table(
-            title=escape(f"{trace.name} ({signal}/s, decision every hour from h{start_hours:g}, "
-            f"peak of [now+{spec.lead_seconds / 60:g} min, now+{spec.horizon_seconds / 60:g} min], "
-            f"provisioned = q{spec.quantile:g})")
+            title=escape(
+                f"{trace.name} ({signal}/s, decision every hour from h{start_hours:g}, "
+                f"peak of [now+{spec.lead_seconds / 60:g} min, now+{spec.horizon_seconds / 60:g} min], "
+                f"provisioned = q{spec.quantile:g})"
+            )
         )
-        for col in ("method", "hours", "MAPE peak", "coverage", "mean over", "fallbacks",
-                    "fits/s"):
+        for col in ("method", "hours", "MAPE peak", "coverage", "mean over", "fallbacks", "fits/s"):
             table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
         for r in rows:
             table.add_row(
-                r.method, str(r.hours), f"{r.mape:.1%}", f"{r.coverage:.0%}",
-                f"{r.mean_over:.1%}", str(r.fallbacks), f"{r.fits_per_second:.0f}",
+                r.method,
+                str(r.hours),
+                f"{r.mape:.1%}",
+                f"{r.coverage:.0%}",
+                f"{r.mean_over:.1%}",
+                str(r.fallbacks),
+                f"{r.fits_per_second:.0f}",
             )
         console.print(table)
 
@@ -74,6 +85,12 @@ def bench_forecast_command(series: int, methods: list[str], console: Console) ->
         start = time.perf_counter()
         fallbacks = sum(forecast_peak(y, spec, method=method).method != method for y in data)
         seconds = time.perf_counter() - start
-        table.add_row(method, str(series), f"{seconds:.2f}", f"{series / seconds:.0f}",
-                      f"{1000 * seconds / series:.1f}", str(fallbacks))
+        table.add_row(
+            method,
+            str(series),
+            f"{seconds:.2f}",
+            f"{series / seconds:.0f}",
+            f"{1000 * seconds / series:.1f}",
+            str(fallbacks),
+        )
     console.print(table)

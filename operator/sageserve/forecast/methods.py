@@ -124,12 +124,19 @@ def _peak_features(x: FloatArray, origins: IntArray, last: int, season: int) -> 
     recent = x[np.clip(o - last + steps, 0, None)]
     before = x[np.clip(o - 2 * last + steps, 0, None)]
     day = o - season + steps
-    yesterday = np.where(origins >= season, x[np.clip(day, 0, None)].max(axis=1),
-                         recent.max(axis=1))
-    out: FloatArray = np.column_stack([
-        np.ones(origins.size), x[origins - 1], recent.max(axis=1), recent.mean(axis=1),
-        yesterday, before.max(axis=1),
-    ])
+    yesterday = np.where(
+        origins >= season, x[np.clip(day, 0, None)].max(axis=1), recent.max(axis=1)
+    )
+    out: FloatArray = np.column_stack(
+        [
+            np.ones(origins.size),
+            x[origins - 1],
+            recent.max(axis=1),
+            recent.mean(axis=1),
+            yesterday,
+            before.max(axis=1),
+        ]
+    )
     return out
 
 
@@ -173,8 +180,9 @@ class _MeanPeak:
         return out
 
     def paths(self, origins: IntArray) -> FloatArray:
-        total = sum(w * part.paths(origins) for part, w in zip(self.parts, self.weights,
-                                                                  strict=True))
+        total = sum(
+            w * part.paths(origins) for part, w in zip(self.parts, self.weights, strict=True)
+        )
         out: FloatArray = np.asarray(total, dtype=np.float64) / sum(self.weights)
         return out
 

@@ -31,7 +31,12 @@ CATALOGUE: list[tuple[str, float, int, float]] = [
 
 
 def synthetic_problem(
-    models: int, regions: int, gpu_types: int, *, seed: int = 0, windows: int = 6,
+    models: int,
+    regions: int,
+    gpu_types: int,
+    *,
+    seed: int = 0,
+    windows: int = 6,
     tight: float = 1.0,
     inventory: bool = True,
 ) -> PlanProblem:
@@ -59,8 +64,9 @@ def synthetic_problem(
                 continue
             # Throughput per instance: GPU speed × GPUs, less for bigger models, ±10 % per
             # (model, GPU) pair for kernels that suit one GPU better than another.
-            capacity[m][g] = float(round(per * speed[k] * 40000.0 / math.sqrt(size_gb[i])
-                                         * rng.uniform(0.9, 1.1), 1))
+            capacity[m][g] = float(
+                round(per * speed[k] * 40000.0 / math.sqrt(size_gb[i]) * rng.uniform(0.9, 1.1), 1)
+            )
             gpi[m][g] = per
             startup[m][g] = float(round(60 + 2.0 * size_gb[i] * rng.uniform(0.8, 1.2), 1))
     demand: dict[str, dict[str, list[float]]] = {}
@@ -77,8 +83,14 @@ def synthetic_problem(
             phase = rng.uniform(0, 2 * math.pi)
             t0 = rng.uniform(0, 24)
             series = [
-                float(round(level * (1.0 + 0.4 * math.sin(phase + 2 * math.pi * (t0 + w / 6) / 24))
-                            * rng.uniform(0.9, 1.1), 1))
+                float(
+                    round(
+                        level
+                        * (1.0 + 0.4 * math.sin(phase + 2 * math.pi * (t0 + w / 6) / 24))
+                        * rng.uniform(0.9, 1.1),
+                        1,
+                    )
+                )
                 for w in range(windows)
             ]
             demand[m][r] = series

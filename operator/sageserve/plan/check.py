@@ -35,9 +35,7 @@ def violations(problem: PlanProblem, plan: PlanResult) -> list[str]:
                     out.append(f"{m}/{r}/{g}: delta {d} != target {x} - current {n}")
 
     def cap(m: str, r: str) -> float:
-        return sum(
-            (p.theta(m, g) or 0.0) * x for g, x in plan.target.get(m, {}).get(r, {}).items()
-        )
+        return sum((p.theta(m, g) or 0.0) * x for g, x in plan.target.get(m, {}).get(r, {}).items())
 
     for m in p.models:
         total_cap, total_short = 0.0, 0.0
@@ -50,8 +48,10 @@ def violations(problem: PlanProblem, plan: PlanResult) -> list[str]:
                 out.append(f"{m}/{r}: shortfall {short} outside [0, peak {peak}]")
             c = cap(m, r)
             if c + p.epsilon * short < p.epsilon * peak * (1 - TOL) - 1e-3:
-                out.append(f"{m}/{r}: C1 broken, capacity {c:.3f} < ε·peak "
-                           f"{p.epsilon * peak:.3f} (shortfall {short})")
+                out.append(
+                    f"{m}/{r}: C1 broken, capacity {c:.3f} < ε·peak "
+                    f"{p.epsilon * peak:.3f} (shortfall {short})"
+                )
             total_cap += c
             total_short += short
             for k, v in enumerate(series):
@@ -62,8 +62,10 @@ def violations(problem: PlanProblem, plan: PlanResult) -> list[str]:
                 out.append(f"{m}/{r}: {count} instances outside bounds [{b.min}, {b.max}]")
         need = max(summed, default=0.0)
         if total_cap + total_short < need * (1 - TOL) - 1e-3:
-            out.append(f"{m}: C2 broken, capacity {total_cap:.3f} < peak of summed demand "
-                       f"{need:.3f} (shortfall {total_short})")
+            out.append(
+                f"{m}: C2 broken, capacity {total_cap:.3f} < peak of summed demand "
+                f"{need:.3f} (shortfall {total_short})"
+            )
     for r in p.regions:
         for g in p.gpu_types:
             limit = p.gpu_cap(r, g)
@@ -80,11 +82,15 @@ def violations(problem: PlanProblem, plan: PlanResult) -> list[str]:
         out.append("status optimal but shortfall reported")
     gamma = sum(
         p.instance_cost(m, g) * d
-        for m, per_r in plan.delta.items() for per_g in per_r.values() for g, d in per_g.items()
+        for m, per_r in plan.delta.items()
+        for per_g in per_r.values()
+        for g, d in per_g.items()
     )
     mu = sum(
         p.startup_cost(m, g) * max(0, d)
-        for m, per_r in plan.delta.items() for per_g in per_r.values() for g, d in per_g.items()
+        for m, per_r in plan.delta.items()
+        for per_g in per_r.values()
+        for g, d in per_g.items()
     )
     if plan.objective is not None and abs(plan.objective - (gamma + mu)) > 1e-6 * max(
         1.0, abs(gamma) + abs(mu)

@@ -65,7 +65,10 @@ def bench_plan_command(
         table.add_column(col, justify="right")
     for row in bench_plan(sizes, seeds, options, inventory):
         table.add_row(
-            row.size, str(row.seed), row.status, f"{row.seconds:.2f}",
+            row.size,
+            str(row.seed),
+            row.status,
+            f"{row.seconds:.2f}",
             "-" if row.gap is None else f"{row.gap:.2e}",
             "-" if row.objective is None else f"{row.objective:.1f}",
         )

@@ -66,8 +66,11 @@ def spillover(
     if not graph.has_node(src):
         return SpillPlan(local=local)
     if not graph.has_node(sink):
-        excess = {r: graph[src][("demand", r)]["capacity"] * resolution
-                  for r in regions if graph.has_edge(src, ("demand", r))}
+        excess = {
+            r: graph[src][("demand", r)]["capacity"] * resolution
+            for r in regions
+            if graph.has_edge(src, ("demand", r))
+        }
         return SpillPlan(local=local, unserved=excess)
     flow = nx.max_flow_min_cost(graph, src, sink)
     routes: dict[str, dict[str, float]] = {}
