@@ -23,8 +23,9 @@ M_SMALL = TRACES / "language_m-small_aggregate_10min.csv"
 def diurnal(days: float, seed: int = 0, noise: float = 0.05) -> FloatArray:
     rng = np.random.default_rng(seed)
     t = np.arange(int(days * 144)) / 144.0
-    out: FloatArray = 1e4 * (1.0 + 0.5 * np.sin(2 * np.pi * t)) * np.exp(
-        rng.normal(0, noise, t.size))
+    out: FloatArray = (
+        1e4 * (1.0 + 0.5 * np.sin(2 * np.pi * t)) * np.exp(rng.normal(0, noise, t.size))
+    )
     return out
 
 
@@ -102,7 +103,9 @@ def test_lead_and_horizon_select_the_windows_of_the_peak() -> None:
     assert ForecastSpec(lead_seconds=0, horizon_seconds=3600).steps() == (1, 6)
     assert ForecastSpec(lead_seconds=1200, horizon_seconds=3600).steps() == (3, 6)
     assert ForecastSpec(step_seconds=60, lead_seconds=1200, horizon_seconds=3600).steps() == (
-        21, 60)
+        21,
+        60,
+    )
 
 
 def test_batch_buffer_is_ten_percent_of_last_hours_batch_load() -> None:
@@ -133,10 +136,19 @@ def test_servegen_loader_turns_all_zero_windows_into_gaps(tmp_path: Path) -> Non
 
 @pytest.mark.skipif(not M_SMALL.is_file(), reason="bundled ServeGen aggregate missing")
 def test_backtest_cli_prints_one_row_per_method() -> None:
-    result = CliRunner().invoke(app, [
-        "forecast", "backtest", "--trace", str(M_SMALL), "--method", "persistence,moving-average",
-        "--signal", "requests",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "forecast",
+            "backtest",
+            "--trace",
+            str(M_SMALL),
+            "--method",
+            "persistence,moving-average",
+            "--signal",
+            "requests",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "persistence" in result.output and "moving-average" in result.output
     assert "MAPE" in result.output

@@ -61,8 +61,9 @@ def test_global_constraint_uses_peak_of_summed_demand_not_sum_of_peaks() -> None
 
 
 def test_unused_capacity_is_released_and_lowers_the_objective() -> None:
-    data = base(current={"llama": {"east": {"h100": 10}}},
-                demand_tps={"llama": {"east": [500, 500]}})
+    data = base(
+        current={"llama": {"east": {"h100": 10}}}, demand_tps={"llama": {"east": [500, 500]}}
+    )
     plan = solve_plan(PlanProblem.model_validate(data))
     assert plan.status == "optimal"
     assert plan.target["llama"]["east"]["h100"] + plan.target["llama"]["east"]["a100"] <= 1
@@ -123,8 +124,9 @@ def test_cbc_and_highs_find_the_same_cost() -> None:
         ({"bounds": {"llama": {"east": {"min": 3, "max": 1}}}}, "bounds.llama.east"),
     ],
 )
-def test_bad_input_is_refused_naming_the_field(patch: dict[str, Any], field: str,
-                                               tmp_path: Path) -> None:
+def test_bad_input_is_refused_naming_the_field(
+    patch: dict[str, Any], field: str, tmp_path: Path
+) -> None:
     path = tmp_path / "problem.json"
     path.write_text(json.dumps(base(**patch)))
     result = CliRunner().invoke(app, ["plan", "--input", str(path)])

@@ -14,8 +14,9 @@ from sageserve.plan.check import violations
 
 
 @st.composite
-def problems(draw: st.DrawFn, max_models: int = 2, max_regions: int = 2,
-             max_gpus: int = 2) -> dict[str, Any]:
+def problems(
+    draw: st.DrawFn, max_models: int = 2, max_regions: int = 2, max_gpus: int = 2
+) -> dict[str, Any]:
     models = [f"m{i}" for i in range(draw(st.integers(1, max_models)))]
     regions = [f"r{j}" for j in range(draw(st.integers(1, max_regions)))]
     gpus = [f"g{k}" for k in range(draw(st.integers(1, max_gpus)))]
@@ -28,8 +29,7 @@ def problems(draw: st.DrawFn, max_models: int = 2, max_regions: int = 2,
         gpi[m] = {g: draw(st.integers(1, 4)) for g in usable}
         startup[m] = {g: float(draw(st.integers(0, 1800))) for g in usable}
     current = {
-        m: {r: {g: draw(st.integers(0, 2)) for g in capacity[m]} for r in regions}
-        for m in models
+        m: {r: {g: draw(st.integers(0, 2)) for g in capacity[m]} for r in regions} for m in models
     }
     demand = {
         m: {r: [float(draw(st.integers(0, 900))) for _ in range(2)] for r in regions}
@@ -58,8 +58,13 @@ def problems(draw: st.DrawFn, max_models: int = 2, max_regions: int = 2,
 
 def brute_force(p: PlanProblem) -> float | None:
     """Minimum γ+μ over all integer targets with at most 3 instances per (model, region)."""
-    cells = [(m, r, g) for m in p.models for r in p.regions for g in p.gpu_types
-             if p.theta(m, g) is not None]
+    cells = [
+        (m, r, g)
+        for m in p.models
+        for r in p.regions
+        for g in p.gpu_types
+        if p.theta(m, g) is not None
+    ]
     best: float | None = None
     for xs in itertools.product(range(4), repeat=len(cells)):
         x = dict(zip(cells, xs, strict=True))
@@ -68,8 +73,11 @@ def brute_force(p: PlanProblem) -> float | None:
             total = 0.0
             summed = [0.0] * p.windows()
             for r in p.regions:
-                cap = sum(p.theta(m, g) * x[(m, r, g)] for g in p.gpu_types  # type: ignore[operator]
-                          if (m, r, g) in x)
+                cap = sum(
+                    p.theta(m, g) * x[(m, r, g)]
+                    for g in p.gpu_types  # type: ignore[operator]
+                    if (m, r, g) in x
+                )
                 series = p.demand(m, r)
                 if cap < p.epsilon * max(series):
                     ok = False
@@ -84,8 +92,9 @@ def brute_force(p: PlanProblem) -> float | None:
         for r in p.regions:
             for g in p.gpu_types:
                 limit = p.gpu_cap(r, g)
-                used = sum(p.gpus_per_instance[m][g] * x[(m, r, g)] for m in p.models
-                           if (m, r, g) in x)
+                used = sum(
+                    p.gpus_per_instance[m][g] * x[(m, r, g)] for m in p.models if (m, r, g) in x
+                )
                 if limit is not None and used > limit:
                     ok = False
         if not ok:
@@ -108,8 +117,11 @@ def test_every_returned_plan_satisfies_every_constraint(data: dict[str, Any]) ->
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(max_models=2, max_regions=2, max_gpus=2).filter(
-    lambda d: sum(len(c) for c in d["capacity_tps"].values()) * len(d["regions"]) <= 6))
+@given(
+    problems(max_models=2, max_regions=2, max_gpus=2).filter(
+        lambda d: sum(len(c) for c in d["capacity_tps"].values()) * len(d["regions"]) <= 6
+    )
+)
 def test_small_instances_match_brute_force(data: dict[str, Any]) -> None:
     problem = PlanProblem.model_validate(data)
     plan = solve_plan(problem, PlanOptions(mip_gap=1e-9))  # exact, to compare with brute force

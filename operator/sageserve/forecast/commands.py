@@ -40,7 +40,8 @@ def backtest_command(
         table = Table(
             title=escape(
                 f"{trace.name} ({signal}/s, decision every hour from h{start_hours:g}, "
-                f"peak of [now+{spec.lead_seconds / 60:g} min, now+{spec.horizon_seconds / 60:g} min], "
+                f"peak of [now+{spec.lead_seconds / 60:g} min, "
+                f"now+{spec.horizon_seconds / 60:g} min], "
                 f"provisioned = q{spec.quantile:g})"
             )
         )

@@ -73,9 +73,7 @@ def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> Plan
     def remaining() -> float:
         return max(opts.time_limit - (time.perf_counter() - start), 0.01)
 
-    def run(
-        model: MipModel, budget: float | None = None, abs_gap: float = 0.0
-    ) -> MipSolution:
+    def run(model: MipModel, budget: float | None = None, abs_gap: float = 0.0) -> MipSolution:
         limit = remaining() if budget is None else min(budget, remaining())
         sol = solve(
             model,
