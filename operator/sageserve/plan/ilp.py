@@ -165,7 +165,7 @@ def _solve_by_model(
     deadline = time.perf_counter() + (0.25 * time_limit if coupled else time_limit)
     values: dict[tuple[int, int, int], int] = {}
     upper = slack = 0.0  # summed incumbents and summed (incumbent − bound)
-    solver, status = "", "optimal"
+    solver, status, unknown_gap = "", "optimal", False
     count = len(data.models)
     for i in range(count):
         model, layout = data.build(shortfall=False, only_model=i, capacity=False)
@@ -176,6 +176,14 @@ def _solve_by_model(
             return None
         # A fair share of what is left, with room for a model harder than the rest.
         sol = run(model, min(left, max(4.0 * left / (count - i), 0.05)), abs_gap)
+        if sol.status == "no_solution" and not coupled:
+            # This model's slice ran out before any incumbent: its greedy plan is valid.
+            greedy = data.greedy(layout)
+            if greedy is None:
+                return None
+            values.update(greedy)
+            status, unknown_gap = "time_limit", True
+            continue
         if sol.status == "time_limit" and not coupled:
             status = "time_limit"
         elif sol.status != "optimal":
@@ -194,12 +202,15 @@ def _solve_by_model(
         cap = p.gpu_cap(data.regions[j], data.gpus[k])
         if cap is not None and total > cap:
             return None
-    gap = slack / upper if upper > 0 else 0.0
-    if status == "time_limit" and gap <= mip_gap:
+    gap: float | None = slack / upper if upper > 0 else 0.0
+    if unknown_gap:
+        gap = None
+    elif status == "time_limit" and gap is not None and gap <= mip_gap:
         status = "optimal"  # some models stopped early, but the whole plan meets the gap
     reason = None
     if status == "time_limit":
-        reason = f"time limit reached in the per-model solves; gap {gap:.3%}"
+        shown = "unknown (greedy plan for some models)" if gap is None else f"{gap:.3%}"
+        reason = f"time limit reached in the per-model solves; gap {shown}"
     return data.result_from(status, values, {}, solver, gap, start, reason)
 
 
