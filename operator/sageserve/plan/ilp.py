@@ -172,10 +172,13 @@ def _solve_by_model(
         if model.num_cols == 0:
             continue
         left = deadline - time.perf_counter()
-        if left <= 0:
+        if left <= 0 and coupled:
             return None
         # A fair share of what is left, with room for a model harder than the rest.
-        sol = run(model, min(left, max(4.0 * left / (count - i), 0.05)), abs_gap)
+        if left > 0:
+            sol = run(model, min(left, max(4.0 * left / (count - i), 0.05)), abs_gap)
+        else:
+            sol = MipSolution("no_solution", message="no time left")
         if sol.status == "no_solution" and not coupled:
             # This model's slice ran out before any incumbent: its greedy plan is valid.
             greedy = data.greedy(layout)
