@@ -219,7 +219,9 @@ def forecast_backtest(
     ],
     method: Annotated[
         str | None,
-        typer.Option("--method", "-m", help="Comma-separated methods (default: all but the slow arima-classic)."),
+        typer.Option(
+            "--method", "-m", help="Comma-separated methods (default: all but arima-classic)."
+        ),
     ] = None,
     signal: Annotated[str, typer.Option(help="tokens (tokens/s) or requests (req/s).")] = "tokens",
     quantile: Annotated[float, typer.Option(help="Provisioned upper quantile.")] = 0.85,
