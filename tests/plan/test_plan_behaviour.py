@@ -172,3 +172,21 @@ def test_the_documented_example_solves_as_documented() -> None:
     assert violations(problem, plan) == []
     # westus needs 0.8 × 900 tokens/s locally: one H100 instance beats two A100 ones.
     assert plan.target["llama-70b"]["westus"] == {"h100": 1, "a100": 0}
+
+
+def test_no_demand_releases_everything_down_to_the_min_bound() -> None:
+    data = base(demand_tps={}, bounds={"llama": {"east": {"min": 1}}})
+    plan = solve_plan(PlanProblem.model_validate(data))
+    assert plan.status == "optimal"
+    assert sum(plan.target["llama"]["east"].values()) == 1
+    assert sum(plan.target["llama"]["west"].values()) == 0
+
+
+def test_demand_for_a_model_that_runs_nowhere_is_reported_as_shortfall() -> None:
+    data = base(
+        models=["llama", "ghost"],
+        demand_tps={"llama": {"east": [100.0, 100.0]}, "ghost": {"west": [5.0, 7.0]}},
+    )
+    plan = solve_plan(PlanProblem.model_validate(data))
+    assert plan.status == "shortfall"
+    assert plan.shortfall_tps == {"ghost": {"west": 7.0}}

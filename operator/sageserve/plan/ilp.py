@@ -251,7 +251,9 @@ class _Data:
             for j, r in enumerate(self.regions):
                 per_tier = p.tier_demand(m, r)
                 series = np.array([per_tier[t] for t in self.tiers]).reshape(len(self.tiers), -1)
-                summed = series.sum(axis=0) if series.size else np.zeros(1)
+                if series.size == 0:
+                    continue  # no demand windows at all
+                summed = series.sum(axis=0)
                 if summed.size:
                     wstar = int(np.argmax(summed))
                     self.peak_local[i, j] = float(summed[wstar])
