@@ -103,3 +103,33 @@ def api_client(kubeconfig: Path):  # type: ignore[no-untyped-def]
     client = config.new_client_from_config(config_file=str(kubeconfig))
     yield client
     client.close()
+
+
+POOL_LABEL = "sageserve.io/pool"
+POOL_ANNOTATIONS = (
+    "sageserve.io/last-model",
+    "sageserve.io/donated-at",
+    "sageserve.io/reclaimed-at",
+)
+
+
+@pytest.fixture
+def restore_node_pools(api_client):  # type: ignore[no-untyped-def]
+    """Put every node back in the pool it was in (and drop donation annotations) after a
+    test whose operator donates or reclaims nodes, so later tests see the inventory."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    before = {
+        n.metadata.name: (n.metadata.labels or {}).get(POOL_LABEL) for n in core.list_node().items
+    }
+    yield
+    for name, pool in before.items():
+        if pool is not None:
+            patch = {
+                "metadata": {
+                    "labels": {POOL_LABEL: pool},
+                    "annotations": dict.fromkeys(POOL_ANNOTATIONS),
+                }
+            }
+            core.patch_node(name, patch)

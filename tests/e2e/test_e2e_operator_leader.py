@@ -54,6 +54,7 @@ def test_only_one_replica_leads_and_the_other_takes_over_after_expiry(
         kubectl(kubeconfig, ["delete", "namespace", namespace, "--wait=false"], check=False)
 
 
+@pytest.mark.usefixtures("restore_node_pools")
 def test_a_replica_without_the_lease_does_not_scale(
     kubeconfig: Path,
     prometheus_url: str,

@@ -102,6 +102,7 @@ def condition(kubeconfig: Path, namespace: str, type_: str) -> dict | None:
     return found[0] if found else None
 
 
+@pytest.mark.usefixtures("restore_node_pools")
 def test_pace_loop_follows_utilisation_and_holds_without_data(
     kubeconfig: Path,
     namespace: str,
@@ -223,6 +224,7 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
         target_file.unlink(missing_ok=True)
 
 
+@pytest.mark.usefixtures("restore_node_pools")
 def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
     kubeconfig: Path,
     namespace: str,

@@ -75,6 +75,7 @@ def ready_condition(kubeconfig: Path, namespace: str, name: str) -> dict | None:
     return found[0] if found else None
 
 
+@pytest.mark.usefixtures("restore_node_pools")
 def test_model_deployment_becomes_pod_sets_running_on_matching_gpu_nodes(
     kubeconfig: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

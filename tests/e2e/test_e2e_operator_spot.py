@@ -90,6 +90,7 @@ def spot_workload() -> dict:
     }
 
 
+@pytest.mark.usefixtures("restore_node_pools")
 def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
     kubeconfig: Path,
     namespace: str,

@@ -144,17 +144,21 @@ class Kube:
                 raise
 
 
-_shared: Kube | None = None
+_shared: dict[str | None, Kube] = {}
 
 
 def kube() -> Kube:
-    """The process's API client, created on first use from in-cluster config or kubeconfig."""
-    global _shared
-    if _shared is None:
+    """The process's API client, from in-cluster config or the kubeconfig in KUBECONFIG.
+
+    One client per KUBECONFIG value, read when first needed (not when the client library
+    was imported), so an operator restarted in-process with other credentials uses them.
+    """
+    source = os.environ.get("KUBECONFIG")
+    if source not in _shared:
+        configuration = client.Configuration()
         try:
-            config.load_incluster_config()
+            config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            # KUBECONFIG is read now, not when the client library was imported.
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        _shared = Kube()
-    return _shared
+            config.load_kube_config(config_file=source, client_configuration=configuration)
+        _shared[source] = Kube(client.ApiClient(configuration))
+    return _shared[source]
