@@ -6,4 +6,3 @@ try:
     __version__ = version("sageserve")
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0+source"
-

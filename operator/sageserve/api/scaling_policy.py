@@ -45,9 +45,15 @@ class Strategy(StrEnum):
 
 
 class ForecastMethod(StrEnum):
-    """Forecasters; ARIMA is the paper's, the others are baselines and fallbacks."""
+    """Forecasters (docs/forecast.md). `arima` is the paper's load predictor (a seasonal AR
+    fit of the log rate); `arima-classic` is statsmodels' ARIMA; `peak-regression` predicts
+    the next hour's peak directly; `ensemble` blends the two best on the ServeGen backtest;
+    the rest are baselines, also usable as fallbacks."""
 
     ARIMA = "arima"
+    ARIMA_CLASSIC = "arima-classic"
+    PEAK_REGRESSION = "peak-regression"
+    ENSEMBLE = "ensemble"
     PERSISTENCE = "persistence"
     SEASONAL_NAIVE = "seasonal-naive"
     MOVING_AVERAGE = "moving-average"
