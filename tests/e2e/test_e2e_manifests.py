@@ -49,7 +49,11 @@ def crds_installed(kubeconfig: Path) -> dict[str, str]:
     assert CRD_FILES, "no CRD files in crds/"
     refused = {}
     for path in CRD_FILES:
-        result = kubectl(kubeconfig, ["apply", "--server-side", "-f", str(path)], check=False)
+        result = kubectl(
+            kubeconfig,
+            ["apply", "--server-side", "--force-conflicts", "-f", str(path)],
+            check=False,
+        )
         if result.returncode != 0:
             refused[path.name] = result.stderr
     kubectl(kubeconfig, ["create", "namespace", NAMESPACE])

@@ -73,7 +73,7 @@ def fake_vllm() -> Iterator[FakeVllm]:
 def namespace(kubeconfig: Path) -> Iterator[str]:
     name = f"pace-{uuid.uuid4().hex[:6]}"
     for path in sorted((REPO / "crds").glob("*.yaml")):
-        kubectl(kubeconfig, ["apply", "--server-side", "-f", str(path)])
+        kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
     kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
     kubectl(kubeconfig, ["create", "namespace", name])
     kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/paper/tiers.yaml")])

@@ -50,7 +50,7 @@ def small_model(name: str, policy: str = "fleet") -> dict:
 def namespace(kubeconfig: Path) -> Iterator[str]:
     name = f"op-{uuid.uuid4().hex[:6]}"
     for path in sorted((REPO / "crds").glob("*.yaml")):
-        kubectl(kubeconfig, ["apply", "--server-side", "-f", str(path)])
+        kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
     kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
     kubectl(kubeconfig, ["create", "namespace", name])
     kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/paper/tiers.yaml")])
