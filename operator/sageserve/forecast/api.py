@@ -155,14 +155,15 @@ def _prepare(raw: FloatArray) -> FloatArray:
     return np.log1p(filled)
 
 
-def batch_buffer_tps(batch_tps_last_hour: Sequence[float]) -> float:
+def batch_buffer_tps(batch_tps_last_hour: Sequence[float], fraction: float = 0.1) -> float:
     """β (paper ambiguity #5, paper's definition): 10 % of the batch (NIW) load received in the
     past hour, as a rate. ``batch_tps_last_hour`` are the batch tokens/s per window covering the
     last hour; their mean × 3600 is the hour's batch tokens, and 10 % of that spread over the
-    hour is 0.1 × the mean rate. (The reference repo adds 10 % of the largest NIW prompt.)
+    hour is 0.1 × the mean rate (`fraction`, the ScalingPolicy's batchBufferFraction).
+    (The reference repo adds 10 % of the largest NIW prompt.)
     Gaps (NaN) are ignored; no data gives 0."""
     values = np.asarray(batch_tps_last_hour, dtype=np.float64)
     values = values[np.isfinite(values)]
     if values.size == 0:
         return 0.0
-    return 0.1 * float(np.mean(np.maximum(values, 0.0)))
+    return fraction * float(np.mean(np.maximum(values, 0.0)))

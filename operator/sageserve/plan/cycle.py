@@ -94,10 +94,8 @@ def run_plan_cycle(
             key = (md.metadata.name, region.name)
             fc = forecast_peak(history_tps.get(key, []), spec, method=method, fallback=fallback)
             forecasts[key] = fc
-            beta = (
-                policy.forecast.batch_buffer_fraction
-                / 0.1
-                * batch_buffer_tps(batch_tps_last_hour.get(key, []))
+            beta = batch_buffer_tps(
+                batch_tps_last_hour.get(key, []), policy.forecast.batch_buffer_fraction
             )
             buffers[key] = beta
             if fc.reliable:
