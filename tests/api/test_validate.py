@@ -130,10 +130,12 @@ def test_cli_crds_check_detects_a_stale_file(tmp_path: Path) -> None:
 
 
 def test_references_to_objects_outside_the_files_are_warnings_not_errors() -> None:
-    alone = validate_paths([ROOT / "policies" / "paper" / "models.yaml"])
+    alone = validate_paths([ROOT / "policies" / "base" / "models.yaml"])
     assert alone.ok
     fields = {(w.obj, w.field) for w in alone.warnings}
     assert ("ModelDeployment/llama-2-70b", "spec.policyRef.name") in fields
     assert ("ModelDeployment/llama-2-70b", "spec.tiers[2]") in fields
-    together = validate_paths([ROOT / "policies" / "paper"])
+    together = validate_paths(
+        [ROOT / "policies" / "base", ROOT / "policies" / "overlays" / "lt-ua"]
+    )
     assert together.ok and not together.warnings

@@ -21,7 +21,7 @@ NS = "llm"
 
 
 def _llama() -> ModelDeployment:
-    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "policies" / "base" / "models.yaml").read_text())
     return ModelDeployment.model_validate(next(iter(docs)))
 
 

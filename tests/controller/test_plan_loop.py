@@ -20,7 +20,7 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 def _llama() -> ModelDeployment:
-    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "policies" / "base" / "models.yaml").read_text())
     return ModelDeployment.model_validate(next(iter(docs)))
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _llama() -> ModelDeployment:
-    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "policies" / "base" / "models.yaml").read_text())
     return ModelDeployment.model_validate(next(iter(docs)))
 
 

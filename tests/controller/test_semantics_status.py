@@ -24,7 +24,7 @@ T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 
 
 def _llama() -> ModelDeployment:
-    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "policies" / "base" / "models.yaml").read_text())
     return ModelDeployment.model_validate(next(iter(docs)))
 
 

@@ -154,7 +154,7 @@ def test_the_operator_scales_and_reclaims_with_only_the_charts_permissions(
 ) -> None:
     namespace = f"rbac-{uuid.uuid4().hex[:6]}"
     kubectl(kubeconfig, ["create", "namespace", namespace])
-    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", str(REPO / "policies/paper/tiers.yaml")])
+    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", str(REPO / "policies/base/tiers.yaml")])
     spot = spot_workload()
     spot["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"

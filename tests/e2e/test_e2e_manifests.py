@@ -16,7 +16,10 @@ from e2e_helpers import eventually, kubectl
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILES = sorted((REPO / "crds").glob("*.yaml"))
-POLICY_FILES = sorted((REPO / "policies").rglob("*.yaml"))
+POLICY_FILES = sorted(
+    p for p in (REPO / "policies").rglob("*.yaml") if p.name != "kustomization.yaml"
+)
+OVERLAYS = sorted(p.parent for p in (REPO / "policies" / "overlays").glob("*/kustomization.yaml"))
 INVALID_FILES = sorted((REPO / "tests" / "manifests" / "invalid").glob("*.yaml"))
 NAMESPACE = "manifests-e2e"
 
@@ -99,9 +102,28 @@ def test_policy_manifest_passes_server_side_dry_run(
     assert result.stdout.count("created (server dry run)") == len(docs), result.stdout
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_gitops_overlay_builds_and_passes_server_side_dry_run(
+    kubeconfig: Path, crds_installed: dict[str, str], overlay: Path
+) -> None:
+    built = kubectl(kubeconfig, ["kustomize", str(overlay)])
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds.count("ScalingPolicy") == 1 and kinds.count("ModelDeployment") == 4, kinds
+    result = kubectl(
+        kubeconfig,
+        ["create", "--dry-run=server", "-n", NAMESPACE, "-f", "-"],
+        stdin=built.stdout,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("created (server dry run)") == len(docs), result.stdout
+
+
 def test_policies_and_invalid_manifests_exist() -> None:
     """Guard against the parametrised tests silently collecting nothing."""
     assert POLICY_FILES, "no manifests under policies/"
+    assert len(OVERLAYS) >= 3, "policies/overlays/* should hold the kustomize overlays"
     assert INVALID_FILES, "no manifests under tests/manifests/invalid/"
     for path in INVALID_FILES:
         assert expectations(path), f"{path} has no '# expect: <message>' header"

@@ -65,7 +65,7 @@ def test_a_replica_without_the_lease_does_not_scale(
     kubectl(kubeconfig, ["create", "namespace", namespace])
     for path in sorted((REPO / "crds").glob("*.yaml")):
         kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
-    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", str(REPO / "policies/paper/tiers.yaml")])
+    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", str(REPO / "policies/base/tiers.yaml")])
     now = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
     other = {
         "apiVersion": "coordination.k8s.io/v1",

@@ -76,7 +76,7 @@ def namespace(kubeconfig: Path) -> Iterator[str]:
         kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
     kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
     kubectl(kubeconfig, ["create", "namespace", name])
-    kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/paper/tiers.yaml")])
+    kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/base/tiers.yaml")])
     yield name
     kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
 

@@ -17,7 +17,7 @@ REGIONS = ("us-east", "us-central", "us-west")
 
 
 def _llama() -> ModelDeployment:
-    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "policies" / "base" / "models.yaml").read_text())
     return ModelDeployment.model_validate(next(iter(docs)))
 
 

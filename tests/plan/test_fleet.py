@@ -19,10 +19,12 @@ REGIONS = ("us-east", "us-central", "us-west")
 
 
 def _paper() -> tuple[list[ModelDeployment], ScalingPolicy]:
-    docs = yaml.safe_load_all((ROOT / "policies" / "paper" / "models.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "policies" / "base" / "models.yaml").read_text())
     mds = [ModelDeployment.model_validate(d) for d in docs]
     policy = ScalingPolicy.model_validate(
-        yaml.safe_load((ROOT / "policies" / "paper" / "scalingpolicy.yaml").read_text())
+        yaml.safe_load(
+            (ROOT / "policies" / "overlays" / "lt-ua" / "scalingpolicy.yaml").read_text()
+        )
     )
     return mds, policy
 

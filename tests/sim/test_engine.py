@@ -72,8 +72,9 @@ def test_littles_law_holds_on_a_steady_run() -> None:
 def test_batch_requests_past_the_deadline_count_as_misses() -> None:
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
     cfg = config(perf, end_s=100.0)
-    late_tier = NIW.__class__(**{**{f: getattr(NIW, f) for f in NIW.__dataclass_fields__},
-                                 "deadline_s": 0.5})
+    late_tier = NIW.__class__(
+        **{**{f: getattr(NIW, f) for f in NIW.__dataclass_fields__}, "deadline_s": 0.5}
+    )
     reqs = [Request(0, 1.0, "m", late_tier, "r1", 100, 200)]  # needs ~4 s > 0.5 s deadline
     r = Simulation(cfg, make_strategy("siloed"), reqs).run()
     st = r.stats[("NIW", "m")]
@@ -119,8 +120,10 @@ def test_gpu_hours_per_state_match_a_hand_computed_case() -> None:
     assert extra[0].ready_at == 6000.0
     cl.ready(extra[0], 6000.0)
     cl.close_accounting(7200.0)
-    g = {st: sum(v for (m, r, s), v in cl.acct.gpu_seconds.items() if s is st) / 3600
-         for st in InstanceState}
+    g = {
+        st: sum(v for (m, r, s), v in cl.acct.gpu_seconds.items() if s is st) / 3600
+        for st in InstanceState
+    }
     # instance A: serving 2 h; instance B: serving 0.5 h, spot 0.5 h, provisioning 60 s,
     # serving 7200-3660 s; instance C: provisioning 5400-6000 s (redeploy), serving 1200 s
     assert g[InstanceState.SERVING] * 3600 == pytest.approx(8 * (7200 + 1800 + 3540 + 1200))
@@ -194,5 +197,6 @@ def test_baselines_never_run_the_planner() -> None:
 
     perf = flat_perf()
     cfg = config(perf, end_s=2 * 3600.0)
-    Simulation(cfg, make_strategy("reactive"), poisson(1.0, cfg.end_s, [IW_F]),
-               planner=planner).run()
+    Simulation(
+        cfg, make_strategy("reactive"), poisson(1.0, cfg.end_s, [IW_F]), planner=planner
+    ).run()

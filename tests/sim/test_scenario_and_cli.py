@@ -20,7 +20,11 @@ TINY = Path(__file__).parent / "fixtures" / "tiny"
 def test_default_scenario_is_3_regions_4_models_3_tiers_72_percent_interactive() -> None:
     sc = load_scenario(default_scenario_dir())
     assert {m.metadata.name for m in sc.models} == {
-        "llama-2-70b", "bloom-176b", "llama-3-1-8b", "llama-3-2-3b"}
+        "llama-2-70b",
+        "bloom-176b",
+        "llama-3-1-8b",
+        "llama-3-2-3b",
+    }
     assert {n.region for n in sc.nodes} == {"us-east", "us-central", "us-west"}
     assert set(sc.tiers) == {"iw-f", "iw-n", "niw"}
     for src in sc.workload.sources:
@@ -46,8 +50,18 @@ def test_an_invalid_manifest_is_reported_with_its_file(tmp_path: Path) -> None:
 
 
 def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
-    res = CliRunner().invoke(app, ["simulate", "--scenario", str(TINY), "--out", str(tmp_path),
-                                   "--policy", "reactive,siloed"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--scenario",
+            str(TINY),
+            "--out",
+            str(tmp_path),
+            "--policy",
+            "reactive,siloed",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "reactive" in res.output and "siloed" in res.output
     doc = json.loads((tmp_path / "summary.json").read_text())
@@ -56,7 +70,12 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
         p = doc["policies"][name]
         assert set(p) == {"requests", "tiers", "fleet", "scaling_events", "sim"}
         assert set(p["fleet"]["gpu_hours"]) == {
-            "serving", "provisioning", "draining", "donated", "internal"}
+            "serving",
+            "provisioning",
+            "draining",
+            "donated",
+            "internal",
+        }
         assert p["requests"]["finished"] + p["requests"]["unfinished"] == p["requests"]["arrived"]
         assert set(p["tiers"]["iw-f"]["llama-2-70b"]["ttft_s"]) == {"p50", "p95", "p99"}
     header = (tmp_path / "minutes.csv").read_text().splitlines()[0]
@@ -66,8 +85,7 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
 
 
 def test_unknown_policy_is_a_clear_error(tmp_path: Path) -> None:
-    res = CliRunner().invoke(app, ["simulate", "-s", str(TINY), "-o", str(tmp_path),
-                                   "-p", "nope"])
+    res = CliRunner().invoke(app, ["simulate", "-s", str(TINY), "-o", str(tmp_path), "-p", "nope"])
     assert res.exit_code == 2
     assert "unknown scaling strategy" in res.output
 
