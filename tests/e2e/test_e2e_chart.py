@@ -17,7 +17,7 @@ import pytest
 import yaml
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
-from test_e2e_operator_pacing import FakeVllm
+from operator_kit import FakeVllm, model_deployment, operator_args, scaling_policy
 from test_e2e_operator_spot import spot_workload
 
 from e2e import versions
@@ -25,7 +25,6 @@ from e2e import versions
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_NS = "sageserve-system"
 SA = f"system:serviceaccount:{RELEASE_NS}:sageserve"
-A100 = "NVIDIA-A100-SXM4-80GB"
 REGION = "us-east"
 
 
@@ -162,9 +161,7 @@ def test_the_operator_scales_and_reclaims_with_only_the_charts_permissions(
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(spot))
     fake = FakeVllm()
     fake.set(0.9)
-    target_file = prometheus_targets_dir / f"{namespace}.json"
-    labels = {"namespace": namespace, "model_deployment": "llama8b", "region": REGION, "pod": "f"}
-    target_file.write_text(json.dumps([{"targets": [f"127.0.0.1:{fake.port}"], "labels": labels}]))
+    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
     for key, value in {
         "KUBECONFIG": str(sa_kubeconfig(kubeconfig, tmp_path)),
         "SAGESERVE_PROMETHEUS_URL": prometheus_url,
@@ -173,31 +170,8 @@ def test_the_operator_scales_and_reclaims_with_only_the_charts_permissions(
         "SAGESERVE_METRICS_PORT": "0",
     }.items():
         monkeypatch.setenv(key, value)
-    policy = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ScalingPolicy",
-        "metadata": {"name": "fleet"},
-        "spec": {"strategy": "reactive", "intervals": {"paceSeconds": 2, "cooldownSeconds": 2}},
-    }
-    model = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": "llama8b"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "variants": [
-                {
-                    "name": "a100",
-                    "gpuType": A100,
-                    "gpusPerInstance": 8,
-                    "capacityTokensPerSecond": 1800,
-                }
-            ],
-            "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 2}],
-            "tiers": ["iw-f", "iw-n", "niw"],
-            "policyRef": {"name": "fleet"},
-        },
-    }
+    policy = scaling_policy("reactive")
+    model = model_deployment([REGION], gpus=8, theta=1800)
 
     def running() -> int:
         pods = json.loads(
@@ -217,7 +191,7 @@ def test_the_operator_scales_and_reclaims_with_only_the_charts_permissions(
         )["items"]
         return sum(p["status"].get("phase") == "Running" for p in pods)
 
-    args = ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
+    args = operator_args(namespace)
     try:
         with KopfRunner(args, timeout=180) as runner:
             for doc in (policy, model):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from datetime import UTC, datetime
@@ -12,13 +11,12 @@ import pytest
 import yaml
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
-from test_e2e_operator_pacing import FakeVllm
+from operator_kit import FakeVllm, model_deployment, operator_args, scaling_policy
 
 from sageserve.controller.kube import Kube
 from sageserve.controller.leader import LeaderElection
 
 REPO = Path(__file__).resolve().parents[2]
-A100 = "NVIDIA-A100-SXM4-80GB"
 
 
 def test_only_one_replica_leads_and_the_other_takes_over_after_expiry(
@@ -76,14 +74,7 @@ def test_a_replica_without_the_lease_does_not_scale(
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(other))
     fake = FakeVllm()
     fake.set(0.9)  # the load asks for a second instance at once
-    target_file = prometheus_targets_dir / f"{namespace}.json"
-    labels = {
-        "namespace": namespace,
-        "model_deployment": "llama8b",
-        "region": "us-central",
-        "pod": "f",
-    }
-    target_file.write_text(json.dumps([{"targets": [f"127.0.0.1:{fake.port}"], "labels": labels}]))
+    target_file = fake.scrape(prometheus_targets_dir, namespace, "us-central")
     for key, value in {
         "KUBECONFIG": str(kubeconfig),
         "SAGESERVE_PROMETHEUS_URL": prometheus_url,
@@ -92,31 +83,8 @@ def test_a_replica_without_the_lease_does_not_scale(
         "SAGESERVE_METRICS_PORT": "0",
     }.items():
         monkeypatch.setenv(key, value)
-    policy = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ScalingPolicy",
-        "metadata": {"name": "fleet"},
-        "spec": {"strategy": "reactive", "intervals": {"paceSeconds": 2, "cooldownSeconds": 2}},
-    }
-    model = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": "llama8b"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "variants": [
-                {
-                    "name": "a100",
-                    "gpuType": A100,
-                    "gpusPerInstance": 4,
-                    "capacityTokensPerSecond": 900,
-                }
-            ],
-            "regions": [{"name": "us-central", "minInstances": 1, "maxInstances": 2}],
-            "tiers": ["iw-f", "iw-n", "niw"],
-            "policyRef": {"name": "fleet"},
-        },
-    }
+    policy = scaling_policy("reactive")
+    model = model_deployment(["us-central"])
 
     def replicas() -> int | None:
         out = kubectl(
@@ -134,7 +102,7 @@ def test_a_replica_without_the_lease_does_not_scale(
         )
         return int(out.stdout) if out.returncode == 0 and out.stdout else None
 
-    args = ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
+    args = operator_args(namespace)
     try:
         with KopfRunner(args, timeout=120) as runner:
             for doc in (policy, model):

@@ -9,7 +9,6 @@ replicas of the pod set, Events, and the policy's Degraded condition.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.request
@@ -18,48 +17,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from operator_kit import (
+    FakeVllm,
+    apply,
+    free_port,
+    model_deployment,
+    operator_args,
+    prepare_namespace,
+    scaling_policy,
+)
 
 from sageserve.metrics import queries
 from sageserve.metrics.prometheus import PrometheusReader
 
-REPO = Path(__file__).resolve().parents[2]
-A100 = "NVIDIA-A100-SXM4-80GB"
 REGION = "us-central"
-
-
-class FakeVllm:
-    """One pod's worth of vLLM metrics on a free loopback port."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.kv = Gauge(
-            "vllm:kv_cache_usage_perc", "KV usage", ["model_name"], registry=self.registry
-        )
-        self.prompt = Counter(
-            "vllm:prompt_tokens", "prompt tokens", ["model_name"], registry=self.registry
-        )
-        self.generation = Counter(
-            "vllm:generation_tokens", "output tokens", ["model_name"], registry=self.registry
-        )
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server, self.thread = start_http_server(
-            self.port, addr="127.0.0.1", registry=self.registry
-        )
-        self.set(0.5)
-
-    def set(self, usage: float) -> None:
-        self.kv.labels("llama8b").set(usage)
-        self.prompt.labels("llama8b").inc(1000)
-        self.generation.labels("llama8b").inc(100)
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 @pytest.fixture
@@ -72,17 +45,9 @@ def fake_vllm() -> Iterator[FakeVllm]:
 @pytest.fixture
 def namespace(kubeconfig: Path) -> Iterator[str]:
     name = f"pace-{uuid.uuid4().hex[:6]}"
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
-    kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
-    kubectl(kubeconfig, ["create", "namespace", name])
-    kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/base/tiers.yaml")])
+    prepare_namespace(kubeconfig, name)
     yield name
     kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
-
-
-def apply(kubeconfig: Path, namespace: str, doc: dict) -> None:
-    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(doc))
 
 
 def replicas(kubeconfig: Path, namespace: str) -> int | None:
@@ -114,51 +79,12 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
     monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
-    policy = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ScalingPolicy",
-        "metadata": {"name": "fleet"},
-        "spec": {"strategy": "reactive", "intervals": {"paceSeconds": 2, "cooldownSeconds": 2}},
-    }
-    model = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": "llama8b"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            # 4 GPUs per instance: two instances fit the region's one 8-GPU A100 node.
-            "variants": [
-                {
-                    "name": "a100",
-                    "gpuType": A100,
-                    "gpusPerInstance": 4,
-                    "capacityTokensPerSecond": 900,
-                }
-            ],
-            "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 2}],
-            "tiers": ["iw-f", "iw-n", "niw"],
-            "policyRef": {"name": "fleet"},
-        },
-    }
-    target_file = prometheus_targets_dir / f"{namespace}.json"
-    labels = {
-        "namespace": namespace,
-        "model_deployment": "llama8b",
-        "region": REGION,
-        "pod": "fake-0",
-    }
-    target_file.write_text(
-        json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
-    )
+    policy = scaling_policy("reactive")
+    # 4 GPUs per instance: two instances fit the region's one 8-GPU A100 node.
+    model = model_deployment([REGION])
+    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
     try:
-        args = [
-            "run",
-            "--standalone",
-            "--namespace",
-            namespace,
-            "-m",
-            "sageserve.controller.handlers",
-        ]
+        args = operator_args(namespace)
         with KopfRunner(args, timeout=180) as runner:
             apply(kubeconfig, namespace, policy)
             apply(kubeconfig, namespace, model)
@@ -191,9 +117,7 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
             assert replicas(kubeconfig, namespace) == 2
 
             # Data returns, low: scale in to the minimum, Degraded clears.
-            target_file.write_text(
-                json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
-            )
+            fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
             eventually(lambda: replicas(kubeconfig, namespace) == 1, 90, "scale-in to minInstances")
             eventually(
                 lambda: (
@@ -236,9 +160,7 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
     monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_port = s.getsockname()[1]
+    metrics_port = free_port()
     monkeypatch.setenv("SAGESERVE_METRICS_PORT", str(metrics_port))
     # 2,400 tokens/s for a variant of 900 tokens/s per instance: the plan needs 3 instances.
     stop = threading.Event()
@@ -250,49 +172,12 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
 
     feeder = threading.Thread(target=load, daemon=True)
     feeder.start()
-    target_file = prometheus_targets_dir / f"{namespace}.json"
-    labels = {
-        "namespace": namespace,
-        "model_deployment": "llama8b",
-        "region": REGION,
-        "pod": "fake-0",
-    }
-    target_file.write_text(
-        json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
+    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
+    policy = scaling_policy(
+        "lt-immediate",
+        forecast={"method": "persistence", "granularitySeconds": 30, "trainingWindowSeconds": 300},
     )
-    policy = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ScalingPolicy",
-        "metadata": {"name": "fleet"},
-        "spec": {
-            "strategy": "lt-immediate",
-            "intervals": {"paceSeconds": 2, "cooldownSeconds": 2},
-            "forecast": {
-                "method": "persistence",
-                "granularitySeconds": 30,
-                "trainingWindowSeconds": 300,
-            },
-        },
-    }
-    model = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": "llama8b"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "variants": [
-                {
-                    "name": "a100",
-                    "gpuType": A100,
-                    "gpusPerInstance": 4,
-                    "capacityTokensPerSecond": 900,
-                }
-            ],
-            "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 4}],
-            "tiers": ["iw-f", "iw-n", "niw"],
-            "policyRef": {"name": "fleet"},
-        },
-    }
+    model = model_deployment([REGION], hi=4)
     rate = queries.tokens_per_second("60s", namespace)  # the plan loop's window
 
     def settled() -> bool:
@@ -304,14 +189,7 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
         eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
         apply(kubeconfig, namespace, model)
         apply(kubeconfig, namespace, policy)
-        args = [
-            "run",
-            "--standalone",
-            "--namespace",
-            namespace,
-            "-m",
-            "sageserve.controller.handlers",
-        ]
+        args = operator_args(namespace)
         with KopfRunner(args, timeout=120) as runner:
 
             def plan() -> dict | None:

@@ -16,34 +16,15 @@ import pytest
 import yaml
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
+from operator_kit import H100, model_deployment, operator_args
 
 REPO = Path(__file__).resolve().parents[2]
-H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 def small_model(name: str, policy: str = "fleet") -> dict:
-    return {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "variants": [
-                {
-                    "name": "h100",
-                    "gpuType": H100,
-                    "gpusPerInstance": 8,
-                    "capacityTokensPerSecond": 1500,
-                }
-            ],
-            "regions": [
-                {"name": "us-east", "minInstances": 1, "maxInstances": 2},
-                {"name": "us-west", "minInstances": 1, "maxInstances": 2},
-            ],
-            "tiers": ["iw-f", "iw-n", "niw"],
-            "policyRef": {"name": policy},
-        },
-    }
+    return model_deployment(
+        ["us-east", "us-west"], H100, gpus=8, theta=1500, name=name, policy=policy
+    )
 
 
 @pytest.fixture
@@ -83,7 +64,7 @@ def test_model_deployment_becomes_pod_sets_running_on_matching_gpu_nodes(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
     monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:1")  # no policy paces here
-    args = ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
+    args = operator_args(namespace)
     with KopfRunner(args, timeout=120) as runner:
         apply(kubeconfig, namespace, small_model("llama8b"))
 

@@ -15,13 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
-from test_e2e_operator_pacing import FakeVllm
+from operator_kit import (
+    A100,
+    FakeVllm,
+    apply,
+    model_deployment,
+    operator_args,
+    prepare_namespace,
+    scaling_policy,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-A100 = "NVIDIA-A100-SXM4-80GB"
 REGION = "us-west"
 SPOT_NODE = "gpu-us-west-a100-spot-0"
 
@@ -36,17 +41,9 @@ def fake_vllm() -> Iterator[FakeVllm]:
 @pytest.fixture
 def namespace(kubeconfig: Path) -> Iterator[str]:
     name = f"spot-{uuid.uuid4().hex[:6]}"
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
-    kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
-    kubectl(kubeconfig, ["create", "namespace", name])
-    kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/base/tiers.yaml")])
+    prepare_namespace(kubeconfig, name)
     yield name
     kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
-
-
-def apply(kubeconfig: Path, namespace: str, doc: dict) -> None:
-    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(doc))
 
 
 def get(kubeconfig: Path, *what: str) -> dict:
@@ -111,41 +108,9 @@ def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
 
     assert eventually(spot_pod_node, 60, "the spot workload running") == SPOT_NODE
 
-    labels = {
-        "namespace": namespace,
-        "model_deployment": "llama8b",
-        "region": REGION,
-        "pod": "fake-0",
-    }
-    target_file = prometheus_targets_dir / f"{namespace}.json"
-    target_file.write_text(
-        json.dumps([{"targets": [f"127.0.0.1:{fake_vllm.port}"], "labels": labels}])
-    )
-    policy = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ScalingPolicy",
-        "metadata": {"name": "fleet"},
-        "spec": {"strategy": "reactive", "intervals": {"paceSeconds": 2, "cooldownSeconds": 2}},
-    }
-    model = {
-        "apiVersion": "sageserve.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": "llama8b"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "variants": [
-                {
-                    "name": "a100",
-                    "gpuType": A100,
-                    "gpusPerInstance": 8,
-                    "capacityTokensPerSecond": 1800,
-                }
-            ],
-            "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 2}],
-            "tiers": ["iw-f", "iw-n", "niw"],
-            "policyRef": {"name": "fleet"},
-        },
-    }
+    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
+    policy = scaling_policy("reactive")
+    model = model_deployment([REGION], gpus=8, theta=1800)
 
     def serving_nodes() -> list[str]:
         pods = get(
@@ -156,7 +121,7 @@ def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
     def pool(node: str) -> str:
         return get(kubeconfig, "node", node)["metadata"]["labels"]["sageserve.io/pool"]
 
-    args = ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
+    args = operator_args(namespace)
     try:
         with KopfRunner(args, timeout=240) as runner:
             fake_vllm.set(0.5)

@@ -1,0 +1,131 @@
+"""What the operator e2e tests share: manifests, a stand-in vLLM endpoint, the runner args.
+
+The stand-in serves vLLM's metric names with prometheus-client and is scraped by the
+session's Prometheus through a file_sd target carrying the labels the chart's scrape
+configuration adds (namespace, model_deployment, region, pod).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+from e2e_helpers import kubectl
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+REPO = Path(__file__).resolve().parents[2]
+A100 = "NVIDIA-A100-SXM4-80GB"
+H100 = "NVIDIA-H100-80GB-HBM3"
+MODEL = "llama8b"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FakeVllm:
+    """One pod's worth of vLLM metrics on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV usage", ["model_name"], registry=r)
+        self.prompt = Counter("vllm:prompt_tokens", "prompt tokens", ["model_name"], registry=r)
+        self.generation = Counter(
+            "vllm:generation_tokens", "output tokens", ["model_name"], registry=r
+        )
+        self.port = free_port()
+        self.server, self.thread = start_http_server(self.port, addr="127.0.0.1", registry=r)
+        self.set(0.5)
+
+    def set(self, usage: float) -> None:
+        self.kv.labels(MODEL).set(usage)
+        self.prompt.labels(MODEL).inc(1000)
+        self.generation.labels(MODEL).inc(100)
+
+    def scrape(self, targets_dir: Path, namespace: str, region: str) -> Path:
+        """Register this endpoint with Prometheus as pod `fake-0` of MODEL in `region`."""
+        labels = {
+            "namespace": namespace,
+            "model_deployment": MODEL,
+            "region": region,
+            "pod": "fake-0",
+        }
+        path = targets_dir / f"{namespace}.json"
+        path.write_text(json.dumps([{"targets": [f"127.0.0.1:{self.port}"], "labels": labels}]))
+        return path
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def scaling_policy(strategy: str, **spec: Any) -> dict[str, Any]:
+    """ScalingPolicy `fleet`, pacing every 2 s with a 2 s cooldown unless `spec` says more."""
+    body: dict[str, Any] = {
+        "strategy": strategy,
+        "intervals": {"paceSeconds": 2, "cooldownSeconds": 2},
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ScalingPolicy",
+        "metadata": {"name": "fleet"},
+        "spec": body,
+    }
+
+
+def model_deployment(
+    regions: list[str],
+    gpu_type: str = A100,
+    gpus: int = 4,
+    theta: float = 900,
+    lo: int = 1,
+    hi: int = 2,
+    name: str = MODEL,
+    policy: str = "fleet",
+) -> dict[str, Any]:
+    """A Llama-3.1-8B ModelDeployment with one variant (`a100` or `h100`) in `regions`."""
+    variant = "a100" if gpu_type == A100 else "h100"
+    return {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "variants": [
+                {
+                    "name": variant,
+                    "gpuType": gpu_type,
+                    "gpusPerInstance": gpus,
+                    "capacityTokensPerSecond": theta,
+                }
+            ],
+            "regions": [{"name": r, "minInstances": lo, "maxInstances": hi} for r in regions],
+            "tiers": ["iw-f", "iw-n", "niw"],
+            "policyRef": {"name": policy},
+        },
+    }
+
+
+def apply(kubeconfig: Path, namespace: str, *docs: dict[str, Any]) -> None:
+    for doc in docs:
+        kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(doc))
+
+
+def prepare_namespace(kubeconfig: Path, name: str) -> None:
+    """CRDs installed (taken over from helm if it installed them), a namespace with tiers."""
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
+    kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
+    kubectl(kubeconfig, ["create", "namespace", name])
+    kubectl(kubeconfig, ["apply", "-n", name, "-f", str(REPO / "policies/base/tiers.yaml")])
+
+
+def operator_args(namespace: str) -> list[str]:
+    """kopf's command line for the sageserve handlers, watching one namespace."""
+    return ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
