@@ -205,6 +205,32 @@ def bench_sim(
     run(scenario, policy, hours, console, sim_only)
 
 
+@bench_app.command("operator")
+def bench_operator(
+    models: Annotated[int, typer.Option(help="ModelDeployments.")] = 200,
+    regions: Annotated[int, typer.Option(help="Regions per ModelDeployment (1-3).")] = 3,
+    variants: Annotated[int, typer.Option(help="GPU-type variants per model (1-2).")] = 2,
+    nodes: Annotated[int, typer.Option(help="KWOK GPU nodes (3 regions x 2 GPU types).")] = 2000,
+    changes: Annotated[
+        int, typer.Option(help="Spec edits timed until the pod sets show them.")
+    ] = 100,
+    reuse: Annotated[
+        bool, typer.Option(help="Use the cluster of `python -m e2e.cluster up` (nodes added).")
+    ] = False,
+    keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write JSON here.")] = None,
+) -> None:
+    """The operator process on a KWOK cluster: first reconcile, plan round, change latency, RSS."""
+    from sageserve.controller.bench import BenchConfig, BenchError, bench_operator_command
+
+    config = BenchConfig(models, regions, nodes, variants, changes, reuse, keep)
+    try:
+        bench_operator_command(config, output, console)
+    except BenchError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
 # --- forecasting and planning (issue 5) -------------------------------------------------
 
 forecast_app = typer.Typer(help="Forecasts of tokens/s per (model, region).", no_args_is_help=True)
