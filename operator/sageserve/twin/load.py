@@ -1,0 +1,530 @@
+"""Trace load on the pods that run: the simulator's instances, one per serving pod.
+
+Every endpoint (namespace, model deployment, region) draws requests from its own seeded
+copy of the trace, scaled by the load control. A request goes to the serving pod of its
+endpoint with the fewest remaining tokens (the simulator's in-region picker); with no
+serving pod it is rejected, as a Service without ready endpoints would refuse it. Each
+serving pod is a `sim.instance.Instance` (continuous batching, KV cache, priority queues,
+preemption), advanced by the same event heap discipline as `sim.engine`: nothing about
+batching is re-implemented here. A pod that stops serving drops its instance and the
+requests in it (counted as lost), as a killed vLLM process would.
+
+Time is the trace's own (seconds from the trace's t=0); the caller advances it from a
+`Clock`, so the same code runs live (accelerated or not), in backfill and in unit tests.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import heapq
+import math
+import random
+import threading
+import zlib
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+from sageserve.core.types import IW_F, Request
+from sageserve.metrics.vllm import TTFT_BUCKETS
+from sageserve.perf.model import PerfCatalog, VariantPerf
+from sageserve.route.instance_picker import pick_instance
+from sageserve.sim import traces
+from sageserve.sim.instance import Instance, InstanceHooks, Job
+from sageserve.sim.workload import parse_duration
+from sageserve.twin.pods import EndpointId, PodInfo
+
+_INF = math.inf
+
+#: Buckets (seconds) of vLLM's end-to-end latency histogram.
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+#: (start seconds, seed) -> trace rows from `start` on, in time order, without end.
+RowSource = Callable[[float, int], Iterator[traces.TraceRow]]
+
+
+# ---- the trace ---------------------------------------------------------------------------
+
+
+class TraceSource:
+    """Endless request rows of one trace file (Azure LLM 2023 CSV or ServeGen windows).
+
+    The trace repeats back to back when it ends, so a twin can run for days on a 1-hour
+    trace. Rates are the trace's own; the load control scales them.
+    """
+
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            raise FileNotFoundError(f"trace {path} does not exist")
+        self.path = path
+        self.kind = "servegen" if "_client_windows_" in path.name else "azure2023"
+        self._table: traces.ServeGenTable | None = None
+        self._knots: traces.TokenKnots | None = None
+        if self.kind == "servegen":
+            windows, tokens = traces.servegen_paths(path)
+            self._table = traces.ServeGenTable.load(windows)
+            volume = self._table.client_volume()
+            self._knots = (
+                traces.load_token_knots(tokens, volume)
+                if tokens is not None
+                else traces.TokenKnots(traces._QS, {}, {})
+            )
+
+    def __call__(self, start: float, seed: int) -> Iterator[traces.TraceRow]:
+        if self._table is None:
+            return traces.azure2023_rows(self.path, start, _INF, True, 1.0, seed)
+        return self._servegen(start, seed)
+
+    def _servegen(self, start: float, seed: int) -> Iterator[traces.TraceRow]:
+        assert self._table is not None and self._knots is not None
+        span = self._table.span_s
+        lap = int(start // span)
+        while True:
+            offset = lap * span
+            rows = traces.servegen_rows(
+                self._table, self._knots, max(0.0, start - offset), span, 1.0, seed + lap
+            )
+            for r in rows:
+                yield traces.TraceRow(r.t + offset, r.client, r.prompt, r.output)
+            lap += 1
+
+
+# ---- how much of it ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    """A multiplier over trace time, linear between points, held after the last one.
+
+    `LoadShape.parse("0:1,30m:3,1h:0.5")`: 1× at the start, rising to 3× at 30 min, down
+    to 0.5× at 1 h and after. Times use the workload files' units (s, m, h, d).
+    """
+
+    points: tuple[tuple[float, float], ...] = ((0.0, 1.0),)
+
+    @classmethod
+    def parse(cls, text: str) -> LoadShape:
+        pts = []
+        for part in text.split(","):
+            if not part.strip():
+                continue
+            t, sep, m = part.partition(":")
+            if not sep:
+                raise ValueError(f"load profile point {part!r}: use TIME:MULTIPLIER, e.g. 30m:2")
+            mult = float(m)
+            if mult < 0:
+                raise ValueError(f"load profile point {part!r}: the multiplier must be >= 0")
+            pts.append((parse_duration(t.strip()), mult))
+        if not pts:
+            raise ValueError("an empty load profile; e.g. 0:1,30m:3,1h:0.5")
+        pts.sort()
+        return cls(tuple(pts))
+
+    def __call__(self, t: float) -> float:
+        pts = self.points
+        if t <= pts[0][0]:
+            return pts[0][1]
+        for (t0, m0), (t1, m1) in pairwise(pts):
+            if t <= t1:
+                return m0 + (m1 - m0) * (t - t0) / (t1 - t0) if t1 > t0 else m1
+        return pts[-1][1]
+
+
+def endpoint_name(ep: EndpointId) -> str:
+    """`namespace/model-deployment/region`, the form endpoint patterns match."""
+    return "/".join(ep)
+
+
+class LoadControl:
+    """Request-rate multiplier per endpoint: scale × shape(t) × endpoint factors × override.
+
+    Patterns are shell-style over `namespace/model-deployment/region` (e.g. `*/bloom/*`).
+    `set` changes the runtime override (the twin's HTTP control and tests use it); it is
+    thread-safe and takes effect from the next request on.
+    """
+
+    def __init__(
+        self,
+        scale: float = 1.0,
+        shape: LoadShape | None = None,
+        factors: Mapping[str, float] | None = None,
+    ) -> None:
+        self.scale = scale
+        self.shape = shape or LoadShape()
+        self.factors = dict(factors or {})
+        self._overrides: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def set(self, multiplier: float, pattern: str = "*") -> None:
+        if multiplier < 0:
+            raise ValueError("the load multiplier must be >= 0")
+        with self._lock:
+            if pattern == "*":
+                self._overrides.clear()
+            self._overrides[pattern] = multiplier
+
+    def overrides(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._overrides)
+
+    def multiplier(self, ep: EndpointId, t: float) -> float:
+        name = endpoint_name(ep)
+        m = self.scale * self.shape(t)
+        for pattern, f in self.factors.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                m *= f
+        with self._lock:
+            found = [v for p, v in self._overrides.items() if fnmatch.fnmatchcase(name, p)]
+        if found:
+            m *= found[-1]  # the latest matching override (insertion order)
+        return m
+
+
+# ---- which performance profile -------------------------------------------------------------
+
+
+class PerfResolver:
+    """The perf profile of a pod: explicit mapping, ModelDeployment annotation, its name.
+
+    Then the variant of (GPU type, GPUs) the pod asks for, else the largest variant on that
+    GPU type, else the largest of the profile. `default` covers model deployments named
+    after no profile.
+    """
+
+    def __init__(
+        self,
+        catalog: PerfCatalog,
+        profiles: Mapping[str, str] | None = None,
+        default: str | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.profiles = dict(profiles or {})
+        self.default = default
+        self.annotations: dict[tuple[str, str], str] = {}
+
+    def resolve(self, pod: PodInfo) -> VariantPerf:
+        names = [
+            self.profiles.get(pod.model_deployment),
+            self.annotations.get((pod.namespace, pod.model_deployment)),
+            pod.model_deployment,
+            self.default,
+        ]
+        models = set(self.catalog.models())
+        for name in names:
+            if name is None or name not in models:
+                continue
+            try:
+                return self.catalog.get(name, pod.gpu_type, pod.gpus or None)
+            except KeyError:
+                pass
+            try:
+                return self.catalog.get(name, pod.gpu_type)
+            except KeyError:
+                return max(
+                    (v for (m, _, _), v in self.catalog.variants.items() if m == name),
+                    key=lambda v: v.gpus,
+                )
+        raise KeyError(
+            f"pod {pod.namespace}/{pod.name}: no perf profile for model deployment "
+            f"{pod.model_deployment!r}; name one with --profile {pod.model_deployment}=PROFILE, "
+            f"the sageserve.io/perf-profile annotation or --default-profile (have "
+            f"{', '.join(sorted(models))})"
+        )
+
+
+# ---- what each pod reports -----------------------------------------------------------------
+
+
+@dataclass
+class Histogram:
+    """Counts per bucket (not cumulative) plus sum, like a prometheus-client histogram."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.total += v
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """[(le, cumulative count), ...] ending with +Inf."""
+        out, acc = [], 0
+        for b, c in zip((*self.bounds, _INF), self.counts, strict=True):
+            acc += c
+            out.append(("+Inf" if b == _INF else repr(float(b)), acc))
+        return out
+
+    def copy(self) -> Histogram:
+        return Histogram(self.bounds, list(self.counts), self.total)
+
+
+@dataclass
+class PodCounters:
+    """Monotonic counters of one pod, as vLLM's would be."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+    preemptions: int = 0
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    def copy(self) -> PodCounters:
+        return PodCounters(
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.requests_finished,
+            self.preemptions,
+            self.ttft.copy(),
+            self.e2e.copy(),
+        )
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """One pod's metrics at one moment."""
+
+    pod: PodInfo
+    kv_usage: float
+    running: int
+    waiting: int
+    kv_capacity_tokens: int
+    counters: PodCounters
+
+
+class TwinPod:
+    """A serving pod: its instance and counters."""
+
+    __slots__ = ("alive", "counters", "endpoint", "info", "instance")
+
+    def __init__(self, info: PodInfo, instance: Instance, endpoint: EndpointLoad) -> None:
+        self.info = info
+        self.instance = instance
+        self.endpoint = endpoint
+        self.counters = PodCounters()
+        self.alive = True
+
+
+class EndpointLoad:
+    """One endpoint's request stream and serving pods."""
+
+    def __init__(self, ep: EndpointId, rows: Iterator[traces.TraceRow], seed: int) -> None:
+        self.id = ep
+        self.rows = rows
+        self.next_row: traces.TraceRow | None = next(rows, None)
+        self.rng = random.Random(seed)
+        self.pods: dict[str, TwinPod] = {}
+        self.arrived = 0
+        self.rejected = 0
+        self.lost = 0
+        self.prompt_tokens = 0
+
+
+def _endpoint_seed(seed: int, ep: EndpointId) -> int:
+    return (seed * 1_000_003 + zlib.crc32(endpoint_name(ep).encode())) & 0x7FFFFFFF
+
+
+class TwinSim(InstanceHooks):
+    """The simulated fleet behind the pods; call `sync` with the pods, `advance` with time."""
+
+    #: Extra copies of a trace row (multiplier > 1) are spread over this many seconds.
+    COPY_SPREAD_S = 1.0
+
+    def __init__(
+        self,
+        rows: RowSource,
+        perf: Callable[[PodInfo], VariantPerf],
+        load: LoadControl | None = None,
+        start: float = 0.0,
+        seed: int = 0,
+        max_batched_tokens: int = 16384,
+    ) -> None:
+        self.rows = rows
+        self.perf = perf
+        self.load = load or LoadControl()
+        self.now = start
+        self.seed = seed
+        self.max_batched_tokens = max_batched_tokens
+        self.endpoints: dict[EndpointId, EndpointLoad] = {}
+        self.pods: dict[tuple[str, str], TwinPod] = {}
+        self.heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._req_id = 0
+
+    # ---- the pods ---------------------------------------------------------------------
+
+    def sync(self, pods: Iterable[PodInfo]) -> tuple[list[str], list[str]]:
+        """Match the fleet to `pods` at the current time; returns (added, removed) pod names.
+
+        Serving pods get an instance; pods that stopped serving (deleted, or no longer
+        Running) lose theirs with the requests in it. Endpoints with no pod at all go.
+        """
+        listed = list(pods)
+        serving = {p.key: p for p in listed if p.serving}
+        wanted_eps = {p.endpoint for p in listed}
+        removed: list[str] = []
+        for key in [k for k in self.pods if k not in serving]:
+            tp = self.pods.pop(key)
+            tp.alive = False
+            tp.endpoint.pods.pop(tp.info.name, None)
+            tp.endpoint.lost += len(tp.instance.abandon_all())
+            removed.append(tp.info.name)
+        for ep in wanted_eps - set(self.endpoints):
+            seed = _endpoint_seed(self.seed, ep)
+            self.endpoints[ep] = EndpointLoad(ep, self.rows(self.now, seed), seed)
+        for ep in set(self.endpoints) - wanted_eps:
+            del self.endpoints[ep]
+        added: list[str] = []
+        for key, info in serving.items():
+            if key in self.pods:
+                continue
+            endpoint = self.endpoints[info.endpoint]
+            inst = Instance(
+                f"{info.namespace}/{info.name}",
+                self.perf(info),
+                info.region,
+                self,
+                self.max_batched_tokens,
+            )
+            inst.t0 = self.now
+            tp = TwinPod(info, inst, endpoint)
+            inst.endpoint = tp
+            self.pods[key] = tp
+            endpoint.pods[info.name] = tp
+            added.append(info.name)
+        return added, removed
+
+    # ---- time ---------------------------------------------------------------------------
+
+    def advance(self, to: float) -> None:
+        """Run every arrival and instance event up to `to` (trace seconds)."""
+        if to <= self.now:
+            return
+        for ep in self.endpoints.values():
+            self._pull(ep, to)
+        heap = self.heap
+        pop = heapq.heappop
+        while heap and heap[0][0] <= to:
+            when, _, kind, obj = pop(heap)
+            if kind == 0:
+                assert isinstance(obj, TwinPod)
+                inst = obj.instance
+                if not obj.alive or inst.event_time != when:
+                    continue
+                inst.event_time = _INF
+                inst.update(when)
+            else:
+                assert isinstance(obj, tuple)
+                self._arrive(obj[0], when, obj[1], obj[2])
+        self.now = to
+
+    def _push(self, when: float, kind: int, obj: object) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (when, self._seq, kind, obj))
+
+    def _pull(self, ep: EndpointLoad, to: float) -> None:
+        rng = ep.rng
+        while ep.next_row is not None and ep.next_row.t <= to:
+            row = ep.next_row
+            m = self.load.multiplier(ep.id, row.t)
+            whole = int(m)
+            copies = whole + (1 if rng.random() < m - whole else 0)
+            for c in range(copies):
+                t = row.t + (rng.random() * self.COPY_SPREAD_S if c else 0.0)
+                self._push(max(t, self.now), 1, (ep, row.prompt, row.output))
+            ep.next_row = next(ep.rows, None)
+
+    def _arrive(self, ep: EndpointLoad, t: float, prompt: int, output: int) -> None:
+        if self.endpoints.get(ep.id) is not ep:
+            return  # the endpoint went away with its pods
+        ep.arrived += 1
+        ep.prompt_tokens += prompt
+        if not ep.pods:
+            ep.rejected += 1
+            return
+        self._req_id += 1
+        req = Request(self._req_id, t, ep.id[1], IW_F, ep.id[2], prompt, output)
+        job = Job(req, 0)
+        pods = list(ep.pods.values())
+        if len(pods) == 1:
+            tp = pods[0]
+        else:
+            rem = Instance.remaining_tokens_at
+            tp = pick_instance([(p, rem(p.instance, t)) for p in pods])
+        job.ep = tp
+        tp.instance.enqueue(job, t)
+
+    # ---- InstanceHooks --------------------------------------------------------------------
+
+    def schedule(self, inst: Instance, when: float) -> None:
+        tp = inst.endpoint
+        assert isinstance(tp, TwinPod)
+        self._push(when, 0, tp)
+
+    def on_finish(self, job: Job, now: float) -> None:
+        tp = job.ep
+        assert isinstance(tp, TwinPod)
+        if now < 0:  # could never fit in the KV cache: vLLM rejects it
+            tp.endpoint.lost += 1
+            return
+        c = tp.counters
+        req = job.req
+        c.prompt_tokens += req.prompt_tokens
+        c.generation_tokens += req.output_tokens
+        c.requests_finished += 1
+        c.preemptions += job.preemptions
+        c.ttft.observe(max(0.0, job.first_token - req.arrival))
+        c.e2e.observe(max(0.0, now - req.arrival))
+
+    def on_idle(self, inst: Instance, now: float) -> None:
+        pass  # twin instances are always serving; pods leave through `sync`
+
+    # ---- what Prometheus sees -------------------------------------------------------------
+
+    def samples(self) -> list[PodSample]:
+        """Every serving pod's metrics at the current time, in (namespace, name) order."""
+        out = []
+        for key in sorted(self.pods):
+            tp = self.pods[key]
+            inst = tp.instance
+            kv = inst.kv_at(self.now) / inst.kv_cap if inst.kv_cap else 0.0
+            out.append(
+                PodSample(
+                    tp.info,
+                    min(1.0, max(0.0, kv)),
+                    inst.running,
+                    inst.waiting,
+                    inst.kv_cap,
+                    tp.counters.copy(),
+                )
+            )
+        return out

@@ -1,0 +1,303 @@
+"""The live twin: pods in, simulated load through time, metrics out over HTTP.
+
+Threads: one loop advances the simulation to the clock every `tick_s` and re-lists pods
+every `refresh_s`; an HTTP server answers scrapes. One lock guards the simulation, so a
+scrape sees a consistent instant.
+
+HTTP:
+- `GET /metrics/<namespace>/<pod>`: that pod's vLLM metrics (what its vLLM would serve);
+  404 for a pod that does not serve, so Prometheus marks it down.
+- `GET /metrics/pods`: every serving pod, with the pod labels on the series (for a
+  scrape job with `honor_labels: true`).
+- `GET /metrics`: the twin's own metrics (simulated time, lag, requests per endpoint).
+- `GET /status`: JSON (time, speed, load, pods and their state).
+- `POST /load` with `{"multiplier": 2.5, "endpoint": "*/bloom-176b/*"}`: change the load
+  at run time (tests script rising and falling load with it); `POST /speed`
+  with `{"speed": 60}`.
+
+With `targets_file`, the twin writes a Prometheus file_sd file with one target per
+serving pod (`__metrics_path__` = its path, labels = the pod labels), rewritten
+atomically when the set changes and emptied on stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from sageserve.twin.clock import AcceleratedClock
+from sageserve.twin.exposition import POD_LABELS, encode, families, twin_families
+from sageserve.twin.load import PodSample, TwinSim, endpoint_name
+from sageserve.twin.pods import PodInfo
+
+log = logging.getLogger("sageserve.twin")
+
+
+def pod_path(namespace: str, pod: str) -> str:
+    return f"/metrics/{namespace}/{pod}"
+
+
+def file_sd(pods: Sequence[PodInfo], address: str) -> list[dict[str, Any]]:
+    """file_sd entries: one target per serving pod, labelled as the chart's scrape would."""
+    out = []
+    for p in sorted(pods, key=lambda p: p.key):
+        if not p.serving:
+            continue
+        values = (p.namespace, p.model_deployment, p.region, p.variant, p.name)
+        labels = dict(zip(POD_LABELS, values, strict=True))
+        labels["__metrics_path__"] = pod_path(p.namespace, p.name)
+        out.append({"targets": [address], "labels": labels})
+    return out
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Twin:
+    """The running twin. `start()` binds the port and starts the threads; `stop()` ends them."""
+
+    def __init__(
+        self,
+        sim: TwinSim,
+        clock: AcceleratedClock,
+        list_pods: Callable[[], list[PodInfo]],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        targets_file: Path | None = None,
+        refresh_s: float = 1.0,
+        tick_s: float = 0.25,
+        legacy_kv_name: bool = False,
+        on_new_namespaces: Callable[[set[str]], None] | None = None,
+    ) -> None:
+        self.sim = sim
+        self.clock = clock
+        self.list_pods = list_pods
+        self.targets_file = targets_file
+        self.refresh_s = refresh_s
+        self.tick_s = tick_s
+        self.legacy_kv_name = legacy_kv_name
+        self.on_new_namespaces = on_new_namespaces
+        self.lock = threading.RLock()
+        self.stopped = threading.Event()
+        self.pods: list[PodInfo] = []
+        self._targets_text: str | None = None
+        self.lag_s = 0.0
+        self.list_errors = 0
+        self.server = ThreadingHTTPServer((host, port), _handler(self))
+        self.server.daemon_threads = True
+        self.host, self.port = str(self.server.server_address[0]), self.server.server_address[1]
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # ---- life cycle ---------------------------------------------------------------------
+
+    def start(self) -> Twin:
+        self.refresh()
+        for target, name in ((self.server.serve_forever, "http"), (self._loop, "loop")):
+            t = threading.Thread(target=target, name=f"twin-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.server.shutdown()
+        self.server.server_close()
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.targets_file is not None:
+            write_atomically(self.targets_file, "[]\n")
+
+    def __enter__(self) -> Twin:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        next_refresh = time.monotonic() + self.refresh_s
+        while not self.stopped.wait(self.tick_s):
+            try:
+                if time.monotonic() >= next_refresh:
+                    next_refresh = time.monotonic() + self.refresh_s
+                    self.refresh()
+                else:
+                    self.step()
+            except Exception:  # the API server away, a bad pod: keep serving what we have
+                log.exception("twin pass failed; retrying")
+
+    def step(self) -> None:
+        """Advance the simulation to the clock."""
+        target = self.clock.now()
+        started = time.monotonic()
+        with self.lock:
+            self.sim.advance(target)
+        took = time.monotonic() - started
+        self.lag_s = max(0.0, self.clock.now() - self.sim.now)
+        if took > 5 * max(self.tick_s, 0.2):
+            log.warning("simulating %.1f s of trace took %.1f s of wall time", target, took)
+
+    def refresh(self) -> None:
+        """Re-list pods, match the simulated fleet to them, rewrite the targets file."""
+        try:
+            pods = self.list_pods()
+        except Exception as exc:
+            self.list_errors += 1
+            log.warning("listing pods failed (keeping the last list): %s", exc)
+            self.step()
+            return
+        with self.lock:
+            self.sim.advance(self.clock.now())
+            fresh = {p.namespace for p in pods if p.endpoint not in self.sim.endpoints}
+            if fresh and self.on_new_namespaces is not None:
+                self.on_new_namespaces(fresh)  # e.g. read perf-profile annotations
+            added, removed = self.sim.sync(pods)
+            self.pods = pods
+        for name in added:
+            log.info("pod %s serves", name)
+        for name in removed:
+            log.info("pod %s stopped serving", name)
+        if self.targets_file is not None:
+            text = json.dumps(file_sd(pods, self.address), indent=1) + "\n"
+            if text != self._targets_text:
+                write_atomically(self.targets_file, text)
+                self._targets_text = text
+
+    # ---- what the HTTP server answers ---------------------------------------------------
+
+    def samples(self) -> list[PodSample]:
+        with self.lock:
+            return self.sim.samples()
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            sim = self.sim
+            samples = sim.samples()
+            endpoints = {
+                endpoint_name(ep): {
+                    "arrived": e.arrived,
+                    "rejected": e.rejected,
+                    "lost": e.lost,
+                    "servingPods": sorted(e.pods),
+                    "loadMultiplier": sim.load.multiplier(ep, sim.now),
+                }
+                for ep, e in sorted(sim.endpoints.items())
+            }
+            pods = [
+                {
+                    "namespace": p.namespace,
+                    "name": p.name,
+                    "endpoint": endpoint_name(p.endpoint),
+                    "phase": p.phase,
+                    "serving": p.serving,
+                    "node": p.node,
+                }
+                for p in self.pods
+            ]
+        return {
+            "simTime": sim.now,
+            "speed": self.clock.speed,
+            "lagSeconds": self.lag_s,
+            "overrides": sim.load.overrides(),
+            "endpoints": endpoints,
+            "pods": pods,
+            "samples": {
+                f"{s.pod.namespace}/{s.pod.name}": {
+                    "kvUsage": round(s.kv_usage, 4),
+                    "running": s.running,
+                    "waiting": s.waiting,
+                    "promptTokens": s.counters.prompt_tokens,
+                    "generationTokens": s.counters.generation_tokens,
+                }
+                for s in samples
+            },
+        }
+
+    def own_metrics(self) -> tuple[bytes, str]:
+        with self.lock:
+            sim = self.sim
+            eps = {
+                ep: {
+                    "arrived": float(e.arrived),
+                    "rejected": float(e.rejected),
+                    "lost": float(e.lost),
+                    "serving_pods": float(len(e.pods)),
+                    "load_multiplier": sim.load.multiplier(ep, sim.now),
+                }
+                for ep, e in sim.endpoints.items()
+            }
+            now = sim.now
+        return encode(twin_families(now, self.clock.speed, self.lag_s, eps), None)
+
+
+def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, code: int, obj: Any) -> None:
+            self._send(code, (json.dumps(obj, indent=1) + "\n").encode(), "application/json")
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0].rstrip("/")
+            accept = self.headers.get("Accept")
+            if path == "/metrics":
+                self._send(200, *twin.own_metrics())
+            elif path == "/metrics/pods":
+                fams = families(twin.samples(), True, twin.legacy_kv_name)
+                self._send(200, *encode(fams, accept))
+            elif path.startswith("/metrics/"):
+                parts = [unquote(p) for p in path.split("/")[2:]]
+                found = [s for s in twin.samples() if [s.pod.namespace, s.pod.name] == parts]
+                if not found:
+                    self._send(404, b"no such serving pod\n", "text/plain")
+                    return
+                self._send(200, *encode(families(found, False, twin.legacy_kv_name), accept))
+            elif path == "/status":
+                self._json(200, twin.status())
+            elif path in ("", "/healthz"):
+                self._send(200, b"ok\n", "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def do_POST(self) -> None:
+            path = self.path.split("?", 1)[0].rstrip("/")
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if path == "/load":
+                    twin.sim.load.set(float(body["multiplier"]), str(body.get("endpoint", "*")))
+                elif path == "/speed":
+                    with twin.lock:
+                        twin.sim.advance(twin.clock.now())
+                        twin.clock.set_speed(float(body["speed"]))
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+                    return
+            except (KeyError, ValueError, TypeError) as exc:
+                self._json(400, {"error": str(exc)})
+                return
+            self._json(200, twin.status())
+
+    return Handler
