@@ -340,5 +340,11 @@ def bench_plan_cmd(
     )
 
 
+# Options only at import time; the twin's modules load when it runs.
+from sageserve.twin.commands import twin_command  # noqa: E402
+
+app.command("twin")(twin_command)
+
+
 if __name__ == "__main__":
     app()
