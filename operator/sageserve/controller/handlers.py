@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,14 +23,16 @@ from prometheus_client import start_http_server
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
-from sageserve.controller.kube import kube
+from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
 from sageserve.controller.podset import NodeLabels, render_pod_sets
-from sageserve.controller.semantics import model_deployment_problems, node_shapes
+from sageserve.controller.semantics import NodeShape, model_deployment_problems, node_shapes
 from sageserve.controller.status import model_deployment_status
 from sageserve.metrics.exporter import OPERATOR_METRICS
 
 RESYNC_SECONDS = float(os.environ.get("SAGESERVE_RESYNC_SECONDS", "30"))
+#: Node shapes are listed at most this often (every reconcile needs them; see below).
+NODE_SHAPES_SECONDS = 10.0
 
 
 @kopf.on.login()
@@ -47,6 +51,43 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
+_shapes_lock = threading.Lock()
+_shapes: dict[tuple[str, str], tuple[float, list[NodeShape]]] = {}
+
+
+def cluster_node_shapes(k: Kube, labels: NodeLabels) -> list[NodeShape]:
+    """The distinct (region, GPU type, GPUs) shapes of the cluster's nodes, listed at most
+    every NODE_SHAPES_SECONDS.
+
+    Every reconcile checks that some node fits each variant; listing every Node for each
+    ModelDeployment made a sweep O(objects × nodes) (200 objects × 2,000 nodes: minutes).
+    Shapes change when node pools are added, not from one second to the next."""
+    key = (labels.region, labels.gpu_type)
+    with _shapes_lock:
+        at, shapes = _shapes.get(key, (float("-inf"), []))
+        if time.monotonic() - at >= NODE_SHAPES_SECONDS:
+            shapes = sorted(
+                set(node_shapes(k.nodes(), labels.region, labels.gpu_type)),
+                key=lambda n: (n.region, n.gpu_type, n.gpus),
+            )
+            _shapes[key] = (time.monotonic(), shapes)
+        return shapes
+
+
+def _contains(actual: Any, wanted: Any) -> bool:
+    """Whether every field of `wanted` has its value in `actual` (server defaults aside)."""
+    if isinstance(wanted, Mapping):
+        return isinstance(actual, Mapping) and all(
+            k in actual and _contains(actual[k], v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
+        )
+    return bool(actual == wanted)
+
 
 def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger) -> dict[str, Any]:
     """One level-triggered pass over a ModelDeployment; returns its new status."""
@@ -58,7 +99,7 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
         md,
         policies=k.names(namespace, "scalingpolicies"),
         tiers=k.names(namespace, "workloadtiers"),
-        nodes=node_shapes(k.nodes(), labels.region, labels.gpu_type),
+        nodes=cluster_node_shapes(k, labels),
     )
     existing = k.deployments_of(namespace, md.metadata.name)
     applied: list[dict[str, Any]] = []
@@ -72,7 +113,15 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
         desired = render_pod_sets(md, current, namespace, uid, labels)
         wanted = {d["metadata"]["name"] for d in desired}
         for deployment in desired:
-            applied.append(k.apply(deployment))
+            have = existing.get(deployment["metadata"]["name"])
+            # Applying an unchanged pod set is a no-op for the API server but still a
+            # request per pod set per resync; a drifted field is applied (and restored).
+            # (List items carry no apiVersion/kind: compare what we set, metadata and spec.)
+            mine = {"metadata": deployment["metadata"], "spec": deployment["spec"]}
+            if have is not None and _contains(have, mine):
+                applied.append(have)
+            else:
+                applied.append(k.apply(deployment))
         for name in sorted(set(existing) - wanted):
             logger.info("deleting pod set %s: its region or variant left the spec", name)
             k.delete_deployment(namespace, name)
@@ -115,9 +164,10 @@ def resync(obj: dict[str, Any]) -> None:
     a policy or node that appears later makes a waiting object Ready."""
     logger = logging.getLogger("sageserve.resync")
     status = reconcile(obj, obj["metadata"]["namespace"], obj["metadata"]["uid"], logger)
-    kube().patch_status(
-        obj["metadata"]["namespace"], "modeldeployments", obj["metadata"]["name"], status
-    )
+    if any((obj.get("status") or {}).get(k) != v for k, v in status.items()):
+        kube().patch_status(
+            obj["metadata"]["namespace"], "modeldeployments", obj["metadata"]["name"], status
+        )
 
 
 _loops: Loops | None = None

@@ -148,8 +148,9 @@ class PacePass:
             return
         strategy = self.state.strategy_of(self.policy, self.body["metadata"].get("generation"))
         held: list[str] = []
+        pod_sets = self.kube.deployments_by_owner(self.namespace)
         for raw, md in fleet:
-            deployments = self.kube.deployments_of(self.namespace, md.metadata.name)
+            deployments = pod_sets.get(md.metadata.name, {})
             states = pod_set_states(md, deployments)
             per_gpu = {v.name: v.gpus_per_instance for v in md.spec.variants}
             gpus: dict[tuple[str, str], int] = {}
@@ -195,8 +196,9 @@ class PacePass:
             for v in md.spec.variants
         }
         busy = set()
+        pod_sets = self.kube.deployments_by_owner(self.namespace)
         for md in mds:
-            for name, d in self.kube.deployments_of(self.namespace, md.metadata.name).items():
+            for name, d in pod_sets.get(md.metadata.name, {}).items():
                 wanted = int((d.get("spec") or {}).get("replicas") or 0)
                 if name in region_of and wanted > int(
                     (d.get("status") or {}).get("readyReplicas") or 0
@@ -268,6 +270,7 @@ class Loops(threading.Thread):
         self.states: dict[tuple[str, str], PaceState] = {}
         self.due: dict[tuple[str, str], float] = {}
         self.next_resync = 0.0
+        self.sweep: threading.Thread | None = None
         self.is_leader = False
         self.lease_check = 0.0
 
@@ -293,37 +296,61 @@ class Loops(threading.Thread):
                 )
         return self.is_leader
 
-    def plan_if_due(self, k: Kube, policy: dict[str, Any], state: PaceState) -> None:
-        """Adopt the plan recorded in status if it is fresh, else plan now (LT strategies)."""
+    def plan_if_due(self, k: Kube, policy: dict[str, Any], state: PaceState) -> bool:
+        """Adopt the plan recorded in status if it is fresh, else plan now (LT strategies).
+
+        Returns whether a plan pass ran."""
         if not plans(policy):
-            return
+            return False
         wall = time.time()
         if wall < state.next_plan:
-            return
+            return False
         interval = float((policy.get("spec") or {}).get("intervals", {}).get("planSeconds", 3600))
         recorded = recorded_plan(policy)
         if state.plan is None and recorded is not None and wall - recorded[0] < interval:
             state.adopt(*recorded)  # restart: the plan in status is still in force
             state.next_plan = recorded[0] + interval
-            return
+            return False
         state.next_plan = wall + interval
         cycle = PlanPass(k, policy, state.conditions, self.logger).run(
             prometheus_reader(), NodeLabels.from_env()
         )
         if cycle is not None:
             state.adopt(wall, cycle.endpoint_targets, cycle.forecast_tps)
+        return cycle is not None
+
+    def resync_all(self, k: Kube) -> None:
+        """Reconcile every ModelDeployment once (a policy or node that appeared later makes a
+        waiting object Ready; a drifted pod set is restored)."""
+        started = time.monotonic()
+        try:
+            mds = k.objects_in(self.namespaces, "modeldeployments")
+        except Exception:  # API server away: the next sweep tries again
+            self.logger.exception("resync: listing ModelDeployments failed")
+            return
+        for md in mds:
+            if self.stopped.is_set():
+                return
+            try:
+                self.resync(md)
+            except Exception:
+                self.logger.exception("resync of %s failed", md["metadata"]["name"])
+        OPERATOR_METRICS.round_seconds.labels(
+            ",".join(self.namespaces or []), "", "resync"
+        ).observe(time.monotonic() - started)
 
     def tick(self, now: float) -> None:
         k = kube()
         if not self.leading(k, now):
             return
-        if now >= self.next_resync:
+        if now >= self.next_resync and not (self.sweep and self.sweep.is_alive()):
+            # A sweep over every ModelDeployment takes seconds at fleet size: it runs on its
+            # own thread so that plan and pace passes keep their cadence meanwhile.
             self.next_resync = now + self.resync_s
-            for md in k.objects_in(self.namespaces, "modeldeployments"):
-                try:
-                    self.resync(md)
-                except Exception:
-                    self.logger.exception("resync of %s failed", md["metadata"]["name"])
+            self.sweep = threading.Thread(
+                target=self.resync_all, args=(k,), name="sageserve-resync", daemon=True
+            )
+            self.sweep.start()
         seen = set()
         for policy in k.objects_in(self.namespaces, "scalingpolicies"):
             key = (policy["metadata"]["namespace"], policy["metadata"]["name"])
@@ -334,8 +361,13 @@ class Loops(threading.Thread):
             self.due[key] = now + float(interval)
             state = self.states.setdefault(key, PaceState())
             try:
-                self.plan_if_due(k, policy, state)
+                started = time.monotonic()
+                planned = self.plan_if_due(k, policy, state)
                 PacePass(k, policy, state, self.logger).run()
+                kind = "plan" if planned else "pace"
+                OPERATOR_METRICS.round_seconds.labels(*key, kind).observe(
+                    time.monotonic() - started
+                )
             except Exception:  # one bad pass must not stop the others; sizes are held
                 self.logger.exception("pace pass of %s/%s failed; sizes held", *key)
         for gone in set(self.states) - seen:

@@ -151,8 +151,9 @@ class PlanPass:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")
             return None
         current: dict[tuple[str, str, str], int] = {}
+        pod_sets = self.kube.deployments_by_owner(self.namespace)
         for md in mds:
-            deployments = self.kube.deployments_of(self.namespace, md.metadata.name)
+            deployments = pod_sets.get(md.metadata.name, {})
             for region in md.spec.regions:
                 for variant in md.spec.variants:
                     d = deployments.get(pod_set_name(md.metadata.name, region.name, variant.name))

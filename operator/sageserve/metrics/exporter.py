@@ -51,6 +51,15 @@ class OperatorMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=r,
         )
+        self.round_seconds = Histogram(
+            "sageserve_round_seconds",
+            "Wall time of the background loop's rounds per policy: plan (forecast, ILP, "
+            "status, then the pace pass that patches replicas), pace (a pace pass alone), "
+            "resync (reconciling every ModelDeployment; policy is empty).",
+            ["namespace", "policy", "kind"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
+            registry=r,
+        )
         self.scaling_events = Counter(
             "sageserve_scaling_events",
             "Scaling events by direction and strategy.",
