@@ -182,6 +182,28 @@ def simulate(
         raise typer.Exit(2) from None
 
 
+@app.command()
+def calibrate(
+    scenario: Annotated[
+        Path | None,
+        typer.Option("--scenario", "-s", help="Scenario directory (default: scenarios/default)."),
+    ] = None,
+    kv_target: Annotated[
+        float | None,
+        typer.Option(help="Mean KV use to stay under (default: the policy's scaleOutEmu)."),
+    ] = None,
+    minutes: Annotated[float, typer.Option(help="Simulated minutes per probe.")] = 30.0,
+) -> None:
+    """Measure θ (capacityTokensPerSecond) of each variant on the scenario's request mix."""
+    from sageserve.sim.commands import calibrate_command
+
+    try:
+        calibrate_command(scenario, kv_target, minutes, console)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
 bench_app = typer.Typer(
     help="Benchmarks (figures are printed, not asserted).", no_args_is_help=True
 )

@@ -200,3 +200,24 @@ def test_baselines_never_run_the_planner() -> None:
     Simulation(
         cfg, make_strategy("reactive"), poisson(1.0, cfg.end_s, [IW_F]), planner=planner
     ).run()
+
+
+def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
+    """With Prometheus-like history the first plan is at t = start, not an hour in."""
+    calls: list[tuple[float, list[float]]] = []
+
+    def planner(now, history, batch, current):
+        calls.append((now, list(history[("m", "r1")])))
+        return {EndpointKey("m", "r1"): 1}, {EndpointKey("m", "r1"): 10.0}
+
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, initial=3, end_s=3600.0 - 1)
+    before = ({("m", "r1"): [5.0] * 90}, {("m", "r1"): [1.0] * 90})
+    r = Simulation(
+        cfg, make_strategy("lt-immediate"), poisson(1.0, cfg.end_s, [IW_F]), None, planner, before
+    ).run()
+    assert calls[0][0] == 0.0 and calls[0][1] == [5.0] * 90
+    assert [c[0] for c in calls[1:]] == [3600.0]  # then hourly (the drain included)
+    # the plan's target of 1 applied at once: the fleet shrank from its initial 3
+    assert r.events["scale_in"] == 2
+    assert all(row.serving == 1 for row in r.minutes)

@@ -88,3 +88,28 @@ def test_durations(text: object, seconds: float) -> None:
 def test_bad_duration_is_refused_with_a_hint() -> None:
     with pytest.raises(ValueError, match="use seconds"):
         parse_duration("two days")
+
+
+def test_tokens_per_minute_before_the_window_counts_every_earlier_request() -> None:
+    from dataclasses import replace
+
+    from sageserve.sim.scenario import default_scenario_dir, load_scenario
+    from sageserve.sim.workload import requests, tokens_per_minute
+
+    sc = load_scenario(default_scenario_dir())
+    wl = replace(sc.workload, duration_s=600.0)
+    iw, niw = tokens_per_minute(wl, sc.tiers, 10)
+    earlier = replace(wl, start_s=wl.start_s - 600.0, duration_s=600.0)
+    want_iw = want_niw = 0
+    for req in requests(earlier, sc.tiers):
+        if req.tier.interactive:
+            want_iw += req.prompt_tokens + req.output_tokens
+        else:
+            want_niw += req.prompt_tokens + req.output_tokens
+    assert all(len(v) == 10 for v in [*iw.values(), *niw.values()])
+    assert abs(sum(map(sum, iw.values())) * 60 - want_iw) < 1e-6 * want_iw
+    assert abs(sum(map(sum, niw.values())) * 60 - want_niw) < 1e-6 * want_niw
+    assert {m for m, _ in iw} == {md.metadata.name for md in sc.models}
+    # no time before the trace's start
+    early, _ = tokens_per_minute(replace(wl, start_s=120.0), sc.tiers, 10)
+    assert early and all(len(v) == 2 for v in early.values())

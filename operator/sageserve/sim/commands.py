@@ -6,6 +6,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -145,3 +146,35 @@ def bench_sim(
         t.add_row(k, f"{v:,.1f}")
     console.print(t)
     return figures
+
+
+def calibrate_command(
+    scenario: Path | None, kv_target: float | None, minutes: float, console: Console
+) -> list[Any]:
+    """Measure θ per (model, variant) and print it next to the manifests' value."""
+    from sageserve.sim.calibrate import calibrate
+
+    sc = load_scenario(scenario or default_scenario_dir())
+    with Progress(
+        TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+    ) as prog:
+        task = prog.add_task("probing")
+
+        def on_probe(model: str, variant: str, p: Any) -> None:
+            prog.update(task, description=f"{model}/{variant}: {p.tokens_per_s:,.0f} tokens/s")
+
+        caps = calibrate(sc, kv_target, minutes * 60.0, on_probe)
+    t = Table(title=f"θ (capacityTokensPerSecond) measured on {sc.name}'s request mix")
+    for col in ("model", "variant", "tokens/request", "configured", "measured", "probes"):
+        t.add_column(col, justify="left" if col in ("model", "variant") else "right")
+    for c in caps:
+        t.add_row(
+            c.model,
+            c.variant,
+            f"{c.mean_request_tokens:,.0f}",
+            f"{c.configured_tps:,.0f}",
+            f"{c.measured_tps:,.0f}",
+            str(len(c.probes)),
+        )
+    console.print(t)
+    return caps

@@ -78,6 +78,9 @@ class SimConfig:
     history_minutes: int = 180
 
 
+#: (model, region) -> one value per minute.
+PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
+
 #: (now, interactive tokens/s per minute per (model, region), batch tokens/s per minute over
 #: the last hour, current instances per (model, region, variant)) -> (targets per endpoint,
 #: forecast tokens/s per endpoint). Built from plan.cycle by `sim.scenario`.
@@ -152,7 +155,11 @@ class Simulation(InstanceHooks):
         requests: Iterable[Request],
         progress: Callable[[float], None] | None = None,
         planner: Planner | None = None,
+        history: tuple[PerKeySeries, PerKeySeries] | None = None,
     ) -> None:
+        """`history` = (interactive, batch) tokens/s per minute per (model, region) before the
+        window (`workload.tokens_per_minute`), which the planner's first cycles see as the
+        operator sees Prometheus history."""
         self.cfg = config
         self.planner = planner if getattr(strategy, "uses_plan", True) else None
         self.plans = 0
@@ -161,6 +168,11 @@ class Simulation(InstanceHooks):
             lambda: deque(maxlen=config.history_minutes)
         )
         self._niw_hist: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=60))
+        if history is not None:
+            for key, values in history[0].items():
+                self._iw_hist[key].extend(values)
+            for key, values in history[1].items():
+                self._niw_hist[key].extend(values)
         self._iw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self._niw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self.strategy = strategy
@@ -277,6 +289,8 @@ class Simulation(InstanceHooks):
         prog_next = start
         prog_step = max(60.0, (end - start) / 200.0)
         n_ev = 0
+        if self.planner is not None and self._iw_hist:  # history before the window: plan now
+            self._plan(start)
         while True:
             t_arr = nxt.arrival if nxt is not None else _INF
             if t_arr >= end:

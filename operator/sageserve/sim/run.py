@@ -48,8 +48,10 @@ def run_policies(
                 on_progress(_n, (t - cfg.start_s) / span)
 
         t0 = time.perf_counter()
-        planner = scenario.planner() if getattr(strategy, "uses_plan", True) else None
-        result = Simulation(cfg, strategy, scenario.requests(), cb, planner).run()
+        planner, history = None, None
+        if getattr(strategy, "uses_plan", True):
+            planner, history = scenario.planner(), scenario.history(cfg.history_minutes)
+        result = Simulation(cfg, strategy, scenario.requests(), cb, planner, history).run()
         runs[name] = (result, time.perf_counter() - t0)
         if on_progress is not None:
             on_progress(name, 1.0)

@@ -38,8 +38,14 @@ from sageserve.core.types import EndpointKey, Request, Tier, TierKind
 from sageserve.pace.base import PacingStrategy, make_strategy
 from sageserve.perf.model import PerfCatalog, load_catalog
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
-from sageserve.sim.engine import ModelSetup, Planner, RegionPlacement, SimConfig
-from sageserve.sim.workload import Workload, load_workload, parse_duration, requests
+from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
+from sageserve.sim.workload import (
+    Workload,
+    load_workload,
+    parse_duration,
+    requests,
+    tokens_per_minute,
+)
 
 PERF_PROFILE_ANNOTATION = "sageserve.io/perf-profile"
 
@@ -118,6 +124,10 @@ class Scenario:
 
     def requests(self) -> Iterator[Request]:
         return requests(self.workload, self.tiers)
+
+    def history(self, minutes: int) -> tuple[PerKeySeries, PerKeySeries]:
+        """The planner's history before the window: (interactive, batch) tokens/s per minute."""
+        return tokens_per_minute(self.workload, self.tiers, minutes)
 
     def planner(self) -> Planner:
         """The hourly plan cycle of the operator (forecast + ILP, `plan.cycle`) for the sim.

@@ -31,7 +31,7 @@ import heapq
 import random
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +208,31 @@ def requests(wl: Workload, tiers: Mapping[str, Tier]) -> Iterator[Request]:
     merged = heapq.merge(*streams) if len(streams) > 1 else streams[0]
     for n, (t, _, _, model, region, tier, p, o) in enumerate(merged):
         yield Request(n, t, model, tier, region, p, o)
+
+
+def tokens_per_minute(
+    wl: Workload, tiers: Mapping[str, Tier], minutes: int
+) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
+    """Interactive and batch tokens/s (input + output) per minute of each (model, home region)
+    over the `minutes` before the window, from the same sources and mapping. The region is
+    the home region (before the window nothing was routed), the engine's own history is by
+    served region; they differ only by what spilled over.
+
+    Why: the operator's forecaster starts with days of Prometheus history; a simulation that
+    started with none would hold its initial sizes for the first plan interval and charge the
+    LT strategies for a cold start no real fleet has.
+    """
+    minutes = min(minutes, int(wl.start_s // 60.0))  # a trace has no time before 0
+    if minutes <= 0:
+        return {}, {}
+    before = replace(wl, start_s=wl.start_s - 60.0 * minutes, duration_s=60.0 * minutes)
+    iw: dict[tuple[str, str], list[float]] = {}
+    niw: dict[tuple[str, str], list[float]] = {}
+    for req in requests(before, tiers):
+        series = iw if req.tier.interactive else niw
+        key = (req.model, req.region)
+        if key not in series:
+            series[key] = [0.0] * minutes
+        idx = min(minutes - 1, max(0, int((req.arrival - before.start_s) // 60.0)))
+        series[key][idx] += (req.prompt_tokens + req.output_tokens) / 60.0
+    return iw, niw
