@@ -207,16 +207,19 @@ class SpotPass:
             spot[(node.region, node.gpu_type)] += 1
         OPERATOR_METRICS.record_pools(spot, size)
         for node, _pending in reclaims:
-            for pod in pods:
-                meta = pod.get("metadata") or {}
-                on_node = (pod.get("spec") or {}).get("nodeName") == node.name
-                if on_node and not is_serving_pod(pod) and _active(pod) and not _daemon(pod):
-                    self.kube.evict(meta["namespace"], meta["name"])
+            # Relabel before evicting: otherwise the evicted pod's replacement can be
+            # scheduled onto the node while it still says `spot`, and the serving pod the
+            # node was reclaimed for stays Pending.
             self.kube.mark_node(
                 node.name,
                 {self.labels.pool: self.labels.serving_pool},
                 {ANNOTATION_RECLAIMED_AT: now_iso()},
             )
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                on_node = (pod.get("spec") or {}).get("nodeName") == node.name
+                if on_node and not is_serving_pod(pod) and _active(pod) and not _daemon(pod):
+                    self.kube.evict(meta["namespace"], meta["name"])
         for node in donations:
             self.kube.mark_node(
                 node.name,
