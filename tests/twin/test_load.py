@@ -188,3 +188,12 @@ def test_an_azure_trace_repeats_without_end_and_drives_the_instances() -> None:
     s.sync([pod("a")])
     s.advance(600)
     assert s.samples()[0].counters.requests_finished > 100
+
+
+def test_a_pod_without_a_perf_profile_gets_no_load_and_says_why() -> None:
+    s = sim()
+    s.sync([pod("a"), pod("m", md="mystery")])
+    assert [x.pod.name for x in s.samples()] == ["a"]
+    assert "--profile mystery=PROFILE" in s.problems["m"]
+    s.sync([pod("a")])
+    assert s.problems == {}

@@ -379,6 +379,8 @@ class TwinSim(InstanceHooks):
         self.heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._req_id = 0
+        #: Serving pods left without an instance, and why (e.g. no perf profile).
+        self.problems: dict[str, str] = {}
 
     # ---- the pods ---------------------------------------------------------------------
 
@@ -390,6 +392,8 @@ class TwinSim(InstanceHooks):
         """
         listed = list(pods)
         serving = {p.key: p for p in listed if p.serving}
+        for name in [n for n in self.problems if n not in {k[1] for k in serving}]:
+            del self.problems[name]
         wanted_eps = {p.endpoint for p in listed}
         removed: list[str] = []
         for key in [k for k in self.pods if k not in serving]:
@@ -408,12 +412,14 @@ class TwinSim(InstanceHooks):
             if key in self.pods:
                 continue
             endpoint = self.endpoints[info.endpoint]
+            try:
+                perf = self.perf(info)
+            except KeyError as exc:  # no profile: the pod gets no load, and the user is told
+                self.problems[info.name] = str(exc.args[0] if exc.args else exc)
+                continue
+            self.problems.pop(info.name, None)
             inst = Instance(
-                f"{info.namespace}/{info.name}",
-                self.perf(info),
-                info.region,
-                self,
-                self.max_batched_tokens,
+                f"{info.namespace}/{info.name}", perf, info.region, self, self.max_batched_tokens
             )
             inst.t0 = self.now
             tp = TwinPod(info, inst, endpoint)

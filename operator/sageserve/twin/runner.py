@@ -162,11 +162,18 @@ class Twin:
             return
         with self.lock:
             self.sim.advance(self.clock.now())
-            fresh = {p.namespace for p in pods if p.endpoint not in self.sim.endpoints}
-            if fresh and self.on_new_namespaces is not None:
-                self.on_new_namespaces(fresh)  # e.g. read perf-profile annotations
+            known = dict(self.sim.problems)
+            # new endpoints, and pods still without a profile: (re)read perf-profile annotations
+            namespaces = {
+                p.namespace for p in pods if p.endpoint not in self.sim.endpoints or p.name in known
+            }
+            if namespaces and self.on_new_namespaces is not None:
+                self.on_new_namespaces(namespaces)
             added, removed = self.sim.sync(pods)
             self.pods = pods
+            problems = {k: v for k, v in self.sim.problems.items() if known.get(k) != v}
+        for problem in problems.values():
+            log.error("%s", problem)
         for name in added:
             log.info("pod %s serves", name)
         for name in removed:
@@ -215,6 +222,7 @@ class Twin:
             "overrides": sim.load.overrides(),
             "endpoints": endpoints,
             "pods": pods,
+            "problems": dict(sim.problems),
             "samples": {
                 f"{s.pod.namespace}/{s.pod.name}": {
                     "kvUsage": round(s.kv_usage, 4),
