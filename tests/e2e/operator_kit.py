@@ -129,3 +129,92 @@ def prepare_namespace(kubeconfig: Path, name: str) -> None:
 def operator_args(namespace: str) -> list[str]:
     """kopf's command line for the sageserve handlers, watching one namespace."""
     return ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
+
+
+class TwinProcess:
+    """`sageserve twin` as its own process, scraped by the session's Prometheus.
+
+    It watches `namespace`, serves every serving pod's vLLM metrics and registers them in
+    the Prometheus targets directory (one file_sd target per pod, with the pod labels).
+    `load(m)` changes the request rate at run time through its HTTP control.
+    """
+
+    def __init__(
+        self, kubeconfig: Path, namespace: str, targets_dir: Path, *args: str, timeout: float = 180
+    ) -> None:
+        import subprocess
+        import sys
+        import threading
+        import time
+
+        self.targets_file = targets_dir / f"twin-{namespace}.json"
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sageserve.cli",
+                "twin",
+                "--namespace",
+                namespace,
+                "--kubeconfig",
+                str(kubeconfig),
+                "--targets-file",
+                str(self.targets_file),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+        )
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        self.url = ""
+        while not self.url:
+            found = [ln for ln in self.lines if "twin: serving on http://" in ln]
+            if found:
+                self.url = found[0].split("serving on ", 1)[1].split(" ", 1)[0]
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError("the twin did not start:\n" + "".join(self.lines))
+            else:
+                time.sleep(0.2)
+
+    def status(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/status", timeout=10) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+            return out
+
+    def load(self, multiplier: float, endpoint: str = "*") -> dict[str, Any]:
+        """Set the request-rate multiplier (on top of --scale) of matching endpoints."""
+        import urllib.request
+
+        body = json.dumps({"multiplier": multiplier, "endpoint": endpoint}).encode()
+        req = urllib.request.Request(f"{self.url}/load", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+            return out
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.targets_file.unlink(missing_ok=True)
