@@ -6,10 +6,10 @@ Prometheus 2.x asking for OpenMetrics stores `vllm_kv_cache_usage_perc`, a text-
 scraper `vllm:kv_cache_usage_perc`; the operator's queries accept both.
 
 Per pod the series carry only `model_name`, like a vLLM server; the scrape configuration
-adds namespace, model_deployment, region, variant and pod (the twin's file_sd targets do
-it as the Helm chart's scrape configuration would). `with_pod_labels` puts those labels on
-the series themselves, for one endpoint serving every pod (`/metrics/pods`) and for the
-backfill, where no scrape adds them.
+adds namespace, model_deployment, region, variant and pod from the pod's labels (the
+twin's file_sd targets carry them, as a pod scrape of real vLLM must). `with_pod_labels`
+puts those labels on the series themselves, for one endpoint serving every pod
+(`/metrics/pods`) and for the backfill, where no scrape adds them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from sageserve.metrics import vllm
 from sageserve.twin.load import PodSample
 
-#: Labels a scrape of the pod adds (see `targets`), in this order.
+#: Labels a scrape of the pod adds (see `runner.file_sd`), in this order.
 POD_LABELS = (
     vllm.LABEL_NAMESPACE,
     vllm.LABEL_MODEL_DEPLOYMENT,
