@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
@@ -54,7 +55,27 @@ def test_demand_is_the_forecast_plus_the_batch_buffer_and_the_plan_covers_it() -
         a100 = cycle.targets[("llama-2-70b", region, "a100")]
         assert h100 * 308 + a100 * 180 >= cycle.demand_tps[("llama-2-70b", region)]
         assert cycle.endpoint_targets[EndpointKey("llama-2-70b", region)] == h100 + a100
-    assert cycle.forecast_tps[EndpointKey("llama-2-70b", "us-east")] == cycle.demand_tps[east]
+    # LT-UA's yardstick is the expected load in the gap window with all of the batch load,
+    # not the provisioned peak + β
+    assert cycle.forecast_tps[EndpointKey("llama-2-70b", "us-east")] == (
+        cycle.expected_tps[east]
+    )
+    path = cycle.forecasts[east].path_tps  # 10-minute steps: the gap window is steps 5 and 6
+    assert cycle.expected_tps[east] == pytest.approx((path[4] + path[5]) / 2 + 500.0)
+
+
+def test_lt_ua_yardstick_is_the_point_forecast_in_the_last_minutes_of_the_interval() -> None:
+    md = _llama()
+    rising = [1000.0 + 10.0 * i for i in range(6 * 60)]  # +10 tokens/s per minute
+    history = {("llama-2-70b", r): rising for r in REGIONS}
+    policy = _policy(granularitySeconds=60, method="arima-classic")
+    cycle = run_plan_cycle([md], policy, history, {}, current={})
+    east = ("llama-2-70b", "us-east")
+    fc = cycle.forecasts[east]
+    assert fc.method == "arima-classic" and len(fc.path_tps) == 60
+    # the mean of minutes 41..60 of the path: below the hour's peak, above the next minute
+    assert cycle.expected_tps[east] == pytest.approx(sum(fc.path_tps[40:60]) / 20)
+    assert fc.path_tps[0] < cycle.expected_tps[east] < fc.peak_tps + 1e-9
 
 
 def test_a_region_without_any_observation_keeps_its_current_size() -> None:

@@ -5,6 +5,12 @@ operator's plan loop and the simulator run exactly the same decision:
 
     ρ(m, r) = provisioned forecast of the next-hour peak + β (10 % of last hour's batch load)
 
+LT-UA compares observed tokens/s with what the forecast expects *at that time*, not with the
+provisioned peak: `expected_tps` is the point forecast averaged over the gap window (the
+last `forecastGap.windowSeconds` of the plan interval) plus the last hour's whole batch rate,
+since observed traffic at an endpoint is interactive and batch together. Comparing with the
+hour's peak + β would read every off-peak minute as "observed ≤ 0.5× forecast".
+
 A (model, region) with no usable observation at all is *held*: its demand is set to what
 its current instances serve, so the plan neither grows nor shrinks it on no information.
 """
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import ScalingPolicySpec
@@ -40,14 +48,16 @@ class PlanCycle:
     forecasts: dict[tuple[str, str], Forecast]
     batch_buffer_tps: dict[tuple[str, str], float]
     demand_tps: dict[tuple[str, str], float]
+    expected_tps: dict[tuple[str, str], float]
     result: PlanResult
     targets: VariantCounts
     endpoint_targets: dict[EndpointKey, int]
 
     @property
     def forecast_tps(self) -> dict[EndpointKey, float]:
-        """Forecast load per endpoint, which LT-UA compares observed load against."""
-        return {EndpointKey(m, r): v for (m, r), v in self.demand_tps.items()}
+        """Expected load per endpoint in the gap window, which LT-UA compares observed load
+        against."""
+        return {EndpointKey(m, r): v for (m, r), v in self.expected_tps.items()}
 
 
 def forecast_spec(policy: ScalingPolicySpec) -> ForecastSpec:
@@ -70,6 +80,18 @@ def plan_options(policy: ScalingPolicySpec) -> PlanOptions:
     )
 
 
+def expected_in_window(
+    fc: Forecast, spec: ForecastSpec, window_start_s: float, window_end_s: float
+) -> float:
+    """Mean point forecast over [now + start, now + end] (the peak when there is no path)."""
+    if not fc.path_tps:
+        return fc.peak_tps
+    first = int(window_start_s // spec.step_seconds)
+    last = max(first + 1, int(np.ceil(window_end_s / spec.step_seconds - 1e-9)))
+    window = fc.path_tps[first:last] or fc.path_tps[-1:]
+    return float(np.mean(window))
+
+
 def run_plan_cycle(
     mds: Sequence[ModelDeployment],
     policy: ScalingPolicySpec,
@@ -88,16 +110,20 @@ def run_plan_cycle(
     forecasts: dict[tuple[str, str], Forecast] = {}
     buffers: dict[tuple[str, str], float] = {}
     demand: dict[tuple[str, str], float] = {}
+    expected: dict[tuple[str, str], float] = {}
+    interval = float(policy.intervals.plan_seconds)
+    gap_start = max(0.0, interval - float(policy.forecast_gap.window_seconds))
     for md in mds:
         variants = planned_variants(md)
         for region in md.spec.regions:
             key = (md.metadata.name, region.name)
             fc = forecast_peak(history_tps.get(key, []), spec, method=method, fallback=fallback)
             forecasts[key] = fc
-            beta = batch_buffer_tps(
-                batch_tps_last_hour.get(key, []), policy.forecast.batch_buffer_fraction
-            )
+            batch = batch_tps_last_hour.get(key, [])
+            beta = batch_buffer_tps(batch, policy.forecast.batch_buffer_fraction)
             buffers[key] = beta
+            batch_rate = batch_buffer_tps(batch, 1.0)  # the whole last-hour batch rate
+            expected[key] = expected_in_window(fc, spec, gap_start, interval) + batch_rate
             if fc.reliable:
                 provisioned = fc.upper_tps if policy.forecast.quantile > 0.5 else fc.peak_tps
                 demand[key] = provisioned + beta
@@ -113,6 +139,7 @@ def run_plan_cycle(
         forecasts=forecasts,
         batch_buffer_tps=buffers,
         demand_tps=demand,
+        expected_tps=expected,
         result=result,
         targets=targets,
         endpoint_targets=endpoint_targets(targets),

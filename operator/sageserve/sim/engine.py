@@ -378,7 +378,7 @@ class Simulation(InstanceHooks):
         if ep.key.region != req.region:
             job.net_delay = self.cfg.inter_region_latency_s
         ep.arrivals_minute += 1
-        ep.tokens_minute += req.prompt_tokens
+        ep.tokens_minute += req.prompt_tokens + req.output_tokens  # the forecast's unit
         if self.planner is not None:
             hk = (req.model, ep.key.region)
             if req.tier.interactive:
