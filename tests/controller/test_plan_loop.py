@@ -10,7 +10,7 @@ import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import PlanStatus, ScalingPolicySpec
-from sageserve.controller.plan_loop import gpu_capacity, plan_status, recorded_plan
+from sageserve.controller.plan_loop import gpu_capacity, plan_status, recorded_plan, split_batch
 from sageserve.controller.podset import NodeLabels
 from sageserve.core.types import EndpointKey
 from sageserve.plan.cycle import run_plan_cycle
@@ -67,3 +67,20 @@ def test_plan_status_is_a_valid_crd_status_and_restores_the_same_targets() -> No
         cycle.demand_tps[("llama-2-70b", "us-east")], 3
     )
     assert recorded_plan({"status": {}}) is None
+
+
+def test_batch_traffic_is_taken_out_of_the_forecast_series_and_feeds_beta() -> None:
+    key, other = ("llama", "us-east"), ("llama", "us-west")
+    total = {key: [1000.0] * 90 + [math.nan] + [1200.0] * 29, other: [50.0] * 120}
+    batch = {key: [300.0] * 110 + [1500.0] * 10}
+    interactive, last_hour = split_batch(total, batch, 60.0)
+    assert interactive[key][:90] == [700.0] * 90
+    assert math.isnan(interactive[key][90])  # a gap stays a gap
+    assert interactive[key][-1] == 0.0  # batch above the total (scrape skew): no negative load
+    assert interactive[other] == [50.0] * 120  # no batch series: all traffic is interactive
+    assert len(last_hour[key]) == 60 and last_hour[key][-1] == 1500.0
+    md = _llama()
+    spec = ScalingPolicySpec.model_validate({"forecast": {"method": "persistence"}})
+    hist = {("llama-2-70b", "us-east"): interactive[key]}
+    cycle = run_plan_cycle([md], spec, hist, {("llama-2-70b", "us-east"): last_hour[key]}, {})
+    assert cycle.batch_buffer_tps[("llama-2-70b", "us-east")] == 0.1 * (50 * 300 + 10 * 1500) / 60

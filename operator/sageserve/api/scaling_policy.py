@@ -301,6 +301,15 @@ class Forecast(ApiModel):
         description="β: this share of the last hour's batch tokens/s is added to the "
         "interactive forecast (SageServe: 10%).",
     )
+    batch_tokens_query: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="PromQL giving batch (NIW) tokens/s by namespace, model_deployment and "
+        "region, e.g. from the gateway or queue that labels batch work. vLLM's metrics do not "
+        "tell batch from interactive tokens, so without it the operator forecasts all "
+        "traffic as interactive and β is 0.",
+    )
 
 
 class GpuCost(ApiModel):

@@ -11,6 +11,7 @@ only when the one recorded there is older than the interval.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +32,30 @@ from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+def split_batch(
+    total: Mapping[tuple[str, str], Sequence[float]],
+    batch: Mapping[tuple[str, str], Sequence[float]],
+    step: float,
+) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
+    """(interactive history, batch of the last hour) from all traffic and its batch part.
+
+    Why: the forecaster predicts interactive load and β adds a share of batch load on top;
+    feeding it all traffic would count batch twice. A gap in either series stays a gap.
+    """
+    interactive: dict[tuple[str, str], list[float]] = {}
+    for key, values in total.items():
+        b = batch.get(key)
+        if b is None:
+            interactive[key] = list(values)
+            continue
+        interactive[key] = [
+            max(0.0, t - x) if math.isfinite(t) and math.isfinite(x) else t
+            for t, x in zip(values, b, strict=False)
+        ]
+    last_hour = max(1, math.ceil(3600.0 / step))
+    return interactive, {k: list(v[-last_hour:]) for k, v in batch.items()}
 
 
 def gpu_capacity(
@@ -161,9 +186,23 @@ class PlanPass:
                         current[(md.metadata.name, region.name, variant.name)] = int(
                             d["spec"].get("replicas") or 0
                         )
-        per_endpoint = {(m, r): v for (_ns, m, r), v in history.items()}
+        per_endpoint = {(m, r): v for (ns, m, r), v in history.items() if ns == self.namespace}
+        batch: dict[tuple[str, str], list[float]] = {}
+        if spec.forecast.batch_tokens_query:
+            try:
+                batch_history = reader.history(
+                    spec.forecast.batch_tokens_query,
+                    end=time.time(),
+                    seconds=float(spec.forecast.training_window_seconds),
+                    step=step,
+                )
+            except MetricsUnavailable as exc:
+                self.set("PlanReady", False, "PrometheusUnreachable", f"no plan: {exc}")
+                return None
+            batch = {(m, r): v for (ns, m, r), v in batch_history.items() if ns == self.namespace}
+            per_endpoint, batch = split_batch(per_endpoint, batch, step)
         cycle = run_plan_cycle(
-            mds, spec, per_endpoint, {}, current, gpu_capacity(self.kube.nodes(), labels)
+            mds, spec, per_endpoint, batch, current, gpu_capacity(self.kube.nodes(), labels)
         )
         status = plan_status(cycle, mds, current, spec.strategy.value, datetime.now(UTC))
         self.kube.patch_status(
