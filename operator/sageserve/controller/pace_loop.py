@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +44,9 @@ from sageserve.pace.from_policy import strategy_for
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: The leader renews its Lease this often (a third of the Lease's 15 s duration).
 LEASE_RENEW_SECONDS = 5.0
+#: Scale calls (and their Events) of one pass in flight at once. Each waits ~10-30 ms on
+#: the API server; one after another, a plan that moves 600 endpoints took 20 s to apply.
+WRITERS = int(os.environ.get("SAGESERVE_WRITERS", "8"))
 
 
 @dataclass
@@ -149,6 +153,7 @@ class PacePass:
         strategy = self.state.strategy_of(self.policy, self.body["metadata"].get("generation"))
         held: list[str] = []
         pod_sets = self.kube.deployments_by_owner(self.namespace)
+        work: list[tuple[dict[str, Any], ModelDeployment, Any, ScalingAction]] = []
         for raw, md in fleet:
             deployments = pod_sets.get(md.metadata.name, {})
             states = pod_set_states(md, deployments)
@@ -173,8 +178,14 @@ class PacePass:
             held += [f"{md.metadata.name}/{r}" for r in missing]
             # Every endpoint is observed on every pass, as if a request had just arrived.
             actions = [a for o in observations.values() for a in strategy.on_arrival(o)]
-            for action in actions:
-                self.act(raw, md, states, action)
+            work += [(raw, md, states, action) for action in actions]
+        # Decided in order above; written concurrently (each action touches its own pod sets).
+        if len(work) > 1 and WRITERS > 1:
+            with ThreadPoolExecutor(min(WRITERS, len(work))) as pool:
+                list(pool.map(lambda w: self.act(*w), work))
+        else:
+            for w in work:
+                self.act(*w)
         if held:
             self.condition(
                 "Degraded",
