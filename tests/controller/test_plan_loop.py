@@ -63,8 +63,9 @@ def test_plan_status_is_a_valid_crd_status_and_restores_the_same_targets() -> No
     at, targets, forecasts = restored
     assert at == datetime(2026, 11, 21, tzinfo=UTC).timestamp()
     assert targets == cycle.endpoint_targets
+    # the restored yardstick of LT-UA is the one the live cycle handed to the strategy
     assert forecasts[EndpointKey("llama-2-70b", "us-east")] == round(
-        cycle.demand_tps[("llama-2-70b", "us-east")], 3
+        cycle.forecast_tps[EndpointKey("llama-2-70b", "us-east")], 3
     )
     assert recorded_plan({"status": {}}) is None
 

@@ -453,6 +453,12 @@ class ForecastEntry(ApiModel):
     region: str = Field(max_length=63)
     tokens_per_second: float = Field(ge=0, description="Peak forecast incl. batch buffer β.")
     batch_buffer_tokens_per_second: float = Field(default=0, ge=0)
+    expected_tokens_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description="Point forecast for the last forecastGap.windowSeconds of the interval "
+        "plus the batch rate: what LT-UA compares observed tokens/s with.",
+    )
     method: str = Field(max_length=64, description="Forecaster actually used.")
     fallback_reason: str | None = Field(default=None, max_length=1024)
 

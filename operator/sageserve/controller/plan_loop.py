@@ -92,6 +92,7 @@ def plan_status(
             "region": r,
             "tokensPerSecond": round(cycle.demand_tps[(m, r)], 3),
             "batchBufferTokensPerSecond": round(cycle.batch_buffer_tps[(m, r)], 3),
+            "expectedTokensPerSecond": round(cycle.expected_tps[(m, r)], 3),
             "method": fc.method,
             **({"fallbackReason": fc.fallback_reason[:1024]} if fc.fallback_reason else {}),
         }
@@ -263,8 +264,10 @@ def recorded_plan(
     for t in plan.get("targets", []):
         key = EndpointKey(t["model"], t["region"])
         targets[key] = targets.get(key, 0) + int(t["target"])
-    forecasts = {
-        EndpointKey(f["model"], f["region"]): float(f["tokensPerSecond"])
+    forecasts = {  # LT-UA's yardstick; plans recorded before it existed have the peak only
+        EndpointKey(f["model"], f["region"]): float(
+            f.get("expectedTokensPerSecond", f["tokensPerSecond"])
+        )
         for f in plan.get("forecasts", [])
     }
     return at, targets, forecasts
