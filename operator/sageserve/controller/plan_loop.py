@@ -218,7 +218,12 @@ class PlanPass:
                 f"{s['model']}/{s['region']} {s['tokensPerSecond']:.0f} tok/s"
                 for s in status["shortfalls"]
             )
-            self.set("PlanReady", True, "Shortfall", f"not enough GPUs; unmet demand: {unmet}")
+            self.set(
+                "PlanReady",
+                True,
+                "Shortfall",
+                f"demand above what GPUs and maxInstances allow; unmet: {unmet}",
+            )
         else:
             self.set(
                 "PlanReady", True, "Planned", f"{result.status} in {result.solve_seconds:.2f}s"

@@ -1,0 +1,109 @@
+"""What a user sees when the plan cannot be what they hoped: a forecaster without enough
+history (named fallback in status) and demand above what the fleet may hold (shortfall per
+(model, region) in status, `PlanReady` reason `Shortfall`), against the real control plane
+and a real Prometheus, with the operator in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import eventually, kubectl
+from kopf.testing import KopfRunner
+from operator_kit import (
+    FakeVllm,
+    apply,
+    model_deployment,
+    operator_args,
+    prepare_namespace,
+    scaling_policy,
+)
+
+from sageserve.metrics import queries
+from sageserve.metrics.prometheus import PrometheusReader
+
+REGION = "us-west"
+
+
+@pytest.fixture
+def namespace(kubeconfig: Path) -> Iterator[str]:
+    name = f"planfail-{uuid.uuid4().hex[:6]}"
+    prepare_namespace(kubeconfig, name)
+    yield name
+    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
+
+
+@pytest.mark.usefixtures("restore_node_pools")
+def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_region(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
+    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    monkeypatch.setenv("SAGESERVE_METRICS_PORT", "0")
+    fake = FakeVllm()
+    stop = threading.Event()
+
+    def load() -> None:  # 2,400 tokens/s; 2 instances of 900 tokens/s at most: 600 unmet
+        while not stop.wait(0.25):
+            fake.prompt.labels("llama8b").inc(550)
+            fake.generation.labels("llama8b").inc(50)
+
+    threading.Thread(target=load, daemon=True).start()
+    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
+    rate = queries.tokens_per_second("60s", namespace)
+    try:
+
+        def settled() -> bool:
+            history = PrometheusReader(prometheus_url).history(rate, time.time(), 60, 30)
+            return any(series[-1] > 2300 for series in history.values())
+
+        eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
+        # ARIMA wants a day of history; Prometheus has minutes of it
+        forecast = {
+            "method": "arima",
+            "fallback": "persistence",
+            "granularitySeconds": 30,
+            "trainingWindowSeconds": 86400,
+        }
+        apply(kubeconfig, namespace, model_deployment([REGION], hi=2))
+        apply(kubeconfig, namespace, scaling_policy("lt-immediate", forecast=forecast))
+        with KopfRunner(operator_args(namespace), timeout=120) as runner:
+
+            def status() -> dict | None:
+                out = kubectl(
+                    kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]
+                )
+                got: dict = json.loads(out.stdout).get("status", {})
+                return got if got.get("plan") else None
+
+            got = eventually(status, 90, "a plan in the ScalingPolicy status")
+            plan = got["plan"]
+            [fc] = plan["forecasts"]
+            assert fc["method"] == "persistence"
+            # Prometheus has minutes of a day's window: most of it is missing
+            assert "missing" in fc["fallbackReason"] or "history" in fc["fallbackReason"], fc
+            assert plan["solverStatus"] == "shortfall"
+            [short] = plan["shortfalls"]
+            assert (short["model"], short["region"]) == ("llama8b", REGION)
+            assert 400 < short["tokensPerSecond"] < 1100, short
+            [ready] = [c for c in got["conditions"] if c["type"] == "PlanReady"]
+            assert ready["reason"] == "Shortfall"
+            assert f"llama8b/{REGION}" in ready["message"]
+            [target] = plan["targets"]
+            assert target["target"] == 2  # the plan still serves what it can
+        assert runner.exception is None, runner.output
+    finally:
+        stop.set()
+        target_file.unlink(missing_ok=True)
+        fake.close()
