@@ -32,6 +32,8 @@ class ClusterState:
             "KUBECONFIG": self.kubeconfig,
             "SAGESERVE_PROMETHEUS_URL": self.prometheus_url,
             "SAGESERVE_PROMETHEUS_TARGETS_DIR": str(Path(self.prometheus_dir) / "targets"),
+            # where `sageserve twin --prometheus-data` moves backfilled blocks
+            "SAGESERVE_PROMETHEUS_DATA_DIR": str(Path(self.prometheus_dir) / "data"),
             "SAGESERVE_E2E_BIN": self.bin_dir,
         }
 
