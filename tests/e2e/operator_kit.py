@@ -218,3 +218,41 @@ class TwinProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.targets_file.unlink(missing_ok=True)
+
+
+class SteadyLoad:
+    """Token counters of a FakeVllm advanced 4 times a second, e.g. 550 + 50 = 2,400 tokens/s."""
+
+    def __init__(self, fake: FakeVllm, prompt: int = 550, generation: int = 50) -> None:
+        import threading
+
+        self._stop = threading.Event()
+
+        def feed() -> None:
+            while not self._stop.wait(0.25):
+                fake.prompt.labels(MODEL).inc(prompt)
+                fake.generation.labels(MODEL).inc(generation)
+
+        threading.Thread(target=feed, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def wait_for_token_rate(prometheus_url: str, namespace: str, above: float) -> None:
+    """Until the plan loop's own query reads more than `above` tokens/s (rate() needs a full
+    window of samples before it reads the true rate)."""
+    import time
+
+    from e2e_helpers import eventually
+
+    from sageserve.metrics import queries
+    from sageserve.metrics.prometheus import PrometheusReader
+
+    rate = queries.tokens_per_second("60s", namespace)
+
+    def settled() -> bool:
+        history = PrometheusReader(prometheus_url).history(rate, time.time(), 60, 30)
+        return any(series[-1] > above for series in history.values())
+
+    eventually(settled, 120, "a settled token rate in Prometheus", interval=2)

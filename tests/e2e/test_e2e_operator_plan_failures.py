@@ -7,8 +7,6 @@ and a real Prometheus, with the operator in-process.
 from __future__ import annotations
 
 import json
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,15 +16,14 @@ from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
 from operator_kit import (
     FakeVllm,
+    SteadyLoad,
     apply,
     model_deployment,
     operator_args,
     prepare_namespace,
     scaling_policy,
+    wait_for_token_rate,
 )
-
-from sageserve.metrics import queries
-from sageserve.metrics.prometheus import PrometheusReader
 
 REGION = "us-west"
 
@@ -52,23 +49,10 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
     monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
     monkeypatch.setenv("SAGESERVE_METRICS_PORT", "0")
     fake = FakeVllm()
-    stop = threading.Event()
-
-    def load() -> None:  # 2,400 tokens/s; 2 instances of 900 tokens/s at most: 600 unmet
-        while not stop.wait(0.25):
-            fake.prompt.labels("llama8b").inc(550)
-            fake.generation.labels("llama8b").inc(50)
-
-    threading.Thread(target=load, daemon=True).start()
+    load = SteadyLoad(fake)  # 2,400 tokens/s
     target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
-    rate = queries.tokens_per_second("60s", namespace)
     try:
-
-        def settled() -> bool:
-            history = PrometheusReader(prometheus_url).history(rate, time.time(), 60, 30)
-            return any(series[-1] > 2300 for series in history.values())
-
-        eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
+        wait_for_token_rate(prometheus_url, namespace, 2300)
         # ARIMA wants a day of history; Prometheus has minutes of it
         forecast = {
             "method": "arima",
@@ -104,6 +88,6 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
             assert target["target"] == 2  # the plan still serves what it can
         assert runner.exception is None, runner.output
     finally:
-        stop.set()
+        load.stop()
         target_file.unlink(missing_ok=True)
         fake.close()

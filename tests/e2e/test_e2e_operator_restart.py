@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,15 +24,14 @@ from e2e_helpers import eventually, kubectl
 from operator_kit import (
     REPO,
     FakeVllm,
+    SteadyLoad,
     apply,
     free_port,
     model_deployment,
     prepare_namespace,
     scaling_policy,
+    wait_for_token_rate,
 )
-
-from sageserve.metrics import queries
-from sageserve.metrics.prometheus import PrometheusReader
 
 REGION = "us-central"
 
@@ -82,25 +80,12 @@ def test_a_killed_operator_restarts_from_the_recorded_plan_without_double_scalin
     tmp_path: Path,
 ) -> None:
     fake = FakeVllm()
-    stop = threading.Event()
-
-    def load() -> None:  # 2,400 tokens/s: 3 instances of 900 tokens/s
-        while not stop.wait(0.25):
-            fake.prompt.labels("llama8b").inc(550)
-            fake.generation.labels("llama8b").inc(50)
-
-    threading.Thread(target=load, daemon=True).start()
+    load = SteadyLoad(fake)  # 2,400 tokens/s
     target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
-    rate = queries.tokens_per_second("60s", namespace)
     log = tmp_path / "operator.log"
     procs: list[subprocess.Popen] = []
     try:
-
-        def settled() -> bool:
-            history = PrometheusReader(prometheus_url).history(rate, time.time(), 60, 30)
-            return any(series[-1] > 2300 for series in history.values())
-
-        eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
+        wait_for_token_rate(prometheus_url, namespace, 2300)
         forecast = {"method": "persistence", "granularitySeconds": 30, "trainingWindowSeconds": 300}
         apply(kubeconfig, namespace, model_deployment([REGION], hi=6))
         apply(kubeconfig, namespace, scaling_policy("lt-immediate", forecast=forecast))
@@ -151,7 +136,7 @@ def test_a_killed_operator_restarts_from_the_recorded_plan_without_double_scalin
         # one scale-out from 1 to 3 in all (none if the kill fell between patch and Event)
         assert sum(e.get("count", 1) for e in events) <= 1, [e.get("message") for e in events]
     finally:
-        stop.set()
+        load.stop()
         for p in procs:
             if p.poll() is None:
                 p.terminate()
