@@ -1,0 +1,67 @@
+"""`sageserve bench operator` at CI size: 20 ModelDeployments × 3 regions on 200 KWOK nodes.
+
+The bench starts its own private cluster (its own state dir, never the session's, whose
+12-node inventory other tests count on), runs the real operator process, and writes its
+figures as JSON. Asserted is behaviour only — every pod set appeared, every endpoint
+reached the plan's target, every spec edit reached its pod sets, the operator stayed up —
+never wall-clock figures, which depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sageserve.controller.bench import BenchConfig, inventory_nodes, percentile
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_operator_small_fleet_reaches_every_target(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = dict(os.environ)
+    env["SAGESERVE_E2E_STATE"] = str(tmp_path / "cluster")
+    env.pop("KUBECONFIG", None)
+    sizes = ["--models", "20", "--nodes", "200", "--changes", "10"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sageserve.cli", "bench", "operator", *sizes, "--output", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["pod_sets"] == 20 * 3 * 2
+    assert result["first_reconcile_s"] > 0
+    assert result["pods_ready_s"] is not None, "some pods never became Ready"
+    assert result["plan_status"] in ("optimal", "feasible", "shortfall"), result["plan_status"]
+    assert result["plan_round_s"] is not None
+    assert result["endpoints_at_target"] == result["endpoints"] == 60
+    assert result["changes_seen"] == result["changes"] == 10
+    assert result["rss_peak_mb"] > 0
+    assert "plan + reconcile round" in proc.stdout
+    assert not (tmp_path / "cluster" / "state.json").exists(), "the private cluster was left up"
+
+
+def test_inventory_spreads_nodes_over_regions_gpu_types_and_pools() -> None:
+    nodes = inventory_nodes(48)
+    labels = [n["metadata"]["labels"] for n in nodes]
+    pairs = {(x["topology.kubernetes.io/region"], x["nvidia.com/gpu.product"]) for x in labels}
+    assert len(pairs) == 6
+    pools = [x["sageserve.io/pool"] for x in labels]
+    assert pools.count("spot") == 48 // 4
+    assert len({n["metadata"]["name"] for n in nodes}) == 48
+
+
+def test_p99_of_a_hundred_values_is_the_ninety_ninth() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 0.5) == 50.0
+    assert percentile([3.0], 0.99) == 3.0
+    assert BenchConfig().models == 200
