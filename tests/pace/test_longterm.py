@@ -93,10 +93,25 @@ LAST_20_MIN = 3600 - 600  # 50 minutes into the hour
         (15, obs(time=LAST_20_MIN, tps=6000.0, emu=0.5), None),  # target not reached yet
         (15, obs(time=LAST_20_MIN, emu=0.8), (OUT, 1)),  # LT-U rule still applies
         (10, obs(time=LAST_20_MIN, tps=60000.0, serving=40), None),  # at maxInstances
+        # traffic steps need utilisation on their side: no flapping of quiet endpoints
+        (10, obs(time=LAST_20_MIN, tps=6000.0, emu=0.2), None),  # 5x of little, idle
+        (10, obs(time=LAST_20_MIN, tps=400.0, emu=0.75), None),  # 0.5x but busy
+        # the valve: past the target above 90 % EMU, at any time of the hour
+        (10, obs(time=600, emu=0.95), (OUT, 1)),
+        (10, obs(time=600, emu=0.95, serving=40), None),  # not past maxInstances
+        (10, obs(time=600, emu=0.85), None),
     ],
 )
 def test_lt_utilization_arima(target: int, o: EndpointObservation, expected: tuple | None) -> None:
     assert decision(planned("lt-ua", target), o) == expected
+
+
+def test_lt_u_has_no_valve_and_lt_ua_s_valve_can_be_turned_off() -> None:
+    assert decision(planned("lt-u", 10), obs(emu=0.99)) is None
+    off = make_strategy("lt-ua", {"overload_emu": 1.0})
+    assert isinstance(off, LongTerm)
+    off.on_plan(0.0, {KEY: 10}, {KEY: 1000.0})
+    assert decision(off, obs(time=600, emu=0.99)) is None
 
 
 def test_cooldown_spaces_scaling_events_of_one_endpoint() -> None:

@@ -227,6 +227,13 @@ class ForecastGap(ApiModel):
         le=1000,
         description="Keep scaling in while observed tokens/s ≤ this × forecast (SageServe: 0.5).",
     )
+    overload_emu: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="LT-UA scales out past the plan's target while EMU is above this, at any "
+        "time (the reference code's valve; 1 turns it off).",
+    )
 
 
 class ArimaOrder(ApiModel):

@@ -22,6 +22,7 @@ def strategy_params(spec: ScalingPolicySpec) -> dict[str, Any]:
         "gap_window_s": float(spec.forecast_gap.window_seconds),
         "gap_scale_up_ratio": spec.forecast_gap.scale_up_ratio,
         "gap_scale_down_ratio": spec.forecast_gap.scale_down_ratio,
+        "overload_emu": spec.forecast_gap.overload_emu,
         "interactive_share": 1.0 - spec.siloed.batch_instance_fraction,
     }
 

@@ -8,12 +8,16 @@ move toward it:
   EMU < 30 %, never past the target (so a burst beyond the forecast is not followed).
 - LT-UA (`lt-utilization-arima`): LT-U, and in the last 20 minutes of the plan interval,
   once the target is reached, it follows *traffic* instead of memory: observed tokens/s
-  ≥ 5× the forecast keeps scaling out, ≤ 0.5× keeps scaling in.
+  ≥ 5× the forecast keeps scaling out, ≤ 0.5× keeps scaling in. Above `overload_emu`
+  (90 %) it scales out past the target at any time (the reference code's valve).
 
 Ambiguities settled here (the paper says "continue scaling" without a stopping rule, the
 public code scales out on every check while the ratio holds): LT-UA moves toward the
 traffic-proportional target ⌈target × observed / forecast⌉, one step per cooldown, within
-the endpoint's min/max. Instances still provisioning count toward the target, as in the
+the endpoint's min/max; a traffic step out needs EMU above the scale-in threshold and a step
+in needs EMU below the scale-out threshold, so minute-to-minute noise on a quiet endpoint
+(5x of almost nothing) does not flap it between its floor and floor + 1. Instances still
+provisioning count toward the target, as in the
 reactive baselines, so a plan is never executed twice while nodes come up.
 """
 
@@ -45,6 +49,7 @@ class LongTermParams:
     gap_window_s: float = 1200.0
     gap_scale_up_ratio: float = 5.0
     gap_scale_down_ratio: float = 0.5
+    overload_emu: float = 0.9
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> LongTermParams:
@@ -95,7 +100,12 @@ def forecast_gap_step(
         return None
     ratio = obs.tokens_per_s / forecast_tps
     goal = clamp(math.ceil(target * ratio), obs)
-    if ratio >= p.gap_scale_up_ratio and obs.active >= target and goal > obs.active:
+    if (
+        ratio >= p.gap_scale_up_ratio
+        and obs.active >= target
+        and goal > obs.active
+        and obs.emu > p.scale_in_below
+    ):
         reason = f"LT-UA: observed {ratio:.1f}x forecast, target {goal}"
         return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
     if (
@@ -103,9 +113,25 @@ def forecast_gap_step(
         and obs.active <= target
         and goal < obs.active
         and obs.provisioning == 0
+        and obs.emu < p.scale_out_above
     ):
         reason = f"LT-UA: observed {ratio:.2f}x forecast, target {goal}"
         return ScalingAction(ActionKind.SCALE_IN, obs.key, 1, reason)
+    return None
+
+
+def overload_step(
+    obs: EndpointObservation, target: int, p: LongTermParams
+) -> ScalingAction | None:
+    """LT-UA's safety valve: past the target while EMU is above `overload_emu`.
+
+    The paper's LT-U never passes the target, so a burst the forecast missed queues until
+    the next plan; the reference code scales up anyway above 90 % utilisation. We keep that
+    valve for LT-UA (the strategy meant to correct forecast misses), any time in the hour.
+    """
+    if obs.active >= target and obs.emu > p.overload_emu and obs.active < obs.max_instances:
+        reason = f"LT-UA: EMU {obs.emu:.0%} > {p.overload_emu:.0%} at target {target}"
+        return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
     return None
 
 
@@ -149,6 +175,8 @@ class LongTerm:
         if self.mode == "immediate":
             return immediate_step(obs, target)
         action = utilization_step(obs, target, self.params)
+        if action is None and self.mode == "arima":
+            action = overload_step(obs, target, self.params)
         if action is None and self.mode == "arima" and self.in_gap_window(obs.time):
             forecast = self._forecasts.get(obs.key, 0.0)
             action = forecast_gap_step(obs, target, forecast, self.params)
