@@ -65,8 +65,16 @@ def up(
     """Start the cluster, create the GPU nodes, start Prometheus; wait until all are ready."""
     try:
         state = lifecycle.up(provider, inventory_name, node_image or None)
-    except (lifecycle.EnvironmentNotReady, ClusterError, KindError, PrometheusError,
-            KubectlError, TimeoutError, FileNotFoundError, ValueError) as err:
+    except (
+        lifecycle.EnvironmentNotReady,
+        ClusterError,
+        KindError,
+        PrometheusError,
+        KubectlError,
+        TimeoutError,
+        FileNotFoundError,
+        ValueError,
+    ) as err:
         typer.echo(f"UP FAILED: {err}", err=True)
         raise typer.Exit(1) from err
     typer.echo(f"up: KUBECONFIG={state.kubeconfig} prometheus={state.prometheus_url}")
@@ -87,7 +95,7 @@ def env() -> None:
         raise typer.Exit(1)
     for key, value in state.env().items():
         typer.echo(f"export {key}={shlex.quote(value)}")
-    typer.echo(f"export PATH={shlex.quote(state.bin_dir)}:\"$PATH\"")
+    typer.echo(f'export PATH={shlex.quote(state.bin_dir)}:"$PATH"')
 
 
 @app.command()

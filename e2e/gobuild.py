@@ -136,8 +136,14 @@ def build_kubernetes(bin_dir: Path) -> None:
     for binary in versions.KUBE_BINARIES:
         start = time.monotonic()
         run_go(
-            ["build", "-ldflags", kube_ldflags(kv), "-o", str(bin_dir / binary),
-             f"k8s.io/kubernetes/cmd/{binary}"],
+            [
+                "build",
+                "-ldflags",
+                kube_ldflags(kv),
+                "-o",
+                str(bin_dir / binary),
+                f"k8s.io/kubernetes/cmd/{binary}",
+            ],
             cwd=wdir,
         )
         print(f"    {binary}: {time.monotonic() - start:.0f}s", flush=True)
@@ -148,13 +154,19 @@ def build_etcd(bin_dir: Path) -> None:
     ev = versions.ETCD_VERSION
     wdir = fresh_wrapper(f"etcd-v{ev}", "sageserve.local/etcdbin")
     run_go(
-        ["mod", "edit", f"-require=go.etcd.io/etcd/server/v3@v{ev}",
-         "-tool=go.etcd.io/etcd/server/v3"],
+        [
+            "mod",
+            "edit",
+            f"-require=go.etcd.io/etcd/server/v3@v{ev}",
+            "-tool=go.etcd.io/etcd/server/v3",
+        ],
         cwd=wdir,
     )
     run_go(["mod", "tidy"], cwd=wdir)
-    run_go(["build", "-ldflags", "-s -w", "-o", str(bin_dir / "etcd"), "go.etcd.io/etcd/server/v3"],
-           cwd=wdir)
+    run_go(
+        ["build", "-ldflags", "-s -w", "-o", str(bin_dir / "etcd"), "go.etcd.io/etcd/server/v3"],
+        cwd=wdir,
+    )
 
 
 def go_install(bin_dir: Path, args: Sequence[str]) -> None:
@@ -178,8 +190,11 @@ def build_helm(bin_dir: Path) -> None:
     v = versions.HELM_VERSION
     go_install(
         bin_dir,
-        ["-ldflags", f"-s -w -X helm.sh/helm/v3/internal/version.version=v{v}",
-         f"helm.sh/helm/v3/cmd/helm@v{v}"],
+        [
+            "-ldflags",
+            f"-s -w -X helm.sh/helm/v3/internal/version.version=v{v}",
+            f"helm.sh/helm/v3/cmd/helm@v{v}",
+        ],
     )
 
 

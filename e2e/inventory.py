@@ -69,5 +69,9 @@ def ready_nodes(kubeconfig: Path) -> set[str]:
 
 def wait_ready(kubeconfig: Path, names: list[str], timeout: float = 60.0) -> None:
     """Wait until KWOK has marked every named node Ready."""
-    procs.wait_until(lambda: set(names) <= ready_nodes(kubeconfig), timeout,
-                     f"{len(names)} KWOK nodes to become Ready", interval=0.5)
+    procs.wait_until(
+        lambda: set(names) <= ready_nodes(kubeconfig),
+        timeout,
+        f"{len(names)} KWOK nodes to become Ready",
+        interval=0.5,
+    )

@@ -43,16 +43,35 @@ def create(kubeconfig: Path, node_image: str | None = None) -> None:
     """kind cluster with its own kubeconfig, plus the in-cluster kwok controller."""
     if shutil.which("kind") is None:
         raise KindError("kind is not on PATH (go install sigs.k8s.io/kind@latest); needs Docker")
-    argv = ["kind", "create", "cluster", "--name", CLUSTER_NAME, "--kubeconfig", str(kubeconfig),
-            "--wait", "120s"]
+    argv = [
+        "kind",
+        "create",
+        "cluster",
+        "--name",
+        CLUSTER_NAME,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--wait",
+        "120s",
+    ]
     if node_image:
         argv += ["--image", node_image]
     _run(argv)
     kc = kubectl_binary()
     _run([kc, f"--kubeconfig={kubeconfig}", "apply", "-f", f"{KWOK_RELEASE}/kwok.yaml"])
     _run([kc, f"--kubeconfig={kubeconfig}", "apply", "-f", f"{KWOK_RELEASE}/stage-fast.yaml"])
-    _run([kc, f"--kubeconfig={kubeconfig}", "-n", "kube-system", "rollout", "status",
-          "deployment/kwok-controller", "--timeout=180s"])
+    _run(
+        [
+            kc,
+            f"--kubeconfig={kubeconfig}",
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/kwok-controller",
+            "--timeout=180s",
+        ]
+    )
 
 
 def delete(kubeconfig: Path) -> None:

@@ -26,13 +26,22 @@ def kubectl_env() -> dict[str, str]:
     return env
 
 
-def kubectl(kubeconfig: Path | str, args: Sequence[str], stdin: str | None = None,
-            binary: Path | None = None, timeout: float = 120.0) -> str:
+def kubectl(
+    kubeconfig: Path | str,
+    args: Sequence[str],
+    stdin: str | None = None,
+    binary: Path | None = None,
+    timeout: float = 120.0,
+) -> str:
     """Run kubectl against ``kubeconfig`` (never the user's ~/.kube/config)."""
     exe = binary or versions.bin_dir() / "kubectl"
     proc = subprocess.run(
         [str(exe), f"--kubeconfig={kubeconfig}", *args],
-        input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
         env=kubectl_env(),
     )
     if proc.returncode != 0:

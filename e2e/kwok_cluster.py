@@ -49,7 +49,10 @@ def kwokctl(args: list[str], workdir: Path, bin_dir: Path, timeout: float = 300.
     """Run our kwokctl with the pinned environment; raise with its output on failure."""
     proc = subprocess.run(
         [str(bin_dir / "kwokctl"), "--name", CLUSTER_NAME, *args],
-        env=kwok_env(workdir, bin_dir), capture_output=True, text=True, timeout=timeout,
+        env=kwok_env(workdir, bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         check=False,
     )
     if proc.returncode != 0:
@@ -65,14 +68,31 @@ def create(workdir: Path, kubeconfig: Path, bin_dir: Path, timeout_s: int = 120)
     """Create the cluster and wait until kwokctl reports it ready."""
     workdir.mkdir(parents=True, exist_ok=True)
     kwokctl(
-        ["create", "cluster", "--runtime", "binary", "--kubeconfig", str(kubeconfig),
-         "--wait", f"{timeout_s}s", "--timeout", f"{timeout_s + 30}s",
-         "--etcd-binary", str(bin_dir / "etcd"),
-         "--kube-apiserver-binary", str(bin_dir / "kube-apiserver"),
-         "--kube-controller-manager-binary", str(bin_dir / "kube-controller-manager"),
-         "--kube-scheduler-binary", str(bin_dir / "kube-scheduler"),
-         "--kwok-controller-binary", str(bin_dir / "kwok")],
-        workdir, bin_dir, timeout=timeout_s + 60,
+        [
+            "create",
+            "cluster",
+            "--runtime",
+            "binary",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--wait",
+            f"{timeout_s}s",
+            "--timeout",
+            f"{timeout_s + 30}s",
+            "--etcd-binary",
+            str(bin_dir / "etcd"),
+            "--kube-apiserver-binary",
+            str(bin_dir / "kube-apiserver"),
+            "--kube-controller-manager-binary",
+            str(bin_dir / "kube-controller-manager"),
+            "--kube-scheduler-binary",
+            str(bin_dir / "kube-scheduler"),
+            "--kwok-controller-binary",
+            str(bin_dir / "kwok"),
+        ],
+        workdir,
+        bin_dir,
+        timeout=timeout_s + 60,
     )
 
 

@@ -34,8 +34,11 @@ def is_healthy(state: ClusterState) -> bool:
     return procs.http_ok(f"{state.prometheus_url}/-/ready")
 
 
-def up(provider: str = "kwok", inventory_name: str | Path = inventory.DEFAULT_INVENTORY,
-       node_image: str | None = None) -> ClusterState:
+def up(
+    provider: str = "kwok",
+    inventory_name: str | Path = inventory.DEFAULT_INVENTORY,
+    node_image: str | None = None,
+) -> ClusterState:
     """Start everything and return its state; reuse a healthy environment that is already up."""
     if provider not in PROVIDERS:
         raise ValueError(f"unknown provider {provider!r}; choose one of {PROVIDERS}")
@@ -60,8 +63,12 @@ def up(provider: str = "kwok", inventory_name: str | Path = inventory.DEFAULT_IN
     kubeconfig = root / "kubeconfig.yaml"
     prom_dir = root / "prometheus"
     state = ClusterState(
-        provider=provider, name=kwok_cluster.CLUSTER_NAME, kubeconfig=str(kubeconfig),
-        prometheus_url="", prometheus_dir=str(prom_dir), workdir=str(workdir),
+        provider=provider,
+        name=kwok_cluster.CLUSTER_NAME,
+        kubeconfig=str(kubeconfig),
+        prometheus_url="",
+        prometheus_dir=str(prom_dir),
+        workdir=str(workdir),
         bin_dir=str(bin_dir),
     )
     save(state)  # first, so that `down` can clean up a half-started environment

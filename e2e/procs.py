@@ -40,14 +40,19 @@ def is_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def start_daemon(argv: Sequence[str], log: Path, pid_file: Path,
-                 env: Mapping[str, str] | None = None) -> int:
+def start_daemon(
+    argv: Sequence[str], log: Path, pid_file: Path, env: Mapping[str, str] | None = None
+) -> int:
     """Start a detached process (own session) logging to ``log``; record its pid."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=dict(env) if env is not None else None,
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
         )
     pid_file.write_text(f"{proc.pid}\n")
     return proc.pid

@@ -102,7 +102,8 @@ def start(root: Path, timeout: float = 60.0) -> tuple[int, str]:
     )
     try:
         procs.wait_until(
-            lambda: procs.is_alive(pid) and procs.http_ok(f"{url}/-/ready"), timeout,
+            lambda: procs.is_alive(pid) and procs.http_ok(f"{url}/-/ready"),
+            timeout,
             "Prometheus /-/ready",
         )
     except TimeoutError as err:

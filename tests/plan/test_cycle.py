@@ -57,9 +57,7 @@ def test_demand_is_the_forecast_plus_the_batch_buffer_and_the_plan_covers_it() -
         assert cycle.endpoint_targets[EndpointKey("llama-2-70b", region)] == h100 + a100
     # LT-UA's yardstick is the expected load in the gap window with all of the batch load,
     # not the provisioned peak + β
-    assert cycle.forecast_tps[EndpointKey("llama-2-70b", "us-east")] == (
-        cycle.expected_tps[east]
-    )
+    assert cycle.forecast_tps[EndpointKey("llama-2-70b", "us-east")] == (cycle.expected_tps[east])
     path = cycle.forecasts[east].path_tps  # 10-minute steps: the gap window is steps 5 and 6
     assert cycle.expected_tps[east] == pytest.approx((path[4] + path[5]) / 2 + 500.0)
 

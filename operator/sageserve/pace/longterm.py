@@ -120,9 +120,7 @@ def forecast_gap_step(
     return None
 
 
-def overload_step(
-    obs: EndpointObservation, target: int, p: LongTermParams
-) -> ScalingAction | None:
+def overload_step(obs: EndpointObservation, target: int, p: LongTermParams) -> ScalingAction | None:
     """LT-UA's safety valve: past the target while EMU is above `overload_emu`.
 
     The paper's LT-U never passes the target, so a burst the forecast missed queues until
