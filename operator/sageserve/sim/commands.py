@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sageserve.sim.bounds import gpu_hour_bounds
 from sageserve.sim.run import Comparison, run_policies, write_outputs
 from sageserve.sim.scenario import default_scenario_dir, load_scenario
 
@@ -71,9 +72,25 @@ def simulate(
             prog.update(tasks[name], completed=min(1.0, max(0.0, frac)))
 
         cmp = run_policies(sc, names, seed, on_progress)
+        bounds_task = prog.add_task("bounds", total=None)
+        bounds = gpu_hour_bounds(sc)
+        prog.update(bounds_task, total=1.0, completed=1.0)
+    cmp.summary["bounds"] = {
+        "floor_gpu_hours": round(bounds.floor_gpu_hours, 3),
+        "oracle_gpu_hours": round(bounds.oracle_gpu_hours, 3),
+    }
     paths = write_outputs(out, cmp, report)
     wide = console if console.is_terminal else Console(width=160)
     wide.print(comparison_table(cmp, f"{sc.name}: {len(names)} policies"))
+    wide.print(
+        f"bounds: floor {bounds.floor_gpu_hours:,.1f} GPU-h (every endpoint at minInstances), "
+        f"oracle {bounds.oracle_gpu_hours:,.1f} GPU-h (perfect foresight at θ, no start-up); "
+        + ", ".join(
+            f"{r['policy']} {r['gpu_hours'] / bounds.oracle_gpu_hours - 1:+.1%}"
+            for r in cmp.table
+        )
+        + " vs the oracle"
+    )
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return cmp
 

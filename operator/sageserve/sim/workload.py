@@ -28,6 +28,7 @@ file.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import re
 from collections.abc import Iterator, Mapping
@@ -210,12 +211,29 @@ def requests(wl: Workload, tiers: Mapping[str, Tier]) -> Iterator[Request]:
         yield Request(n, t, model, tier, region, p, o)
 
 
+def window_tokens_per_minute(
+    wl: Workload, tiers: Mapping[str, Tier]
+) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
+    """Interactive and batch tokens/s (input + output) per minute of each (model, home region)
+    over the workload's window, straight from the sources (nothing routed or served)."""
+    minutes = max(1, math.ceil(wl.duration_s / 60.0))
+    iw: dict[tuple[str, str], list[float]] = {}
+    niw: dict[tuple[str, str], list[float]] = {}
+    for req in requests(wl, tiers):
+        series = iw if req.tier.interactive else niw
+        key = (req.model, req.region)
+        if key not in series:
+            series[key] = [0.0] * minutes
+        idx = min(minutes - 1, max(0, int((req.arrival - wl.start_s) // 60.0)))
+        series[key][idx] += (req.prompt_tokens + req.output_tokens) / 60.0
+    return iw, niw
+
+
 def tokens_per_minute(
     wl: Workload, tiers: Mapping[str, Tier], minutes: int
 ) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
-    """Interactive and batch tokens/s (input + output) per minute of each (model, home region)
-    over the `minutes` before the window, from the same sources and mapping. The region is
-    the home region (before the window nothing was routed), the engine's own history is by
+    """`window_tokens_per_minute` over the `minutes` before the window. The region is the
+    home region (before the window nothing was routed), the engine's own history is by
     served region; they differ only by what spilled over.
 
     Why: the operator's forecaster starts with days of Prometheus history; a simulation that
@@ -226,13 +244,4 @@ def tokens_per_minute(
     if minutes <= 0:
         return {}, {}
     before = replace(wl, start_s=wl.start_s - 60.0 * minutes, duration_s=60.0 * minutes)
-    iw: dict[tuple[str, str], list[float]] = {}
-    niw: dict[tuple[str, str], list[float]] = {}
-    for req in requests(before, tiers):
-        series = iw if req.tier.interactive else niw
-        key = (req.model, req.region)
-        if key not in series:
-            series[key] = [0.0] * minutes
-        idx = min(minutes - 1, max(0, int((req.arrival - before.start_s) // 60.0)))
-        series[key][idx] += (req.prompt_tokens + req.output_tokens) / 60.0
-    return iw, niw
+    return window_tokens_per_minute(before, tiers)
