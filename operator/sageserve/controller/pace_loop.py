@@ -182,10 +182,21 @@ class PacePass:
         # Decided in order above; written concurrently (each action touches its own pod sets).
         if len(work) > 1 and WRITERS > 1:
             with ThreadPoolExecutor(min(WRITERS, len(work))) as pool:
-                list(pool.map(lambda w: self.act(*w), work))
+                done = list(pool.map(lambda w: self.act(*w), work))
         else:
-            for w in work:
-                self.act(*w)
+            done = [self.act(*w) for w in work]
+        # One Event per ModelDeployment and reason per pass, listing every action and its
+        # cause: a plan that moves 600 endpoints writes 200 Events, not 600.
+        grouped: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
+        for (raw, md, _states, _action), (reason, message) in zip(work, done, strict=True):
+            grouped.setdefault((md.metadata.name, reason), (raw, []))[1].append(message)
+        events = [(raw, reason, "; ".join(msgs)) for (_, reason), (raw, msgs) in grouped.items()]
+        if len(events) > 1 and WRITERS > 1:
+            with ThreadPoolExecutor(min(WRITERS, len(events))) as pool:
+                list(pool.map(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events))
+        else:
+            for raw, reason, message in events:
+                self.kube.event(raw, "Normal", reason, message)
         if held:
             self.condition(
                 "Degraded",
@@ -227,8 +238,8 @@ class PacePass:
 
     def act(
         self, raw: dict[str, Any], md: ModelDeployment, states: Any, action: ScalingAction
-    ) -> None:
-        """Carry out one action (unless dry run) and tell the user why."""
+    ) -> tuple[str, str]:
+        """Carry out one action (unless dry run); the Event's (reason, message) saying why."""
         variants = [v.name for v in md.spec.variants]
         changes = replicas_after(action, states, variants)
         dry = self.dry_run
@@ -249,7 +260,7 @@ class PacePass:
         sizes = ", ".join(f"{r}/{v}={n}" for (r, v), n in changes.items())
         prefix = "dry run, not applied: " if dry else ""
         reason = ("DryRun" if dry else "") + verb
-        self.kube.event(raw, "Normal", reason, f"{prefix}{sizes} ({action.reason})")
+        return reason, f"{prefix}{sizes} ({action.reason})"
 
 
 def plans(policy: dict[str, Any]) -> bool:
