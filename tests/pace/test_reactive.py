@@ -60,6 +60,10 @@ def test_capacity_on_its_way_counts_against_scaling_out_again() -> None:
     assert UnifiedReactive().on_arrival(obs(0.0, 0.8, serving=4, prov=1)) == []
     literal = UnifiedReactive(ReactiveParams(count_provisioning=False))
     assert literal.on_arrival(obs(0.0, 0.8, serving=4, prov=1))
+    # the paper's literal rule by name, for `sageserve simulate --policy reactive-paper`
+    paper = make_strategy("reactive-paper", {"count_provisioning": True})
+    assert paper.name == "reactive-paper"
+    assert paper.on_arrival(obs(0.0, 0.8, serving=4, prov=1))
 
 
 def test_unified_sends_every_tier_to_one_pool_and_batch_through_the_queue() -> None:

@@ -12,7 +12,7 @@ straight to the batch pool (the status quo at O365 before unification).
 EMU while instances are provisioning: the signal counts only serving instances, so a naive
 rule would add an instance every cooldown until the first one is up (1-10 min later). We
 count capacity that is on its way (`count_provisioning`, on by default), the convention of
-the Kubernetes HPA for unready pods. Set it off to get the literal paper rule.
+the Kubernetes HPA for unready pods. `reactive-paper` has it off: the literal paper rule.
 """
 
 from __future__ import annotations
@@ -107,6 +107,15 @@ class SiloedReactive(UnifiedReactive):
 @register_strategy("reactive")
 def _make_reactive(params: Mapping[str, Any]) -> UnifiedReactive:
     return UnifiedReactive(ReactiveParams.from_mapping(params))
+
+
+@register_strategy("reactive-paper")
+def _make_reactive_paper(params: Mapping[str, Any]) -> UnifiedReactive:
+    """The literal rule of SageServe §6.2: EMU of serving instances only, so a burst adds an
+    instance every cooldown until the first one is up. A simulation baseline (the paper's
+    "Reactive"); the operator's `reactive` counts capacity on its way."""
+    merged = {**params, "count_provisioning": False}
+    return UnifiedReactive(ReactiveParams.from_mapping(merged), name="reactive-paper")
 
 
 @register_strategy("siloed")
