@@ -25,6 +25,8 @@ from operator_kit import (
     wait_for_token_rate,
 )
 
+from sageserve.metrics import queries
+
 REGION = "us-west"
 
 
@@ -86,6 +88,56 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
             assert f"llama8b/{REGION}" in ready["message"]
             [target] = plan["targets"]
             assert target["target"] == 2  # the plan still serves what it can
+        assert runner.exception is None, runner.output
+    finally:
+        load.stop()
+        target_file.unlink(missing_ok=True)
+        fake.close()
+
+
+@pytest.mark.usefixtures("restore_node_pools")
+def test_batch_tokens_query_moves_batch_load_from_the_forecast_into_beta(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
+    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    monkeypatch.setenv("SAGESERVE_METRICS_PORT", "0")
+    fake = FakeVllm()
+    load = SteadyLoad(fake)  # 2,400 tokens/s in all
+    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
+    try:
+        wait_for_token_rate(prometheus_url, namespace, 2300)
+        # a gateway would label batch work; here a quarter of the traffic is called batch
+        batch_query = f"0.25 * ({queries.tokens_per_second('60s', namespace)})"
+        forecast = {
+            "method": "persistence",
+            "granularitySeconds": 30,
+            "trainingWindowSeconds": 300,
+            "batchTokensQuery": batch_query,
+        }
+        apply(kubeconfig, namespace, model_deployment([REGION], hi=6))
+        apply(kubeconfig, namespace, scaling_policy("lt-immediate", forecast=forecast))
+        with KopfRunner(operator_args(namespace), timeout=120) as runner:
+
+            def plan() -> dict | None:
+                out = kubectl(
+                    kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]
+                )
+                got: dict | None = json.loads(out.stdout).get("status", {}).get("plan")
+                return got
+
+            [fc] = eventually(plan, 90, "a plan in the ScalingPolicy status")["forecasts"]
+            # β = 10 % of the batch rate's mean over the history there is (≤ 600 tokens/s:
+            # the first points are rate() warming up); the forecast is of the interactive
+            # three quarters (1,800 tokens/s), not of all 2,400
+            beta = fc["batchBufferTokensPerSecond"]
+            assert 20 < beta <= 61, fc
+            assert 1700 < fc["tokensPerSecond"] - beta < 1900, fc
         assert runner.exception is None, runner.output
     finally:
         load.stop()

@@ -166,16 +166,22 @@ class PlanPass:
             return None
         step = float(spec.forecast.granularity_seconds)
         window = f"{max(int(step), 60)}s"
+
+        def read(expr: str) -> dict[tuple[str, str], list[float]]:
+            """Per (model, region) of this namespace, on the forecaster's grid."""
+            seconds = float(spec.forecast.training_window_seconds)
+            got = reader.history(expr, end=time.time(), seconds=seconds, step=step)
+            return {(m, r): v for (ns, m, r), v in got.items() if ns == self.namespace}
+
         try:
-            history = reader.history(
-                queries.tokens_per_second(window, self.namespace),
-                end=time.time(),
-                seconds=float(spec.forecast.training_window_seconds),
-                step=step,
-            )
+            per_endpoint = read(queries.tokens_per_second(window, self.namespace))
+            batch_query = spec.forecast.batch_tokens_query
+            batch = read(batch_query) if batch_query else {}
         except MetricsUnavailable as exc:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")
             return None
+        if batch:
+            per_endpoint, batch = split_batch(per_endpoint, batch, step)
         current: dict[tuple[str, str, str], int] = {}
         pod_sets = self.kube.deployments_by_owner(self.namespace)
         for md in mds:
@@ -187,21 +193,6 @@ class PlanPass:
                         current[(md.metadata.name, region.name, variant.name)] = int(
                             d["spec"].get("replicas") or 0
                         )
-        per_endpoint = {(m, r): v for (ns, m, r), v in history.items() if ns == self.namespace}
-        batch: dict[tuple[str, str], list[float]] = {}
-        if spec.forecast.batch_tokens_query:
-            try:
-                batch_history = reader.history(
-                    spec.forecast.batch_tokens_query,
-                    end=time.time(),
-                    seconds=float(spec.forecast.training_window_seconds),
-                    step=step,
-                )
-            except MetricsUnavailable as exc:
-                self.set("PlanReady", False, "PrometheusUnreachable", f"no plan: {exc}")
-                return None
-            batch = {(m, r): v for (ns, m, r), v in batch_history.items() if ns == self.namespace}
-            per_endpoint, batch = split_batch(per_endpoint, batch, step)
         cycle = run_plan_cycle(
             mds, spec, per_endpoint, batch, current, gpu_capacity(self.kube.nodes(), labels)
         )
