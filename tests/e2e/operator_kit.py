@@ -256,3 +256,38 @@ def wait_for_token_rate(prometheus_url: str, namespace: str, above: float) -> No
         return any(series[-1] > above for series in history.values())
 
     eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
+
+
+def spot_workload(region: str, gpu_type: str = A100) -> dict[str, Any]:
+    """A batch job (Deployment `spot-batch`, 8 GPUs) that may only use the spot pool's nodes
+    of `region` and `gpu_type`: what donation makes room for and reclaim evicts."""
+    match = [
+        {"key": "topology.kubernetes.io/region", "operator": "In", "values": [region]},
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": [gpu_type]},
+        {"key": "sageserve.io/pool", "operator": "In", "values": ["spot"]},
+    ]
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": match}]
+            }
+        }
+    }
+    container = {
+        "name": "work",
+        "image": "batch:latest",
+        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "spot-batch"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "spot-batch"}},
+            "template": {
+                "metadata": {"labels": {"app": "spot-batch"}},
+                "spec": {"affinity": affinity, "containers": [container]},
+            },
+        },
+    }

@@ -17,8 +17,7 @@ import pytest
 import yaml
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
-from operator_kit import FakeVllm, model_deployment, operator_args, scaling_policy
-from test_e2e_operator_spot import spot_workload
+from operator_kit import FakeVllm, model_deployment, operator_args, scaling_policy, spot_workload
 
 from e2e import versions
 
@@ -154,10 +153,7 @@ def test_the_operator_scales_and_reclaims_with_only_the_charts_permissions(
     namespace = f"rbac-{uuid.uuid4().hex[:6]}"
     kubectl(kubeconfig, ["create", "namespace", namespace])
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", str(REPO / "policies/base/tiers.yaml")])
-    spot = spot_workload()
-    spot["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = [REGION]
+    spot = spot_workload(REGION)
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(spot))
     fake = FakeVllm()
     fake.set(0.9)

@@ -18,13 +18,13 @@ import pytest
 from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
 from operator_kit import (
-    A100,
     FakeVllm,
     apply,
     model_deployment,
     operator_args,
     prepare_namespace,
     scaling_policy,
+    spot_workload,
 )
 
 REGION = "us-west"
@@ -50,43 +50,6 @@ def get(kubeconfig: Path, *what: str) -> dict:
     return json.loads(kubectl(kubeconfig, ["get", *what, "-o", "json"]).stdout)
 
 
-def spot_workload() -> dict:
-    """A batch job that may only use spot GPUs of the region."""
-    match = [
-        {"key": "topology.kubernetes.io/region", "operator": "In", "values": [REGION]},
-        {"key": "nvidia.com/gpu.product", "operator": "In", "values": [A100]},
-        {"key": "sageserve.io/pool", "operator": "In", "values": ["spot"]},
-    ]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "spot-batch"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "spot-batch"}},
-            "template": {
-                "metadata": {"labels": {"app": "spot-batch"}},
-                "spec": {
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [{"matchExpressions": match}]
-                            }
-                        }
-                    },
-                    "containers": [
-                        {
-                            "name": "work",
-                            "image": "batch:latest",
-                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 @pytest.mark.usefixtures("restore_node_pools")
 def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
     kubeconfig: Path,
@@ -99,7 +62,7 @@ def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
     monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
-    apply(kubeconfig, namespace, spot_workload())
+    apply(kubeconfig, namespace, spot_workload(REGION))
 
     def spot_pod_node() -> str | None:
         pods = get(kubeconfig, "pods", "-n", namespace, "-l", "app=spot-batch")["items"]

@@ -31,6 +31,7 @@ from operator_kit import (
     operator_args,
     prepare_namespace,
     scaling_policy,
+    spot_workload,
 )
 
 from sageserve.api.model_deployment import ModelDeployment
@@ -67,40 +68,6 @@ def bloom() -> dict[str, Any]:
     md["metadata"]["annotations"] = {"sageserve.io/perf-profile": "bloom-176b"}
     md["spec"]["model"] = {"name": "bigscience/bloom"}
     return md
-
-
-def spot_workload() -> dict[str, Any]:
-    """A batch job that may only use the region's spot A100s."""
-    match = [
-        {"key": "topology.kubernetes.io/region", "operator": "In", "values": [REGION]},
-        {"key": "nvidia.com/gpu.product", "operator": "In", "values": [A100]},
-        {"key": "sageserve.io/pool", "operator": "In", "values": ["spot"]},
-    ]
-    affinity = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": match}]
-            }
-        }
-    }
-    container = {
-        "name": "work",
-        "image": "batch:latest",
-        "resources": {"limits": {"nvidia.com/gpu": "8"}},
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "spot-batch"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "spot-batch"}},
-            "template": {
-                "metadata": {"labels": {"app": "spot-batch"}},
-                "spec": {"affinity": affinity, "containers": [container]},
-            },
-        },
-    }
 
 
 class Cluster:
@@ -209,7 +176,7 @@ def test_load_from_the_twin_drives_scale_out_reclaim_scale_in_donation_and_recla
     cluster = Cluster(kubeconfig, namespace)
     reader = PrometheusReader(prometheus_url)
     endpoint = (namespace, MODEL, REGION)
-    apply(kubeconfig, namespace, spot_workload())
+    apply(kubeconfig, namespace, spot_workload(REGION))
     assert eventually(cluster.spot_running, 60, "the spot workload running") == SPOT_NODE
 
     twin = TwinProcess(
