@@ -133,3 +133,19 @@ def restore_node_pools(api_client):  # type: ignore[no-untyped-def]
                 }
             }
             core.patch_node(name, patch)
+
+
+@pytest.fixture
+def namespace(kubeconfig: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace with the CRDs and the tiers, named after the test module; deleted
+    (without waiting) afterwards."""
+    import uuid
+
+    from e2e_helpers import kubectl
+    from operator_kit import prepare_namespace
+
+    module = request.module.__name__.removeprefix("test_e2e_operator_").removeprefix("test_e2e_")
+    name = f"{module.replace('_', '-')[:20]}-{uuid.uuid4().hex[:6]}"
+    prepare_namespace(kubeconfig, name)
+    yield name
+    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)

@@ -291,3 +291,19 @@ def spot_workload(region: str, gpu_type: str = A100) -> dict[str, Any]:
             },
         },
     }
+
+
+def operator_env(
+    monkeypatch: Any,
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    metrics_port: int | None = None,
+) -> None:
+    """The environment an in-process operator reads: cluster, Prometheus, namespace, and the
+    metrics port when given (0 turns the endpoint off)."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
+    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    if metrics_port is not None:
+        monkeypatch.setenv("SAGESERVE_METRICS_PORT", str(metrics_port))

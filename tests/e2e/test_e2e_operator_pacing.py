@@ -9,10 +9,8 @@ replicas of the pod set, Events, and the policy's Degraded condition.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,16 +19,15 @@ from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
 from operator_kit import (
     FakeVllm,
+    SteadyLoad,
     apply,
     free_port,
     model_deployment,
     operator_args,
-    prepare_namespace,
+    operator_env,
     scaling_policy,
+    wait_for_token_rate,
 )
-
-from sageserve.metrics import queries
-from sageserve.metrics.prometheus import PrometheusReader
 
 REGION = "us-central"
 
@@ -40,14 +37,6 @@ def fake_vllm() -> Iterator[FakeVllm]:
     fake = FakeVllm()
     yield fake
     fake.close()
-
-
-@pytest.fixture
-def namespace(kubeconfig: Path) -> Iterator[str]:
-    name = f"pace-{uuid.uuid4().hex[:6]}"
-    prepare_namespace(kubeconfig, name)
-    yield name
-    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
 
 
 def replicas(kubeconfig: Path, namespace: str) -> int | None:
@@ -76,9 +65,7 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
     fake_vllm: FakeVllm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
-    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
     policy = scaling_policy("reactive")
     # 4 GPUs per instance: two instances fit the region's one 8-GPU A100 node.
     model = model_deployment([REGION])
@@ -157,36 +144,18 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
     fake_vllm: FakeVllm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
-    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
     metrics_port = free_port()
-    monkeypatch.setenv("SAGESERVE_METRICS_PORT", str(metrics_port))
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, metrics_port)
     # 2,400 tokens/s for a variant of 900 tokens/s per instance: the plan needs 3 instances.
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.wait(0.25):
-            fake_vllm.prompt.labels("llama8b").inc(550)
-            fake_vllm.generation.labels("llama8b").inc(50)
-
-    feeder = threading.Thread(target=load, daemon=True)
-    feeder.start()
+    load = SteadyLoad(fake_vllm)
     target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
     policy = scaling_policy(
         "lt-immediate",
         forecast={"method": "persistence", "granularitySeconds": 30, "trainingWindowSeconds": 300},
     )
     model = model_deployment([REGION], hi=4)
-    rate = queries.tokens_per_second("60s", namespace)  # the plan loop's window
-
-    def settled() -> bool:
-        history = PrometheusReader(prometheus_url).history(rate, time.time(), 60, 30)
-        return any(series[-1] > 2300 for series in history.values())
-
     try:
-        # rate() needs a full window of samples before it reads the true 2,400 tokens/s.
-        eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
+        wait_for_token_rate(prometheus_url, namespace, 2300)
         apply(kubeconfig, namespace, model)
         apply(kubeconfig, namespace, policy)
         args = operator_args(namespace)
@@ -219,5 +188,5 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
             assert b"sageserve_solver_seconds_count" in metrics
         assert runner.exception is None, runner.output
     finally:
-        stop.set()
+        load.stop()
         target_file.unlink(missing_ok=True)

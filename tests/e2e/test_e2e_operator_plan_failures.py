@@ -7,8 +7,6 @@ and a real Prometheus, with the operator in-process.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from operator_kit import (
     apply,
     model_deployment,
     operator_args,
-    prepare_namespace,
+    operator_env,
     scaling_policy,
     wait_for_token_rate,
 )
@@ -28,14 +26,6 @@ from operator_kit import (
 from sageserve.metrics import queries
 
 REGION = "us-west"
-
-
-@pytest.fixture
-def namespace(kubeconfig: Path) -> Iterator[str]:
-    name = f"planfail-{uuid.uuid4().hex[:6]}"
-    prepare_namespace(kubeconfig, name)
-    yield name
-    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
 
 
 @pytest.mark.usefixtures("restore_node_pools")
@@ -46,10 +36,7 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
     prometheus_targets_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
-    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
-    monkeypatch.setenv("SAGESERVE_METRICS_PORT", "0")
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
     fake = FakeVllm()
     load = SteadyLoad(fake)  # 2,400 tokens/s
     target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
@@ -103,10 +90,7 @@ def test_batch_tokens_query_moves_batch_load_from_the_forecast_into_beta(
     prometheus_targets_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
-    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
-    monkeypatch.setenv("SAGESERVE_METRICS_PORT", "0")
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
     fake = FakeVllm()
     load = SteadyLoad(fake)  # 2,400 tokens/s in all
     target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)

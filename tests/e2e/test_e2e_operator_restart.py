@@ -15,8 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,20 +26,11 @@ from operator_kit import (
     apply,
     free_port,
     model_deployment,
-    prepare_namespace,
     scaling_policy,
     wait_for_token_rate,
 )
 
 REGION = "us-central"
-
-
-@pytest.fixture
-def namespace(kubeconfig: Path) -> Iterator[str]:
-    name = f"restart-{uuid.uuid4().hex[:6]}"
-    prepare_namespace(kubeconfig, name)
-    yield name
-    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
 
 
 def _start(kubeconfig: Path, namespace: str, prometheus_url: str, log: Path) -> subprocess.Popen:

@@ -10,7 +10,6 @@ runs on it again.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from operator_kit import (
     apply,
     model_deployment,
     operator_args,
-    prepare_namespace,
+    operator_env,
     scaling_policy,
     spot_workload,
 )
@@ -38,14 +37,6 @@ def fake_vllm() -> Iterator[FakeVllm]:
     fake.close()
 
 
-@pytest.fixture
-def namespace(kubeconfig: Path) -> Iterator[str]:
-    name = f"spot-{uuid.uuid4().hex[:6]}"
-    prepare_namespace(kubeconfig, name)
-    yield name
-    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
-
-
 def get(kubeconfig: Path, *what: str) -> dict:
     return json.loads(kubectl(kubeconfig, ["get", *what, "-o", "json"]).stdout)
 
@@ -59,9 +50,7 @@ def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
     fake_vllm: FakeVllm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
-    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
     apply(kubeconfig, namespace, spot_workload(REGION))
 
     def spot_pod_node() -> str | None:

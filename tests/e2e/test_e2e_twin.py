@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +28,7 @@ from operator_kit import (
     apply,
     model_deployment,
     operator_args,
-    prepare_namespace,
+    operator_env,
     scaling_policy,
     spot_workload,
 )
@@ -48,14 +47,6 @@ TRACE = REPO / "data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"
 # one instance idles (KV ≈ 7 %), at 0.4× one instance saturates (≈ 98 %) and two stay busy
 # (≈ 96 %), so the 70/30 reactive thresholds see rising, falling and rising load.
 LOW, HIGH = 0.05, 0.4
-
-
-@pytest.fixture
-def namespace(kubeconfig: Path) -> Iterator[str]:
-    name = f"twin-{uuid.uuid4().hex[:6]}"
-    prepare_namespace(kubeconfig, name)
-    yield name
-    kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
 
 
 def get(kubeconfig: Path, *what: str) -> dict[str, Any]:
@@ -170,9 +161,7 @@ def test_load_from_the_twin_drives_scale_out_reclaim_scale_in_donation_and_recla
     prometheus_targets_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", prometheus_url)
-    monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
     cluster = Cluster(kubeconfig, namespace)
     reader = PrometheusReader(prometheus_url)
     endpoint = (namespace, MODEL, REGION)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
@@ -47,6 +47,16 @@ LEASE_RENEW_SECONDS = 5.0
 #: Scale calls (and their Events) of one pass in flight at once. Each waits ~10-30 ms on
 #: the API server; one after another, a plan that moves 600 endpoints took 20 s to apply.
 WRITERS = int(os.environ.get("SAGESERVE_WRITERS", "8"))
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def concurrently(fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """`fn` over `items` with up to WRITERS API writes in flight, results in order."""
+    if len(items) > 1 and WRITERS > 1:
+        with ThreadPoolExecutor(min(WRITERS, len(items))) as pool:
+            return list(pool.map(fn, items))
+    return [fn(item) for item in items]
 
 
 @dataclass
@@ -180,23 +190,14 @@ class PacePass:
             actions = [a for o in observations.values() for a in strategy.on_arrival(o)]
             work += [(raw, md, states, action) for action in actions]
         # Decided in order above; written concurrently (each action touches its own pod sets).
-        if len(work) > 1 and WRITERS > 1:
-            with ThreadPoolExecutor(min(WRITERS, len(work))) as pool:
-                done = list(pool.map(lambda w: self.act(*w), work))
-        else:
-            done = [self.act(*w) for w in work]
+        done = concurrently(lambda w: self.act(*w), work)
         # One Event per ModelDeployment and reason per pass, listing every action and its
         # cause: a plan that moves 600 endpoints writes 200 Events, not 600.
         grouped: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
         for (raw, md, _states, _action), (reason, message) in zip(work, done, strict=True):
             grouped.setdefault((md.metadata.name, reason), (raw, []))[1].append(message)
         events = [(raw, reason, "; ".join(msgs)) for (_, reason), (raw, msgs) in grouped.items()]
-        if len(events) > 1 and WRITERS > 1:
-            with ThreadPoolExecutor(min(WRITERS, len(events))) as pool:
-                list(pool.map(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events))
-        else:
-            for raw, reason, message in events:
-                self.kube.event(raw, "Normal", reason, message)
+        concurrently(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events)
         if held:
             self.condition(
                 "Degraded",

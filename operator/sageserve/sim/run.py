@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sageserve.sim.engine import RunResult, Simulation
+from sageserve.sim.engine import PerKeySeries, RunResult, Simulation
 from sageserve.sim.results import (
     comparison_rows,
     summary,
@@ -39,6 +39,7 @@ def run_policies(
     cfg = scenario.sim_config(seed)
     span = max(1e-9, cfg.end_s - cfg.start_s)
     runs: dict[str, tuple[RunResult, float]] = {}
+    history: tuple[PerKeySeries, PerKeySeries] | None = None  # read once, for every LT run
     for name in policies:
         strategy = scenario.strategy(name)
         cb = None
@@ -48,10 +49,14 @@ def run_policies(
                 on_progress(_n, (t - cfg.start_s) / span)
 
         t0 = time.perf_counter()
-        planner, history = None, None
+        planner = None
         if getattr(strategy, "uses_plan", True):
-            planner, history = scenario.planner(), scenario.history(cfg.history_minutes)
-        result = Simulation(cfg, strategy, scenario.requests(), cb, planner, history).run()
+            planner = scenario.planner()
+            if history is None:
+                history = scenario.history(cfg.history_minutes)
+        result = Simulation(
+            cfg, strategy, scenario.requests(), cb, planner, history if planner else None
+        ).run()
         runs[name] = (result, time.perf_counter() - t0)
         if on_progress is not None:
             on_progress(name, 1.0)
