@@ -221,3 +221,19 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
     # the plan's target of 1 applied at once: the fleet shrank from its initial 3
     assert r.events["scale_in"] == 2
     assert all(row.serving == 1 for row in r.minutes)
+
+
+@pytest.mark.parametrize("policy", ["reactive", "lt-u"])
+def test_an_endpoint_no_request_reaches_still_scales_in_to_its_floor(policy: str) -> None:
+    # r2 gets no traffic: the operator's pace loop checks it every pace period, so the
+    # simulator must too (the paper's rule fires on arrivals, and none come).
+    def planner(now, history, batch, current):
+        return {EndpointKey("m", r): 1 for r in ("r1", "r2")}, {}
+
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, regions=("r1", "r2"), initial=4, lo=1, hi=6, end_s=1800.0)
+    reqs = list(poisson(5.0, 1800.0, [IW_F], ("r1",)))
+    before = ({("m", r): [1.0] * 90 for r in ("r1", "r2")}, {})
+    sim = Simulation(cfg, make_strategy(policy), reqs, None, planner, before)
+    sim.run()
+    assert sim.cluster.endpoints[EndpointKey("m", "r2")].serving == 1

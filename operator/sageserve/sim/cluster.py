@@ -179,6 +179,10 @@ class Endpoint:
     def invalidate(self) -> None:
         self._emu_t = -math.inf
 
+    def stale(self, t: float) -> bool:
+        """Whether no request has refreshed the load signal for a scrape interval."""
+        return t - self._emu_t >= self.refresh_s
+
     def observe(self, t: float) -> EndpointObservation:
         waiting = 0
         for d in self.deployments:

@@ -440,8 +440,23 @@ class Simulation(InstanceHooks):
                     self._dispatch(job, ep, now, check_scaling=False)
             self._signal.update(self.cluster.endpoints.values())
             self._feed_batch(now)
+        self._check_idle(now)
         actions = self.strategy.on_tick(self._observation(now))
         self._apply(actions, now)
+
+    def _check_idle(self, now: float) -> None:
+        """Run the arrival rule on endpoints no request reached for a scrape interval.
+
+        The paper evaluates scaling on request arrival; the operator's pace loop evaluates
+        every endpoint each pace period. Without this, an endpoint whose traffic stopped
+        (a region a model's clients never use) would keep its instances forever in the
+        simulator while the operator scales it in.
+        """
+        for ep in self.cluster.endpoints.values():
+            if ep.stale(now):
+                ep.emu(now)
+                ep.checked_version = ep.version
+                self._apply(self.strategy.on_arrival(ep.observe(now)), now)
 
     def _observation(self, now: float) -> Observation:
         eps = {k: ep.observe(now) for k, ep in self.cluster.endpoints.items()}
