@@ -1,0 +1,32 @@
+"""Every bundled scenario loads, names only known strategies, and gives the LT planner history.
+
+Why: a scenario is what a user runs first; a renamed strategy or a window that starts at the
+trace's first minute (LT strategies would then hold their initial sizes for an hour) should
+fail here, not after a 10-minute simulation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sageserve.sim.scenario import default_scenario_dir, load_scenario
+
+ROOT = default_scenario_dir().parent
+BUNDLED = sorted(p.parent.name for p in ROOT.glob("*/scenario.yaml"))
+
+
+def test_the_documented_scenarios_are_bundled() -> None:
+    assert {"default", "peak-day", "servegen-week"} <= set(BUNDLED)
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_a_bundled_scenario_loads_with_its_strategies(name: str) -> None:
+    sc = load_scenario(ROOT / name)
+    assert sc.models and sc.nodes and sc.policies
+    for policy in sc.policies:
+        assert sc.strategy(policy).name == policy
+    if any(p.startswith("lt") for p in sc.policies):
+        interactive, _batch = sc.history(60)  # the hour the first plan forecasts from
+        assert sum(sum(v) for v in interactive.values()) > 0, f"{Path(name)}: no history"
