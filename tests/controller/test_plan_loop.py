@@ -6,6 +6,7 @@ import math
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
@@ -60,13 +61,14 @@ def test_plan_status_is_a_valid_crd_status_and_restores_the_same_targets() -> No
     assert {f["method"] for f in status["forecasts"]} == {"persistence"}
     restored = recorded_plan({"status": {"plan": status}})
     assert restored is not None
-    at, targets, forecasts = restored
+    at, targets, forecasts, per_instance = restored
     assert at == datetime(2026, 11, 21, tzinfo=UTC).timestamp()
     assert targets == cycle.endpoint_targets
-    # the restored yardstick of LT-UA is the one the live cycle handed to the strategy
-    assert forecasts[EndpointKey("llama-2-70b", "us-east")] == round(
-        cycle.forecast_tps[EndpointKey("llama-2-70b", "us-east")], 3
-    )
+    # the restored yardsticks of LT-UA are the ones the live cycle handed to the strategy
+    east_key = EndpointKey("llama-2-70b", "us-east")
+    assert forecasts[east_key] == round(cycle.forecast_tps[east_key], 3)
+    assert per_instance == pytest.approx(cycle.instance_tps, abs=1e-3)
+    assert set(per_instance) == set(targets)
     assert recorded_plan({"status": {}}) is None
 
 

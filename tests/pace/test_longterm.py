@@ -106,6 +106,29 @@ def test_lt_utilization_arima(target: int, o: EndpointObservation, expected: tup
     assert decision(planned("lt-ua", target), o) == expected
 
 
+def test_lt_ua_sizes_a_traffic_step_by_what_one_instance_serves() -> None:
+    # target at the floor (2) for a forecast of almost nothing; θ = 2,000 tokens/s each
+    strategy = make_strategy("lt-ua")
+    assert isinstance(strategy, LongTerm)
+    strategy.on_plan(0.0, {KEY: 2}, {KEY: 100.0}, {KEY: 2000.0})
+    quiet = obs(time=LAST_20_MIN, serving=2, tps=900.0)  # 9x the forecast, half of 1 instance
+    assert decision(strategy, quiet) is None
+    busy = obs(time=LAST_20_MIN + 60, serving=2, tps=5000.0)  # needs ⌈5000/2000⌉ = 3
+    assert decision(strategy, busy) == (OUT, 1)
+    assert decision(strategy, obs(time=LAST_20_MIN + 120, serving=3, tps=5000.0)) is None
+    # without θ (a plan recorded before it existed) the proportional rule still applies
+    legacy = planned("lt-ua", 2, forecast=100.0)
+    assert decision(legacy, obs(time=LAST_20_MIN, serving=2, tps=900.0)) == (OUT, 1)
+
+
+def test_lt_ua_scales_in_to_what_the_observed_load_needs() -> None:
+    strategy = make_strategy("lt-ua")
+    assert isinstance(strategy, LongTerm)
+    strategy.on_plan(0.0, {KEY: 10}, {KEY: 10_000.0}, {KEY: 1000.0})
+    assert decision(strategy, obs(time=LAST_20_MIN, tps=4000.0, emu=0.5)) == (IN, 1)
+    assert decision(strategy, obs(time=LAST_20_MIN + 60, serving=4, tps=4000.0, emu=0.5)) is None
+
+
 def test_lt_u_has_no_valve_and_lt_ua_s_valve_can_be_turned_off() -> None:
     assert decision(planned("lt-u", 10), obs(emu=0.99)) is None
     off = make_strategy("lt-ua", {"overload_emu": 1.0})

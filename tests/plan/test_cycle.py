@@ -96,3 +96,16 @@ def test_too_little_history_falls_back_to_the_named_baseline() -> None:
     assert forecast.requested == "arima"
     assert forecast.method != "arima"
     assert forecast.fallback_reason and "history" in forecast.fallback_reason
+
+
+def test_tokens_per_instance_are_the_planned_variants_capacities_weighted_by_target() -> None:
+    from sageserve.plan.cycle import instance_capacity
+
+    md = _llama()  # H100 variant 308 tokens/s, A100 variant 180 tokens/s
+    h100, a100 = (v.name for v in md.spec.variants)
+    per = instance_capacity(
+        [md], {("llama-2-70b", "us-east", h100): 3, ("llama-2-70b", "us-east", a100): 1}
+    )
+    assert per[EndpointKey("llama-2-70b", "us-east")] == pytest.approx((3 * 308 + 180) / 4)
+    # no target: the first planned variant's θ, so LT-UA can still size from traffic
+    assert per[EndpointKey("llama-2-70b", "us-west")] == 308

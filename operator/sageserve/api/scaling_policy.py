@@ -466,6 +466,13 @@ class ForecastEntry(ApiModel):
         description="Point forecast for the last forecastGap.windowSeconds of the interval "
         "plus the batch rate: what LT-UA compares observed tokens/s with.",
     )
+    instance_tokens_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description="Tokens/s one planned instance serves (capacityTokensPerSecond of the "
+        "planned variants, weighted by their targets): how LT-UA turns observed tokens/s "
+        "into instances.",
+    )
     method: str = Field(max_length=64, description="Forecaster actually used.")
     fallback_reason: str | None = Field(default=None, max_length=1024)
 

@@ -31,11 +31,16 @@ from sageserve.controller.pacing import (
     pod_set_states,
     replicas_after,
 )
-from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
+from sageserve.controller.plan_loop import (
+    PlanPass,
+    RecordedPlan,
+    prometheus_reader,
+    recorded_plan,
+)
 from sageserve.controller.podset import NodeLabels
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
-from sageserve.core.types import ActionKind, EndpointKey, ScalingAction
+from sageserve.core.types import ActionKind, ScalingAction
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable
 from sageserve.pace.base import PacingStrategy
@@ -66,8 +71,8 @@ class PaceState:
     generation: int | None = None
     strategy: PacingStrategy | None = None
     conditions: list[dict[str, Any]] = field(default_factory=list)
-    #: The plan in force: (computed at, targets, forecast tokens/s) per endpoint.
-    plan: tuple[float, dict[EndpointKey, int], dict[EndpointKey, float]] | None = None
+    #: The plan in force, as `PacingStrategy.on_plan` takes it.
+    plan: RecordedPlan | None = None
     next_plan: float = 0.0
 
     def strategy_of(self, policy: ScalingPolicy, generation: int | None) -> PacingStrategy:
@@ -79,13 +84,11 @@ class PaceState:
                 self.strategy.on_plan(*self.plan)
         return self.strategy
 
-    def adopt(
-        self, at: float, targets: dict[EndpointKey, int], forecasts: dict[EndpointKey, float]
-    ) -> None:
+    def adopt(self, plan: RecordedPlan) -> None:
         """Make a plan the one in force and tell the strategy."""
-        self.plan = (at, targets, forecasts)
+        self.plan = plan
         if self.strategy is not None:
-            self.strategy.on_plan(at, targets, forecasts)
+            self.strategy.on_plan(*plan)
 
 
 def _essence(obj: Any) -> dict[str, Any]:
@@ -331,7 +334,7 @@ class Loops(threading.Thread):
         interval = float((policy.get("spec") or {}).get("intervals", {}).get("planSeconds", 3600))
         recorded = recorded_plan(policy)
         if state.plan is None and recorded is not None and wall - recorded[0] < interval:
-            state.adopt(*recorded)  # restart: the plan in status is still in force
+            state.adopt(recorded)  # restart: the plan in status is still in force
             state.next_plan = recorded[0] + interval
             return False
         state.next_plan = wall + interval
@@ -339,7 +342,7 @@ class Loops(threading.Thread):
             prometheus_reader(), NodeLabels.from_env()
         )
         if cycle is not None:
-            state.adopt(wall, cycle.endpoint_targets, cycle.forecast_tps)
+            state.adopt((wall, cycle.endpoint_targets, cycle.forecast_tps, cycle.instance_tps))
         return cycle is not None
 
     def resync_all(self, k: Kube) -> None:

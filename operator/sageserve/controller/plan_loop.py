@@ -32,6 +32,11 @@ from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+#: A plan as the strategies take it: (computed at, instances per endpoint, forecast tokens/s
+#: per endpoint, tokens/s per planned instance).
+RecordedPlan = tuple[
+    float, dict[EndpointKey, int], dict[EndpointKey, float], dict[EndpointKey, float]
+]
 
 
 def split_batch(
@@ -93,6 +98,7 @@ def plan_status(
             "tokensPerSecond": round(cycle.demand_tps[(m, r)], 3),
             "batchBufferTokensPerSecond": round(cycle.batch_buffer_tps[(m, r)], 3),
             "expectedTokensPerSecond": round(cycle.expected_tps[(m, r)], 3),
+            "instanceTokensPerSecond": round(cycle.instance_tps[EndpointKey(m, r)], 3),
             "method": fc.method,
             **({"fallbackReason": fc.fallback_reason[:1024]} if fc.fallback_reason else {}),
         }
@@ -245,10 +251,9 @@ class PlanPass:
             )
 
 
-def recorded_plan(
-    body: Mapping[str, Any],
-) -> tuple[float, dict[EndpointKey, int], dict[EndpointKey, float]] | None:
-    """(computed at, endpoint targets, forecasts) of the plan in status, if any."""
+def recorded_plan(body: Mapping[str, Any]) -> RecordedPlan | None:
+    """(computed at, endpoint targets, forecasts, tokens/s per instance) of the plan in
+    status, if any: the arguments of `PacingStrategy.on_plan`."""
     plan = ((body.get("status") or {}).get("plan")) or None
     if not plan:
         return None
@@ -266,7 +271,12 @@ def recorded_plan(
         )
         for f in plan.get("forecasts", [])
     }
-    return at, targets, forecasts
+    per_instance = {
+        EndpointKey(f["model"], f["region"]): float(f["instanceTokensPerSecond"])
+        for f in plan.get("forecasts", [])
+        if f.get("instanceTokensPerSecond")
+    }
+    return at, targets, forecasts, per_instance
 
 
 def prometheus_reader() -> PrometheusReader:

@@ -69,8 +69,10 @@ class PacingStrategy(Protocol):
         now: float,
         targets: Mapping[EndpointKey, int],
         forecasts: Mapping[EndpointKey, float] | None = None,
+        instance_tps: Mapping[EndpointKey, float] | None = None,
     ) -> None:
-        """New hourly targets (instances per endpoint) and the forecast tokens/s they serve."""
+        """New hourly targets (instances per endpoint), the forecast tokens/s they serve and
+        the tokens/s one planned instance of each endpoint serves (θ)."""
         ...
 
     def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:

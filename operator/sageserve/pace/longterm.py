@@ -13,12 +13,16 @@ move toward it:
 
 Ambiguities settled here (the paper says "continue scaling" without a stopping rule, the
 public code scales out on every check while the ratio holds): LT-UA moves toward the
-traffic-proportional target ⌈target × observed / forecast⌉, one step per cooldown, within
-the endpoint's min/max; a traffic step out needs EMU above the scale-in threshold and a step
-in needs EMU below the scale-out threshold, so minute-to-minute noise on a quiet endpoint
-(5x of almost nothing) does not flap it between its floor and floor + 1. Instances still
-provisioning count toward the target, as in the
-reactive baselines, so a plan is never executed twice while nodes come up.
+instances the *observed* traffic needs, ⌈observed ÷ θ⌉ with θ the tokens/s one planned
+instance serves (`instance_tps`, from the plan), one step per cooldown, within the
+endpoint's min/max. Not ⌈target × observed / forecast⌉: a target held at `minInstances`
+is not proportional to its forecast, so "5× a forecast of almost nothing" would have asked
+for 5× the floor while the floor alone serves it (that rule, kept as the fallback when no θ
+is known, cost a third of LT-UA's provisioning GPU-hours on a day of ServeGen). A traffic
+step out also needs EMU above the scale-in threshold and a step in EMU below the scale-out
+threshold, so minute-to-minute noise on a quiet endpoint does not flap it. Instances still
+provisioning count toward the target, as in the reactive baselines, so a plan is never
+executed twice while nodes come up.
 """
 
 from __future__ import annotations
@@ -89,17 +93,26 @@ def utilization_step(
 
 
 def forecast_gap_step(
-    obs: EndpointObservation, target: int, forecast_tps: float, p: LongTermParams
+    obs: EndpointObservation,
+    target: int,
+    forecast_tps: float,
+    p: LongTermParams,
+    instance_tps: float | None = None,
 ) -> ScalingAction | None:
     """LT-UA's traffic-based step, for use in the last minutes of a plan interval.
 
     Only once the ILP target is reached in the direction of the gap: observed load far
-    above the forecast keeps scaling out, far below keeps scaling in.
+    above the forecast keeps scaling out, far below keeps scaling in, toward the instances
+    the observed load needs at `instance_tps` each (see the module doc).
     """
     if forecast_tps <= 0:
         return None
     ratio = obs.tokens_per_s / forecast_tps
-    goal = clamp(math.ceil(target * ratio), obs)
+    if instance_tps and instance_tps > 0:
+        needed = math.ceil(obs.tokens_per_s / instance_tps - 1e-9)
+    else:
+        needed = math.ceil(target * ratio)
+    goal = clamp(needed, obs)
     if (
         ratio >= p.gap_scale_up_ratio
         and obs.active >= target
@@ -144,6 +157,7 @@ class LongTerm:
     batch_via_queue_manager: bool = True
     _targets: dict[EndpointKey, int] = field(default_factory=dict)
     _forecasts: dict[EndpointKey, float] = field(default_factory=dict)
+    _instance_tps: dict[EndpointKey, float] = field(default_factory=dict)
     _plan_time: float | None = None
     _last_event: dict[EndpointKey, float] = field(default_factory=dict)
 
@@ -152,11 +166,14 @@ class LongTerm:
         now: float,
         targets: Mapping[EndpointKey, int],
         forecasts: Mapping[EndpointKey, float] | None = None,
+        instance_tps: Mapping[EndpointKey, float] | None = None,
     ) -> None:
-        """New targets (and, for LT-UA, the forecast tokens/s they were sized for)."""
+        """New targets and, for LT-UA, the forecast tokens/s they were sized for and the
+        tokens/s one planned instance serves."""
         self._plan_time = now
         self._targets = dict(targets)
         self._forecasts = dict(forecasts or {})
+        self._instance_tps = dict(instance_tps or {})
 
     def in_gap_window(self, now: float) -> bool:
         """Whether `now` is in the last `gap_window_s` of the current plan interval."""
@@ -177,7 +194,8 @@ class LongTerm:
             action = overload_step(obs, target, self.params)
         if action is None and self.mode == "arima" and self.in_gap_window(obs.time):
             forecast = self._forecasts.get(obs.key, 0.0)
-            action = forecast_gap_step(obs, target, forecast, self.params)
+            theta = self._instance_tps.get(obs.key)
+            action = forecast_gap_step(obs, target, forecast, self.params, theta)
         return action
 
     def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:

@@ -77,6 +77,7 @@ class UnifiedReactive:
         now: float,
         targets: Mapping[EndpointKey, int],
         forecasts: Mapping[EndpointKey, float] | None = None,
+        instance_tps: Mapping[EndpointKey, float] | None = None,
     ) -> None:
         """Reactive baselines ignore plans and forecasts."""
 

@@ -52,6 +52,8 @@ class PlanCycle:
     result: PlanResult
     targets: VariantCounts
     endpoint_targets: dict[EndpointKey, int]
+    #: tokens/s one planned instance of each endpoint serves (θ, averaged over its variants)
+    instance_tps: dict[EndpointKey, float]
 
     @property
     def forecast_tps(self) -> dict[EndpointKey, float]:
@@ -143,4 +145,31 @@ def run_plan_cycle(
         result=result,
         targets=targets,
         endpoint_targets=endpoint_targets(targets),
+        instance_tps=instance_capacity(mds, targets),
     )
+
+
+def instance_capacity(
+    mds: Sequence[ModelDeployment], targets: VariantCounts
+) -> dict[EndpointKey, float]:
+    """Tokens/s one planned instance of each endpoint serves: θ of its variants weighted by
+    their targets (the first planned variant's θ when the target is 0).
+
+    LT-UA turns observed tokens/s into instances with it; the plan knows the variant mix,
+    the strategy does not.
+    """
+    out: dict[EndpointKey, float] = {}
+    for md in mds:
+        variants = list(planned_variants(md).values())
+        if not variants:
+            continue
+        for region in md.spec.regions:
+            counts = [
+                (targets.get((md.metadata.name, region.name, v.name), 0), v) for v in variants
+            ]
+            total = sum(n for n, _ in counts)
+            capacity = sum(n * v.capacity_tokens_per_second for n, v in counts)
+            out[EndpointKey(md.metadata.name, region.name)] = (
+                capacity / total if total else float(variants[0].capacity_tokens_per_second)
+            )
+    return out

@@ -86,8 +86,7 @@ def simulate(
         f"bounds: floor {bounds.floor_gpu_hours:,.1f} GPU-h (every endpoint at minInstances), "
         f"oracle {bounds.oracle_gpu_hours:,.1f} GPU-h (perfect foresight at θ, no start-up); "
         + ", ".join(
-            f"{r['policy']} {r['gpu_hours'] / bounds.oracle_gpu_hours - 1:+.1%}"
-            for r in cmp.table
+            f"{r['policy']} {r['gpu_hours'] / bounds.oracle_gpu_hours - 1:+.1%}" for r in cmp.table
         )
         + " vs the oracle"
     )

@@ -83,7 +83,8 @@ PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 
 #: (now, interactive tokens/s per minute per (model, region), batch tokens/s per minute over
 #: the last hour, current instances per (model, region, variant)) -> (targets per endpoint,
-#: forecast tokens/s per endpoint). Built from plan.cycle by `sim.scenario`.
+#: forecast tokens/s per endpoint[, tokens/s per planned instance]): the arguments of
+#: `PacingStrategy.on_plan` after the time. Built from plan.cycle by `sim.scenario`.
 Planner = Callable[
     [
         float,
@@ -91,7 +92,8 @@ Planner = Callable[
         Mapping[tuple[str, str], Sequence[float]],
         Mapping[tuple[str, str, str], int],
     ],
-    tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float]],
+    tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float]]
+    | tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float], Mapping[EndpointKey, float]],
 ]
 
 
@@ -518,14 +520,14 @@ class Simulation(InstanceHooks):
                 d = inst.endpoint
                 if isinstance(d, Deployment):
                     current[(key.model, key.region, d.variant)] += 1
-        targets, forecasts = self.planner(
+        plan = self.planner(
             now,
             {k: list(v) for k, v in self._iw_hist.items()},
             {k: list(v) for k, v in self._niw_hist.items()},
             dict(current),
         )
         self.plans += 1
-        self.strategy.on_plan(now, targets, forecasts)
+        self.strategy.on_plan(now, *plan)
 
     # ---- scaling -------------------------------------------------------------------------
 

@@ -149,9 +149,11 @@ class Scenario:
             history: Mapping[tuple[str, str], Sequence[float]],
             batch: Mapping[tuple[str, str], Sequence[float]],
             current: Mapping[tuple[str, str, str], int],
-        ) -> tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float]]:
+        ) -> tuple[
+            Mapping[EndpointKey, int], Mapping[EndpointKey, float], Mapping[EndpointKey, float]
+        ]:
             cycle = run_plan_cycle(models, spec, history, batch, current, capacity)
-            return cycle.endpoint_targets, cycle.forecast_tps
+            return cycle.endpoint_targets, cycle.forecast_tps, cycle.instance_tps
 
         return plan
 
