@@ -18,7 +18,7 @@ instance serves (`instance_tps`, from the plan), one step per cooldown, within t
 endpoint's min/max. Not ⌈target × observed / forecast⌉: a target held at `minInstances`
 is not proportional to its forecast, so "5× a forecast of almost nothing" would have asked
 for 5× the floor while the floor alone serves it (that rule, kept as the fallback when no θ
-is known, cost a third of LT-UA's provisioning GPU-hours on a day of ServeGen). A traffic
+is known, cost 19 of LT-UA's 86 provisioning GPU-hours on `scenarios/peak-day`). A traffic
 step out also needs EMU above the scale-in threshold and a step in EMU below the scale-out
 threshold, so minute-to-minute noise on a quiet endpoint does not flap it. Instances still
 provisioning count toward the target, as in the reactive baselines, so a plan is never
