@@ -170,13 +170,22 @@ def simulate(
     ] = Path("out/simulate"),
     seed: Annotated[int | None, typer.Option(help="Override the workload's seed.")] = None,
     report: Annotated[bool, typer.Option(help="Write PNG plots and report.html.")] = True,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Change a field of the scenario's ScalingPolicy spec, PATH=VALUE, e.g. "
+            "thresholds.scaleOutEmu=0.6 or forecast.quantile=0.9 (repeatable; validated "
+            "like a manifest).",
+        ),
+    ] = None,
 ) -> None:
     """Replay a scenario's traces against simulated fleets, one run per policy, and compare."""
     from sageserve.sim.commands import simulate as run
 
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy else None
     try:
-        run(scenario, names, out, seed, report, console)
+        run(scenario, names, out, seed, report, console, settings)
     except (FileNotFoundError, ValueError, KeyError) as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sageserve.cli import app
 from sageserve.sim.results import MINUTE_COLUMNS, SCHEMA
 from sageserve.sim.run import run_policies
-from sageserve.sim.scenario import default_scenario_dir, load_scenario
+from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
 
 TINY = Path(__file__).parent / "fixtures" / "tiny"
 
@@ -88,6 +88,26 @@ def test_unknown_policy_is_a_clear_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["simulate", "-s", str(TINY), "-o", str(tmp_path), "-p", "nope"])
     assert res.exit_code == 2
     assert "unknown scaling strategy" in res.output
+
+
+def test_policy_settings_change_the_strategy_and_are_validated_like_a_manifest() -> None:
+    sc = load_scenario(TINY)
+    changed = with_policy_settings(sc, ["thresholds.scaleOutEmu=0.6", "forecast.quantile=0.9"])
+    assert changed.strategy("reactive").params.scale_out_above == 0.6  # type: ignore[attr-defined]
+    assert changed.policy is not None and changed.policy.spec.forecast.quantile == 0.9
+    assert sc.strategy("reactive").params.scale_out_above == 0.7  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"spec\.thresholds\.scaleInEmu must be below"):
+        with_policy_settings(sc, ["thresholds.scaleOutEmu=0.2"])  # the CRD's CEL rule
+    with pytest.raises(ValueError, match=r"spec\.thresholds\.scaleOutEMU: Extra inputs"):
+        with_policy_settings(sc, ["thresholds.scaleOutEMU=0.6"])
+
+
+def test_a_bad_policy_setting_stops_simulate_before_any_run(tmp_path: Path) -> None:
+    args = ["simulate", "-s", str(TINY), "-o", str(tmp_path), "--set", "forecast.quantile=high"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    assert "spec.forecast.quantile" in res.output
+    assert not (tmp_path / "summary.json").exists()
 
 
 def test_siloed_uses_more_instance_hours_than_unified_reactive_on_the_bundled_scenario() -> None:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from sageserve.sim.bounds import gpu_hour_bounds
 from sageserve.sim.run import Comparison, run_policies, write_outputs
-from sageserve.sim.scenario import default_scenario_dir, load_scenario
+from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
 
 
 def comparison_table(cmp: Comparison, title: str) -> Table:
@@ -51,12 +51,14 @@ def simulate(
     seed: int | None,
     report: bool,
     console: Console,
+    settings: list[str] | None = None,
 ) -> Comparison:
-    sc = load_scenario(scenario or default_scenario_dir())
+    sc = with_policy_settings(load_scenario(scenario or default_scenario_dir()), settings or [])
     names = policies or sc.policies
     console.print(
         f"scenario [bold]{sc.name}[/bold]: {len(sc.models)} models, {len(sc.nodes)} nodes, "
         f"window {sc.workload.duration_s / 3600:.1f} h, policies {', '.join(names)}"
+        + (f", policy settings {' '.join(settings)}" if settings else "")
     )
     with Progress(
         TextColumn("{task.description}"),
@@ -79,6 +81,7 @@ def simulate(
         "floor_gpu_hours": round(bounds.floor_gpu_hours, 3),
         "oracle_gpu_hours": round(bounds.oracle_gpu_hours, 3),
     }
+    cmp.summary["policy_settings"] = list(settings or [])
     paths = write_outputs(out, cmp, report)
     wide = console if console.is_terminal else Console(width=160)
     wide.print(comparison_table(cmp, f"{sc.name}: {len(names)} policies"))

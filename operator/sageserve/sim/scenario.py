@@ -240,3 +240,42 @@ def default_scenario_dir() -> Path:
         if cand.is_dir():
             return cand
     raise FileNotFoundError("scenarios/default not found next to the sageserve sources")
+
+
+def with_policy_settings(sc: Scenario, settings: Sequence[str]) -> Scenario:
+    """`sageserve simulate --set PATH=VALUE`: the scenario with fields of its ScalingPolicy's
+    spec changed, e.g. `thresholds.scaleOutEmu=0.6` or `forecast.quantile=0.9`.
+
+    Why: trying a policy change is what a simulation is for, and a copied scenario directory
+    per value is how results lose the settings that made them. The changed policy is checked
+    as `sageserve validate` checks a manifest (schema, then the CRD's CEL rules); a bad path
+    or value is an error naming the field and the fix, and nothing runs.
+    """
+    if not settings:
+        return sc
+    from sageserve.api.common import API_VERSION
+    from sageserve.api.validate import validate_document
+
+    if sc.policy is not None:
+        doc = sc.policy.model_dump(by_alias=True, exclude_none=True, mode="json")
+    else:
+        doc = {"apiVersion": API_VERSION, "kind": "ScalingPolicy", "metadata": {"name": "fleet"}}
+    spec = doc.setdefault("spec", {})
+    for item in settings:
+        path, sep, raw = item.partition("=")
+        keys = path.strip().split(".")
+        if not sep or not all(keys):
+            raise ValueError(
+                f"--set {item!r}: expected PATH=VALUE, e.g. thresholds.scaleOutEmu=0.6"
+            )
+        node = spec
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {item!r}: spec.{key} is a value, not an object")
+            node = child
+        node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    problems, _ = validate_document("--set", 0, doc)
+    if problems:
+        raise ValueError("; ".join(str(p) for p in problems))
+    return replace(sc, policy=ScalingPolicy.model_validate(doc))
