@@ -237,3 +237,14 @@ def test_an_endpoint_no_request_reaches_still_scales_in_to_its_floor(policy: str
     sim = Simulation(cfg, make_strategy(policy), reqs, None, planner, before)
     sim.run()
     assert sim.cluster.endpoints[EndpointKey("m", "r2")].serving == 1
+
+
+def test_an_endpoint_scaled_to_zero_without_traffic_stays_at_zero() -> None:
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, regions=("r1", "r2"), initial=1, lo=0, hi=4, end_s=1800.0)
+    reqs = list(poisson(5.0, 1800.0, [IW_F], ("r1",)))
+    sim = Simulation(cfg, make_strategy("reactive"), reqs)
+    r = sim.run()
+    quiet = [m for m in r.minutes if m.region == "r2"]
+    assert quiet[-1].serving == 0  # scaled in once, never back out for no request
+    assert all(m.provisioning == 0 for m in quiet)

@@ -452,10 +452,11 @@ class Simulation(InstanceHooks):
         The paper evaluates scaling on request arrival; the operator's pace loop evaluates
         every endpoint each pace period. Without this, an endpoint whose traffic stopped
         (a region a model's clients never use) would keep its instances forever in the
-        simulator while the operator scales it in.
+        simulator while the operator scales it in. An endpoint with nothing serving is left
+        to its next request (its EMU reads as full, which would scale a silent one out).
         """
         for ep in self.cluster.endpoints.values():
-            if ep.stale(now):
+            if ep.serving and ep.stale(now):
                 ep.emu(now)
                 ep.checked_version = ep.version
                 self._apply(self.strategy.on_arrival(ep.observe(now)), now)
