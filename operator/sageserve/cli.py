@@ -174,6 +174,7 @@ def simulate(
         list[str] | None,
         typer.Option(
             "--set",
+            metavar="PATH=VALUE",
             help="Change a field of the scenario's ScalingPolicy spec, PATH=VALUE, e.g. "
             "thresholds.scaleOutEmu=0.6 or forecast.quantile=0.9 (repeatable; validated "
             "like a manifest).",
