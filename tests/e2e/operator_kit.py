@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +258,41 @@ def wait_for_token_rate(prometheus_url: str, namespace: str, above: float) -> No
         return any(series[-1] > above for series in history.values())
 
     eventually(settled, 120, "a settled token rate in Prometheus", interval=2)
+
+
+@contextmanager
+def steady_stand_in(
+    targets_dir: Path, prometheus_url: str, namespace: str, region: str
+) -> Iterator[FakeVllm]:
+    """A stand-in vLLM at a steady 2,400 tokens/s, scraped as (namespace, region), entered
+    once the plan loop's own query reads the settled rate; unscraped and closed on exit."""
+    fake = FakeVllm()
+    load = SteadyLoad(fake)
+    target_file = fake.scrape(targets_dir, namespace, region)
+    try:
+        wait_for_token_rate(prometheus_url, namespace, 2300)
+        yield fake
+    finally:
+        load.stop()
+        target_file.unlink(missing_ok=True)
+        fake.close()
+
+
+def policy_status(kubeconfig: Path, namespace: str) -> dict[str, Any]:
+    """`status` of the ScalingPolicy `fleet` ({} before the operator wrote one)."""
+    out = kubectl(kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"])
+    status: dict[str, Any] = json.loads(out.stdout).get("status", {})
+    return status
+
+
+def replicas(kubeconfig: Path, namespace: str, region: str) -> int | None:
+    """spec.replicas of the llama8b A100 pod set in `region` (None until it exists)."""
+    out = kubectl(
+        kubeconfig,
+        ["get", "deployment", "-n", namespace, f"{MODEL}-{region}-a100", "-o", "json"],
+        check=False,
+    )
+    return json.loads(out.stdout)["spec"]["replicas"] if out.returncode == 0 else None
 
 
 def spot_workload(region: str, gpu_type: str = A100) -> dict[str, Any]:

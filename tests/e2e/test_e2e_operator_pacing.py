@@ -8,7 +8,6 @@ replicas of the pod set, Events, and the policy's Degraded condition.
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,14 +18,15 @@ from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
 from operator_kit import (
     FakeVllm,
-    SteadyLoad,
     apply,
     free_port,
     model_deployment,
     operator_args,
     operator_env,
+    policy_status,
+    replicas,
     scaling_policy,
-    wait_for_token_rate,
+    steady_stand_in,
 )
 
 REGION = "us-central"
@@ -39,20 +39,9 @@ def fake_vllm() -> Iterator[FakeVllm]:
     fake.close()
 
 
-def replicas(kubeconfig: Path, namespace: str) -> int | None:
-    out = kubectl(
-        kubeconfig,
-        ["get", "deployment", "-n", namespace, f"llama8b-{REGION}-a100", "-o", "json"],
-        check=False,
-    )
-    return json.loads(out.stdout)["spec"]["replicas"] if out.returncode == 0 else None
-
-
 def condition(kubeconfig: Path, namespace: str, type_: str) -> dict | None:
-    out = json.loads(
-        kubectl(kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]).stdout
-    )
-    found = [c for c in out.get("status", {}).get("conditions", []) if c["type"] == type_]
+    conditions = policy_status(kubeconfig, namespace).get("conditions", [])
+    found = [c for c in conditions if c["type"] == type_]
     return found[0] if found else None
 
 
@@ -76,12 +65,16 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
             apply(kubeconfig, namespace, policy)
             apply(kubeconfig, namespace, model)
             assert eventually(
-                lambda: replicas(kubeconfig, namespace) == 1, 60, "the pod set at its minimum"
+                lambda: replicas(kubeconfig, namespace, REGION) == 1,
+                60,
+                "the pod set at its minimum",
             )
 
             fake_vllm.set(0.9)  # above the 70 % scale-out threshold
             eventually(
-                lambda: replicas(kubeconfig, namespace) == 2, 90, "scale-out to maxInstances"
+                lambda: replicas(kubeconfig, namespace, REGION) == 2,
+                90,
+                "scale-out to maxInstances",
             )
             events = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
             assert "ScaledOut" in events
@@ -101,11 +94,13 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
             assert "llama8b/us-central" in degraded["message"]
             fake_vllm.set(0.1)  # low load that Prometheus cannot see: still no scale-in
             time.sleep(8)  # four pace passes
-            assert replicas(kubeconfig, namespace) == 2
+            assert replicas(kubeconfig, namespace, REGION) == 2
 
             # Data returns, low: scale in to the minimum, Degraded clears.
             fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
-            eventually(lambda: replicas(kubeconfig, namespace) == 1, 90, "scale-in to minInstances")
+            eventually(
+                lambda: replicas(kubeconfig, namespace, REGION) == 1, 90, "scale-in to minInstances"
+            )
             eventually(
                 lambda: (
                     (c := condition(kubeconfig, namespace, "Degraded")) and c["status"] == "False"
@@ -129,7 +124,7 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
                 "Degraded=PrometheusUnreachable",
             )
             assert unreachable["status"] == "True"
-            assert replicas(kubeconfig, namespace) == 1
+            assert replicas(kubeconfig, namespace, REGION) == 1
         assert again.exception is None, again.output
     finally:
         target_file.unlink(missing_ok=True)
@@ -141,33 +136,26 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
     namespace: str,
     prometheus_url: str,
     prometheus_targets_dir: Path,
-    fake_vllm: FakeVllm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     metrics_port = free_port()
     operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, metrics_port)
     # 2,400 tokens/s for a variant of 900 tokens/s per instance: the plan needs 3 instances.
-    load = SteadyLoad(fake_vllm)
-    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
     policy = scaling_policy(
         "lt-immediate",
         forecast={"method": "persistence", "granularitySeconds": 30, "trainingWindowSeconds": 300},
     )
     model = model_deployment([REGION], hi=4)
-    try:
-        wait_for_token_rate(prometheus_url, namespace, 2300)
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
         apply(kubeconfig, namespace, model)
         apply(kubeconfig, namespace, policy)
         args = operator_args(namespace)
         with KopfRunner(args, timeout=120) as runner:
-
-            def plan() -> dict | None:
-                out = kubectl(
-                    kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]
-                )
-                return json.loads(out.stdout).get("status", {}).get("plan")
-
-            recorded = eventually(plan, 60, "a plan in the ScalingPolicy status")
+            recorded = eventually(
+                lambda: policy_status(kubeconfig, namespace).get("plan"),
+                60,
+                "a plan in the ScalingPolicy status",
+            )
             [forecast] = recorded["forecasts"]
             assert forecast["method"] == "persistence"
             assert 2000 < forecast["tokensPerSecond"] < 2900
@@ -177,7 +165,9 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
             ready = condition(kubeconfig, namespace, "PlanReady")
             assert ready is not None and (ready["status"], ready["reason"]) == ("True", "Planned")
             eventually(
-                lambda: replicas(kubeconfig, namespace) == 3, 60, "LT-I at the planned 3 instances"
+                lambda: replicas(kubeconfig, namespace, REGION) == 3,
+                60,
+                "LT-I at the planned 3 instances",
             )
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
             expected = (
@@ -187,6 +177,3 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
             assert expected in metrics.decode()
             assert b"sageserve_solver_seconds_count" in metrics
         assert runner.exception is None, runner.output
-    finally:
-        load.stop()
-        target_file.unlink(missing_ok=True)

@@ -6,21 +6,19 @@ and a real Prometheus, with the operator in-process.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from e2e_helpers import eventually, kubectl
+from e2e_helpers import eventually
 from kopf.testing import KopfRunner
 from operator_kit import (
-    FakeVllm,
-    SteadyLoad,
     apply,
     model_deployment,
     operator_args,
     operator_env,
+    policy_status,
     scaling_policy,
-    wait_for_token_rate,
+    steady_stand_in,
 )
 
 from sageserve.metrics import queries
@@ -37,11 +35,8 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
-    fake = FakeVllm()
-    load = SteadyLoad(fake)  # 2,400 tokens/s
-    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
-    try:
-        wait_for_token_rate(prometheus_url, namespace, 2300)
+    # the stand-in serves 2,400 tokens/s
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
         # ARIMA wants a day of history; Prometheus has minutes of it
         forecast = {
             "method": "arima",
@@ -54,10 +49,7 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
         with KopfRunner(operator_args(namespace), timeout=120) as runner:
 
             def status() -> dict | None:
-                out = kubectl(
-                    kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]
-                )
-                got: dict = json.loads(out.stdout).get("status", {})
+                got = policy_status(kubeconfig, namespace)
                 return got if got.get("plan") else None
 
             got = eventually(status, 90, "a plan in the ScalingPolicy status")
@@ -76,10 +68,6 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
             [target] = plan["targets"]
             assert target["target"] == 2  # the plan still serves what it can
         assert runner.exception is None, runner.output
-    finally:
-        load.stop()
-        target_file.unlink(missing_ok=True)
-        fake.close()
 
 
 @pytest.mark.usefixtures("restore_node_pools")
@@ -91,11 +79,8 @@ def test_batch_tokens_query_moves_batch_load_from_the_forecast_into_beta(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
-    fake = FakeVllm()
-    load = SteadyLoad(fake)  # 2,400 tokens/s in all
-    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
-    try:
-        wait_for_token_rate(prometheus_url, namespace, 2300)
+    # the stand-in serves 2,400 tokens/s in all
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
         # a gateway would label batch work; here a quarter of the traffic is called batch
         batch_query = f"0.25 * ({queries.tokens_per_second('60s', namespace)})"
         forecast = {
@@ -107,15 +92,12 @@ def test_batch_tokens_query_moves_batch_load_from_the_forecast_into_beta(
         apply(kubeconfig, namespace, model_deployment([REGION], hi=6))
         apply(kubeconfig, namespace, scaling_policy("lt-immediate", forecast=forecast))
         with KopfRunner(operator_args(namespace), timeout=120) as runner:
-
-            def plan() -> dict | None:
-                out = kubectl(
-                    kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"]
-                )
-                got: dict | None = json.loads(out.stdout).get("status", {}).get("plan")
-                return got
-
-            [fc] = eventually(plan, 90, "a plan in the ScalingPolicy status")["forecasts"]
+            recorded = eventually(
+                lambda: policy_status(kubeconfig, namespace).get("plan"),
+                90,
+                "a plan in the ScalingPolicy status",
+            )
+            [fc] = recorded["forecasts"]
             # β = 10 % of the batch rate's mean over the history there is (≤ 600 tokens/s:
             # the first points are rate() warming up); the forecast is of the interactive
             # three quarters (1,800 tokens/s), not of all 2,400
@@ -123,7 +105,3 @@ def test_batch_tokens_query_moves_batch_load_from_the_forecast_into_beta(
             assert 20 < beta <= 61, fc
             assert 1700 < fc["tokensPerSecond"] - beta < 1900, fc
         assert runner.exception is None, runner.output
-    finally:
-        load.stop()
-        target_file.unlink(missing_ok=True)
-        fake.close()

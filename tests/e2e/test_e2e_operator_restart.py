@@ -21,13 +21,13 @@ import pytest
 from e2e_helpers import eventually, kubectl
 from operator_kit import (
     REPO,
-    FakeVllm,
-    SteadyLoad,
     apply,
     free_port,
     model_deployment,
+    policy_status,
+    replicas,
     scaling_policy,
-    wait_for_token_rate,
+    steady_stand_in,
 )
 
 REGION = "us-central"
@@ -45,21 +45,6 @@ def _start(kubeconfig: Path, namespace: str, prometheus_url: str, log: Path) -> 
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
 
 
-def _policy_status(kubeconfig: Path, namespace: str) -> dict:
-    out = kubectl(kubeconfig, ["get", "scalingpolicy", "fleet", "-n", namespace, "-o", "json"])
-    status: dict = json.loads(out.stdout).get("status", {})
-    return status
-
-
-def _replicas(kubeconfig: Path, namespace: str) -> int | None:
-    out = kubectl(
-        kubeconfig,
-        ["get", "deployment", "-n", namespace, f"llama8b-{REGION}-a100", "-o", "json"],
-        check=False,
-    )
-    return json.loads(out.stdout)["spec"]["replicas"] if out.returncode == 0 else None
-
-
 @pytest.mark.usefixtures("restore_node_pools")
 def test_a_killed_operator_restarts_from_the_recorded_plan_without_double_scaling(
     kubeconfig: Path,
@@ -68,70 +53,71 @@ def test_a_killed_operator_restarts_from_the_recorded_plan_without_double_scalin
     prometheus_targets_dir: Path,
     tmp_path: Path,
 ) -> None:
-    fake = FakeVllm()
-    load = SteadyLoad(fake)  # 2,400 tokens/s
-    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
     log = tmp_path / "operator.log"
     procs: list[subprocess.Popen] = []
-    try:
-        wait_for_token_rate(prometheus_url, namespace, 2300)
-        forecast = {"method": "persistence", "granularitySeconds": 30, "trainingWindowSeconds": 300}
-        apply(kubeconfig, namespace, model_deployment([REGION], hi=6))
-        apply(kubeconfig, namespace, scaling_policy("lt-immediate", forecast=forecast))
+    # the stand-in serves 2,400 tokens/s
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
+        try:
+            forecast = {
+                "method": "persistence",
+                "granularitySeconds": 30,
+                "trainingWindowSeconds": 300,
+            }
+            apply(kubeconfig, namespace, model_deployment([REGION], hi=6))
+            apply(kubeconfig, namespace, scaling_policy("lt-immediate", forecast=forecast))
 
-        procs.append(_start(kubeconfig, namespace, prometheus_url, log))
-        first = eventually(
-            lambda: _policy_status(kubeconfig, namespace).get("plan"), 90, "a first plan"
-        )
-        procs[0].send_signal(signal.SIGKILL)  # mid-change: the patch may not have happened
-        procs[0].wait(timeout=10)
-        [target] = first["targets"]
-        assert target["target"] == 3, first
-        before_restart = _replicas(kubeconfig, namespace)
-        assert before_restart in (1, 3)
+            procs.append(_start(kubeconfig, namespace, prometheus_url, log))
+            first = eventually(
+                lambda: policy_status(kubeconfig, namespace).get("plan"), 90, "a first plan"
+            )
+            procs[0].send_signal(signal.SIGKILL)  # mid-change: the patch may not have happened
+            procs[0].wait(timeout=10)
+            [target] = first["targets"]
+            assert target["target"] == 3, first
+            before_restart = replicas(kubeconfig, namespace, REGION)
+            assert before_restart in (1, 3)
 
-        procs.append(_start(kubeconfig, namespace, prometheus_url, log))
-        seen: list[int] = []
+            procs.append(_start(kubeconfig, namespace, prometheus_url, log))
+            seen: list[int] = []
 
-        def at_target() -> bool:
-            value = _replicas(kubeconfig, namespace)
-            if value is not None:
-                seen.append(value)
-            return value == 3
+            def at_target() -> bool:
+                value = replicas(kubeconfig, namespace, REGION)
+                if value is not None:
+                    seen.append(value)
+                return value == 3
 
-        eventually(at_target, 90, "the restarted operator at the planned 3 replicas", interval=1)
-        # a few more pace intervals (2 s each): nothing moves past the target
-        for _ in range(10):
-            time.sleep(1)
-            at_target()
-        assert max(seen) == 3 and seen[-1] == 3, seen
-        after = _policy_status(kubeconfig, namespace)["plan"]
-        assert after["computedAt"] == first["computedAt"], "the restart solved the plan again"
-        events = json.loads(
-            kubectl(
-                kubeconfig,
-                [
-                    "get",
-                    "events",
-                    "-n",
-                    namespace,
-                    "--field-selector",
-                    "reason=ScaledOut",
-                    "-o",
-                    "json",
-                ],
-            ).stdout
-        )["items"]
-        # one scale-out from 1 to 3 in all (none if the kill fell between patch and Event)
-        assert sum(e.get("count", 1) for e in events) <= 1, [e.get("message") for e in events]
-    finally:
-        load.stop()
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        target_file.unlink(missing_ok=True)
-        fake.close()
+            eventually(
+                at_target, 90, "the restarted operator at the planned 3 replicas", interval=1
+            )
+            # a few more pace intervals (2 s each): nothing moves past the target
+            for _ in range(10):
+                time.sleep(1)
+                at_target()
+            assert max(seen) == 3 and seen[-1] == 3, seen
+            after = policy_status(kubeconfig, namespace)["plan"]
+            assert after["computedAt"] == first["computedAt"], "the restart solved the plan again"
+            events = json.loads(
+                kubectl(
+                    kubeconfig,
+                    [
+                        "get",
+                        "events",
+                        "-n",
+                        namespace,
+                        "--field-selector",
+                        "reason=ScaledOut",
+                        "-o",
+                        "json",
+                    ],
+                ).stdout
+            )["items"]
+            # one scale-out from 1 to 3 in all (none if the kill fell between patch and Event)
+            assert sum(e.get("count", 1) for e in events) <= 1, [e.get("message") for e in events]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+                    try:
+                        p.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        p.kill()

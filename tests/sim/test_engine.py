@@ -168,7 +168,7 @@ def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
 
     def planner(now, history, batch, current):
         calls.append((now, {k: list(v) for k, v in history.items()}, dict(current)))
-        return {EndpointKey("m", "r1"): 3}, {EndpointKey("m", "r1"): 1000.0}
+        return {EndpointKey("m", "r1"): 3}, {EndpointKey("m", "r1"): 1000.0}, {}
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
     cfg = config(perf, initial=2, end_s=2 * 3600.0 + 10)
@@ -176,9 +176,9 @@ def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
     strat = make_strategy("lt-immediate")
     orig = strat.on_plan
 
-    def spy(now, targets, forecasts=None):
+    def spy(now, targets, forecasts=None, instance_tps=None):
         seen.append((now, dict(targets)))
-        orig(now, targets, forecasts)
+        orig(now, targets, forecasts, instance_tps)
 
     strat.on_plan = spy  # type: ignore[method-assign]
     reqs = poisson(2.0, cfg.end_s, [IW_F])
@@ -208,7 +208,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
 
     def planner(now, history, batch, current):
         calls.append((now, list(history[("m", "r1")])))
-        return {EndpointKey("m", "r1"): 1}, {EndpointKey("m", "r1"): 10.0}
+        return {EndpointKey("m", "r1"): 1}, {EndpointKey("m", "r1"): 10.0}, {}
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
     cfg = config(perf, initial=3, end_s=3600.0 - 1)
@@ -228,7 +228,7 @@ def test_an_endpoint_no_request_reaches_still_scales_in_to_its_floor(policy: str
     # r2 gets no traffic: the operator's pace loop checks it every pace period, so the
     # simulator must too (the paper's rule fires on arrivals, and none come).
     def planner(now, history, batch, current):
-        return {EndpointKey("m", r): 1 for r in ("r1", "r2")}, {}
+        return {EndpointKey("m", r): 1 for r in ("r1", "r2")}, {}, {}
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
     cfg = config(perf, regions=("r1", "r2"), initial=4, lo=1, hi=6, end_s=1800.0)

@@ -83,7 +83,7 @@ PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 
 #: (now, interactive tokens/s per minute per (model, region), batch tokens/s per minute over
 #: the last hour, current instances per (model, region, variant)) -> (targets per endpoint,
-#: forecast tokens/s per endpoint[, tokens/s per planned instance]): the arguments of
+#: forecast tokens/s per endpoint, tokens/s per planned instance): the arguments of
 #: `PacingStrategy.on_plan` after the time. Built from plan.cycle by `sim.scenario`.
 Planner = Callable[
     [
@@ -92,8 +92,7 @@ Planner = Callable[
         Mapping[tuple[str, str], Sequence[float]],
         Mapping[tuple[str, str, str], int],
     ],
-    tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float]]
-    | tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float], Mapping[EndpointKey, float]],
+    tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float], Mapping[EndpointKey, float]],
 ]
 
 
@@ -394,10 +393,14 @@ class Simulation(InstanceHooks):
         else:
             inst.enqueue(job, t)
         if check_scaling:
-            ep.emu(t)
-            if ep.version != ep.checked_version:
-                ep.checked_version = ep.version
-                self._apply(self.strategy.on_arrival(ep.observe(t)), t)
+            self._check_scaling(ep, t)
+
+    def _check_scaling(self, ep: Endpoint, t: float) -> None:
+        """The strategy's arrival rule, once per refresh of the endpoint's load signal."""
+        ep.emu(t)
+        if ep.version != ep.checked_version:
+            ep.checked_version = ep.version
+            self._apply(self.strategy.on_arrival(ep.observe(t)), t)
 
     def _pick_instance(self, ep: Endpoint, t: float) -> Instance | None:
         deps = ep.deployments
@@ -457,9 +460,7 @@ class Simulation(InstanceHooks):
         """
         for ep in self.cluster.endpoints.values():
             if ep.serving and ep.stale(now):
-                ep.emu(now)
-                ep.checked_version = ep.version
-                self._apply(self.strategy.on_arrival(ep.observe(now)), now)
+                self._check_scaling(ep, now)
 
     def _observation(self, now: float) -> Observation:
         eps = {k: ep.observe(now) for k, ep in self.cluster.endpoints.items()}
