@@ -24,6 +24,7 @@ import numpy as np
 
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import ScalingPolicySpec
+from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.api import batch_buffer_tps, forecast_peak
 from sageserve.forecast.types import Forecast, ForecastSpec
@@ -54,6 +55,15 @@ class PlanCycle:
     endpoint_targets: dict[EndpointKey, int]
     #: tokens/s one planned instance of each endpoint serves (θ, averaged over its variants)
     instance_tps: dict[EndpointKey, float]
+
+    def in_force(self, computed_at: float) -> Plan:
+        """This cycle as the plan the decision step follows (targets per variant)."""
+        return Plan(
+            computed_at,
+            {(EndpointKey(m, r), v): n for (m, r, v), n in self.targets.items()},
+            self.forecast_tps,
+            self.instance_tps,
+        )
 
     @property
     def forecast_tps(self) -> dict[EndpointKey, float]:
