@@ -182,7 +182,7 @@ def simulate(
     ] = None,
 ) -> None:
     """Replay a scenario's traces against simulated fleets, one run per policy, and compare."""
-    from sageserve.sim.commands import simulate as run
+    from sageserve.commands.sim import simulate as run
 
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy else None
     try:
@@ -205,7 +205,7 @@ def calibrate(
     minutes: Annotated[float, typer.Option(help="Simulated minutes per probe.")] = 30.0,
 ) -> None:
     """Measure θ (capacityTokensPerSecond) of each variant on the scenario's request mix."""
-    from sageserve.sim.commands import calibrate_command
+    from sageserve.commands.sim import calibrate_command
 
     try:
         calibrate_command(scenario, kv_target, minutes, console)
@@ -232,7 +232,7 @@ def bench_sim(
     ] = True,
 ) -> None:
     """Simulated requests per wall-second, events per second and peak RSS of one run."""
-    from sageserve.sim.commands import bench_sim as run
+    from sageserve.commands.sim import bench_sim as run
 
     run(scenario, policy, hours, console, sim_only)
 
@@ -242,28 +242,54 @@ def bench_operator(
     models: Annotated[int, typer.Option(help="ModelDeployments.")] = 200,
     regions: Annotated[int, typer.Option(help="Regions per ModelDeployment (1-3).")] = 3,
     variants: Annotated[int, typer.Option(help="GPU-type variants per model (1-2).")] = 2,
-    nodes: Annotated[int, typer.Option(help="KWOK GPU nodes (3 regions x 2 GPU types).")] = 2000,
+    nodes: Annotated[
+        int, typer.Option(help="KWOK GPU nodes, 3 regions x 2 GPU types (created if missing).")
+    ] = 2000,
     changes: Annotated[
         int, typer.Option(help="Spec edits timed until the pod sets show them.")
     ] = 100,
-    reuse: Annotated[
-        bool, typer.Option(help="Use the cluster of `python -m e2e.cluster up` (nodes added).")
-    ] = False,
-    keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards.")] = False,
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="The cluster (default: $KUBECONFIG).", show_default=False)
+    ] = None,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Its Prometheus (default: $SAGESERVE_PROMETHEUS_URL).", show_default=False
+        ),
+    ] = None,
+    targets_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="A file_sd directory that Prometheus reads (default: "
+            "$SAGESERVE_PROMETHEUS_TARGETS_DIR).",
+            show_default=False,
+        ),
+    ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write JSON here.")] = None,
 ) -> None:
-    """The operator process on a KWOK cluster: first reconcile, plan round, change latency, RSS."""
-    from sageserve.controller.bench import BenchConfig, BenchError, bench_operator_command
+    """The operator process on a running KWOK cluster: reconcile, plan round, change latency, RSS.
 
-    config = BenchConfig(models, regions, nodes, variants, changes, reuse, keep)
+    A running cluster: `eval "$(python -m e2e.cluster env)"` sets the defaults of its options.
+
+    `python -m e2e.bench_operator` runs this bench on a private cluster it starts and stops.
+    """
+    from sageserve.commands.bench_operator import (
+        BenchConfig,
+        BenchError,
+        ClusterTarget,
+        bench_operator_command,
+    )
+
+    config = BenchConfig(models, regions, nodes, variants, changes)
     try:
-        bench_operator_command(config, output, console)
+        target = ClusterTarget.from_env(kubeconfig, prometheus_url, targets_dir)
+        bench_operator_command(config, target, output, console)
     except BenchError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None
 
 
-# --- forecasting and planning (issue 5) -------------------------------------------------
+# --- forecasting and planning ------------------------------------------------------------
 
 forecast_app = typer.Typer(help="Forecasts of tokens/s per (model, region).", no_args_is_help=True)
 app.add_typer(forecast_app, name="forecast")
@@ -288,7 +314,7 @@ def forecast_backtest(
     start_hours: Annotated[float, typer.Option(help="First decision (hours into trace).")] = 24.0,
 ) -> None:
     """Rolling hourly backtest: MAPE of the next-hour peak, coverage, mean over-forecast."""
-    from sageserve.forecast.commands import DEFAULT_METHODS, backtest_command
+    from sageserve.commands.forecast import DEFAULT_METHODS, backtest_command
     from sageserve.forecast.types import ForecastSpec
 
     methods = [m.strip() for m in method.split(",")] if method else DEFAULT_METHODS
@@ -313,7 +339,7 @@ def plan_cmd(
     gap: Annotated[float, typer.Option(help="Relative MIP gap counted as optimal.")] = 1e-4,
 ) -> None:
     """Solve one provisioning problem (JSON contract: docs/plan-json.md)."""
-    from sageserve.plan.commands import PlanInputError, plan_command
+    from sageserve.commands.plan import PlanInputError, plan_command
     from sageserve.plan.ilp import PlanOptions
 
     try:
@@ -333,7 +359,7 @@ def bench_forecast(
     ] = "ensemble,arima,peak-regression,arima-classic,persistence",
 ) -> None:
     """Series fitted per second on one core, per forecasting method."""
-    from sageserve.forecast.commands import bench_forecast_command
+    from sageserve.commands.forecast import bench_forecast_command
 
     bench_forecast_command(series, [m.strip() for m in method.split(",")], console)
 
@@ -356,7 +382,7 @@ def bench_plan_cmd(
     ] = True,
 ) -> None:
     """Solve synthetic fleets of the given sizes and print the solve times."""
-    from sageserve.plan.commands import bench_plan_command
+    from sageserve.commands.plan import bench_plan_command
     from sageserve.plan.ilp import PlanOptions
 
     sizes = [tuple(int(v) for v in s.lower().split("x")) for s in (size or ["20x20x5", "100x30x6"])]
@@ -373,7 +399,7 @@ def bench_plan_cmd(
 
 
 # Options only at import time; the twin's modules load when it runs.
-from sageserve.twin.commands import twin_command  # noqa: E402
+from sageserve.commands.twin import twin_command  # noqa: E402
 
 app.command("twin")(twin_command)
 

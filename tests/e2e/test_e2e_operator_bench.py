@@ -1,10 +1,10 @@
 """`sageserve bench operator` at CI size: 20 ModelDeployments × 3 regions on 200 KWOK nodes.
 
-The bench starts its own private cluster (its own state dir, never the session's, whose
-12-node inventory other tests count on), runs the real operator process, and writes its
-figures as JSON. Asserted is behaviour only — every pod set appeared, every endpoint
-reached the plan's target, every spec edit reached its pod sets, the operator stayed up —
-never wall-clock figures, which depend on the machine.
+`python -m e2e.bench_operator` starts its own private cluster (its own state dir, never the
+session's, whose 12-node inventory other tests count on), runs the package's bench with the
+real operator process on it, and writes its figures as JSON. Asserted is behaviour only —
+every pod set appeared, every endpoint reached the plan's target, every spec edit reached
+its pod sets, the operator stayed up — never wall-clock figures, which depend on the machine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sageserve.controller.bench import BenchConfig, inventory_nodes, percentile
+import pytest
+
+from sageserve.commands.bench_operator import (
+    BenchConfig,
+    BenchError,
+    ClusterTarget,
+    inventory_nodes,
+    percentile,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +35,7 @@ def test_bench_operator_small_fleet_reaches_every_target(tmp_path: Path) -> None
     env.pop("KUBECONFIG", None)
     sizes = ["--models", "20", "--nodes", "200", "--changes", "10"]
     proc = subprocess.run(
-        [sys.executable, "-m", "sageserve.cli", "bench", "operator", *sizes, "--output", str(out)],
+        [sys.executable, "-m", "e2e.bench_operator", *sizes, "--output", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -65,3 +73,17 @@ def test_p99_of_a_hundred_values_is_the_ninety_ninth() -> None:
     assert percentile(values, 0.5) == 50.0
     assert percentile([3.0], 0.99) == 3.0
     assert BenchConfig().models == 200
+
+
+def test_the_package_bench_needs_a_running_cluster_and_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("KUBECONFIG", "SAGESERVE_PROMETHEUS_URL", "SAGESERVE_PROMETHEUS_TARGETS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(BenchError, match=r"python -m e2e\.bench_operator"):
+        ClusterTarget.from_env()
+    monkeypatch.setenv("KUBECONFIG", "/k")
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_URL", "http://p")
+    monkeypatch.setenv("SAGESERVE_PROMETHEUS_TARGETS_DIR", "/t")
+    assert ClusterTarget.from_env() == ClusterTarget("/k", "http://p", Path("/t"))
+    assert ClusterTarget.from_env(kubeconfig="/other").kubeconfig == "/other"

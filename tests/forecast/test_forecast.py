@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sageserve.cli import app
+from sageserve.commands.forecast import synthetic_series
 from sageserve.forecast import FORECASTERS, ForecastSpec, batch_buffer_tps, forecast_peak
 from sageserve.forecast.backtest import backtest, load_servegen_aggregate
-from sageserve.forecast.commands import synthetic_series
 from sageserve.forecast.types import FloatArray, PeakModel
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces" / "servegen-bailian"

@@ -1,7 +1,7 @@
-"""`sageserve bench operator`: the real operator process on a fleet-sized KWOK cluster.
+"""`sageserve bench operator`: the real operator process against a fleet-sized KWOK cluster.
 
-Issue 6's figures, measured end to end against a real kube-apiserver (the e2e cluster of
-`e2e/`, KWOK GPU nodes) and a real Prometheus:
+The goals of the operator at fleet size, measured end to end against a running cluster
+(a real kube-apiserver with KWOK GPU nodes) and a real Prometheus:
 
 1. first reconcile: from applying every ModelDeployment until every pod set exists;
 2. one plan + reconcile round: the policy switches to LT-I, the operator forecasts every
@@ -12,10 +12,17 @@ Issue 6's figures, measured end to end against a real kube-apiserver (the e2e cl
    until a watch sees every pod set of that ModelDeployment carry the new image;
 4. the operator's peak RSS (VmHWM of its process).
 
+The cluster is given, never started here: `KUBECONFIG`, `SAGESERVE_PROMETHEUS_URL` and
+`SAGESERVE_PROMETHEUS_TARGETS_DIR` (what `python -m e2e.cluster env` prints), or
+`python -m e2e.bench_operator`, which starts a private cluster with the bench's inventory
+and runs this module on it. The bench adds the KWOK GPU nodes it needs, installs the CRDs
+(generated from `sageserve.api`) and the paper's three tiers into a fresh namespace.
+
 Token load comes from a stand-in vLLM endpoint in this process that Prometheus scrapes
-(one target, series labelled like the chart's scrape configuration labels them), so the
-forecasts have history. The operator is started as `python -m sageserve.cli operator`,
-the same entry point as `sageserve operator`. Figures are printed, never asserted.
+(one file_sd target, series labelled like the chart's scrape configuration labels them),
+so the forecasts have history. The operator is started as `python -m sageserve.cli
+operator`, the same entry point as `sageserve operator`. Figures are printed, never
+asserted.
 """
 
 from __future__ import annotations
@@ -34,9 +41,9 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -75,9 +82,48 @@ class BenchConfig:
     nodes: int = 2000
     variants: int = 2
     changes: int = 100
-    reuse: bool = False
-    keep: bool = False
     timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """A running cluster: what `python -m e2e.cluster env` exports.
+
+    `targets_dir` is a directory of Prometheus file_sd files (`*.json`) that the Prometheus
+    at `prometheus_url` reads; the bench registers its stand-in endpoint there.
+    """
+
+    kubeconfig: str
+    prometheus_url: str
+    targets_dir: Path
+
+    @classmethod
+    def from_env(
+        cls,
+        kubeconfig: str | None = None,
+        prometheus_url: str | None = None,
+        targets_dir: Path | None = None,
+    ) -> ClusterTarget:
+        """Options first, then the environment; BenchError naming what is missing."""
+        kube = kubeconfig or os.environ.get("KUBECONFIG", "")
+        url = prometheus_url or os.environ.get("SAGESERVE_PROMETHEUS_URL", "")
+        targets = targets_dir or Path(os.environ.get("SAGESERVE_PROMETHEUS_TARGETS_DIR", ""))
+        missing = [
+            name
+            for name, value in (
+                ("KUBECONFIG / --kubeconfig", kube),
+                ("SAGESERVE_PROMETHEUS_URL / --prometheus-url", url),
+                ("SAGESERVE_PROMETHEUS_TARGETS_DIR / --targets-dir", str(targets or "")),
+            )
+            if not value or value == "."
+        ]
+        if missing:
+            raise BenchError(
+                "no cluster given (" + ", ".join(missing) + "): start one with "
+                '`python -m e2e.cluster up && eval "$(python -m e2e.cluster env)"`, or run '
+                "`python -m e2e.bench_operator`, which starts a private one"
+            )
+        return cls(kube, url, targets)
 
 
 @dataclass
@@ -374,31 +420,6 @@ class PodSetWatch(threading.Thread):
 # --- the run -----------------------------------------------------------------------------
 
 
-def repo_root() -> Path:
-    """The checkout holding `e2e/` (the bench drives the e2e cluster tooling)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "e2e" / "lifecycle.py").is_file():
-            return parent
-    raise BenchError(
-        "the e2e cluster tooling (e2e/) is not next to this sageserve package: run the bench "
-        "from a source checkout (pip install -e .)"
-    )
-
-
-def e2e_modules() -> Any:
-    """Import `e2e` lazily (it lives in the checkout, not in the installed package)."""
-    root = str(repo_root())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    import e2e.gobuild as gobuild
-    import e2e.inventory as inventory
-    import e2e.lifecycle as lifecycle
-    import e2e.state as state
-
-    return gobuild, inventory, lifecycle, state
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -521,46 +542,14 @@ def wait(check: Callable[[], Any], timeout: float, what: str, interval: float = 
         time.sleep(interval)
 
 
-@contextmanager
-def cluster(config: BenchConfig, workdir: Path, say: Callable[[str], None]) -> Iterator[Any]:
-    """A ready e2e cluster with the bench's inventory: a private one, or with `reuse` the
-    one of `python -m e2e.cluster up` (nodes missing from it are added)."""
-    gobuild, inventory, lifecycle, state_mod = e2e_modules()
-    missing = [c for c in gobuild.missing_components() if c in lifecycle.REQUIRED_FOR_KWOK]
-    if missing:
-        raise BenchError(
-            f"e2e binaries missing: {', '.join(missing)}; run `python -m e2e.cluster build` "
-            "(about 20 minutes on 2 cores, once)"
-        )
-    path = write_inventory(inventory_nodes(config.nodes), workdir / "inventory.yaml")
-    if config.reuse:
-        state = state_mod.load()
-        if state is None or not lifecycle.is_healthy(state):
-            raise BenchError("--reuse: no healthy cluster is up (`python -m e2e.cluster up`)")
-        names = inventory.create_nodes(Path(state.kubeconfig), path)
-        inventory.wait_ready(Path(state.kubeconfig), names, timeout=600)
-        yield state
-        return
-    saved = os.environ.get("SAGESERVE_E2E_STATE")
-    if not config.keep and saved is None:
-        os.environ["SAGESERVE_E2E_STATE"] = str(workdir / "cluster")
-    say(f"starting a KWOK cluster with {config.nodes} GPU nodes")
-    try:
-        yield lifecycle.up("kwok", path)
-    finally:
-        if not config.keep:
-            lifecycle.down()
-            if saved is None:
-                os.environ.pop("SAGESERVE_E2E_STATE", None)
+def run_bench(
+    config: BenchConfig, target: ClusterTarget, console: Console, cluster_up_s: float = 0.0
+) -> BenchResult:
+    """Run the whole benchmark on `target`; returns the figures (also when a goal is missed).
 
-
-def run_bench(config: BenchConfig, console: Console) -> BenchResult:
-    """Run the whole benchmark; returns the figures (also when a goal is missed)."""
-    from kubernetes import client
+    `cluster_up_s` is recorded as is (the caller that started the cluster timed it).
+    """
     from kubernetes import config as kube_config
-
-    def say(message: str) -> None:
-        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
 
     regions = max(1, min(config.regions, len(REGIONS)))
     variants = max(1, min(config.variants, len(GPU_TYPES)))
@@ -570,87 +559,122 @@ def run_bench(config: BenchConfig, console: Console) -> BenchResult:
         variants,
         config.nodes,
         config.models * regions * variants,
+        cluster_up_s=cluster_up_s,
         machine=machine(),
     )
     result.endpoints = config.models * regions
-    namespace = f"bench-{uuid.uuid4().hex[:6]}"
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sageserve-bench-")))
-        started = time.monotonic()
-        state = stack.enter_context(cluster(config, workdir, say))
-        result.cluster_up_s = time.monotonic() - started
-        api = kube_config.new_client_from_config(config_file=state.kubeconfig)
+        api = kube_config.new_client_from_config(config_file=target.kubeconfig)
         stack.callback(api.close)
-        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-        prepare(api, state.kubeconfig, namespace)
-        stack.callback(delete_namespace, core, namespace)
-        metrics = FleetMetrics(namespace, config.models, regions)
-        stack.callback(metrics.close)
-        target_file = metrics.register(Path(state.prometheus_dir) / "targets")
-        stack.callback(target_file.unlink, missing_ok=True)
-        custom.create_namespaced_custom_object(
-            "sageserve.io", "v1alpha1", namespace, "scalingpolicies", bench_policy("reactive")
-        )
-        operator = OperatorProcess(
-            namespace, state.kubeconfig, state.prometheus_url, workdir / "operator.log"
-        )
-        stack.callback(operator.stop)
-        wait(lambda: _answers(operator), 60, "the operator's metrics endpoint")
-        watch = PodSetWatch(api, namespace)
-        watch.start()
-        stack.callback(watch.stopped.set)
+        run = _Run(config, target, result, api, console)
+        run.say(f"{config.nodes} KWOK GPU nodes (created where missing)")
+        add_nodes(api, inventory_nodes(config.nodes), timeout=600)
+        run.start(stack, workdir)
+        run.first_reconcile()
+        run.plan_round()
+        run.spec_changes()
+        run.finish()
+    return result
 
-        # (1) first reconcile: every ModelDeployment applied at once.
-        say(f"applying {config.models} ModelDeployments × {regions} regions × {variants} variants")
-        t_apply = time.monotonic()
+
+class _Run:
+    """One run's clients, stand-ins and figures; each phase of the bench is a method."""
+
+    def __init__(
+        self,
+        config: BenchConfig,
+        target: ClusterTarget,
+        result: BenchResult,
+        api: Any,
+        console: Console,
+    ) -> None:
+        from kubernetes import client
+
+        self.config, self.target, self.result, self.api = config, target, result, api
+        self.console = console
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        self.t_apply = 0.0
+
+    def say(self, message: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
+
+    def start(self, stack: ExitStack, workdir: Path) -> None:
+        """CRDs, namespace, tiers, policy, the stand-in endpoint, the operator, the watch."""
+        from kubernetes import client
+
+        prepare(self.api, self.namespace)
+        stack.callback(delete_namespace, client.CoreV1Api(self.api), self.namespace)
+        metrics = FleetMetrics(self.namespace, self.config.models, self.result.regions)
+        stack.callback(metrics.close)
+        target_file = metrics.register(self.target.targets_dir)
+        stack.callback(target_file.unlink, missing_ok=True)
+        self._create("scalingpolicies", bench_policy("reactive"))
+        self.operator = OperatorProcess(
+            self.namespace,
+            self.target.kubeconfig,
+            self.target.prometheus_url,
+            workdir / "operator.log",
+        )
+        stack.callback(self.operator.stop)
+        wait(lambda: _answers(self.operator), 60, "the operator's metrics endpoint")
+        self.watch = PodSetWatch(self.api, self.namespace)
+        self.watch.start()
+        stack.callback(self.watch.stopped.set)
+
+    def _create(self, plural: str, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(
+            "sageserve.io", "v1alpha1", self.namespace, plural, body
+        )
+
+    def _patch(self, plural: str, name: str, body: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            "sageserve.io", "v1alpha1", self.namespace, plural, name, body
+        )
+
+    def first_reconcile(self) -> None:
+        """(1) Every ModelDeployment applied at once, until every pod set exists."""
+        config, result, watch = self.config, self.result, self.watch
+        self.say(
+            f"applying {config.models} ModelDeployments × {result.regions} regions × "
+            f"{result.variants} variants"
+        )
+        self.t_apply = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
-            list(
-                pool.map(
-                    lambda i: custom.create_namespaced_custom_object(
-                        "sageserve.io",
-                        "v1alpha1",
-                        namespace,
-                        "modeldeployments",
-                        bench_model(i, regions, variants),
-                    ),
-                    range(config.models),
-                )
-            )
+            models = [bench_model(i, result.regions, result.variants) for i in range(config.models)]
+            list(pool.map(lambda body: self._create("modeldeployments", body), models))
         deadline = config.timeout_s
         if not watch.wait_for(lambda: len(watch.first_seen) >= result.pod_sets, deadline):
-            operator.check()
+            self.operator.check()
             raise BenchError(
                 f"only {len(watch.first_seen)} of {result.pod_sets} pod sets after {deadline:.0f}s"
             )
-        result.first_reconcile_s = max(watch.first_seen.values()) - t_apply
-        say(f"{result.pod_sets} pod sets exist after {result.first_reconcile_s:.1f}s")
+        result.first_reconcile_s = max(watch.first_seen.values()) - self.t_apply
+        self.say(f"{result.pod_sets} pod sets exist after {result.first_reconcile_s:.1f}s")
         # The control plane's own pace (controller-manager and KWOK client rate limits),
         # not the operator's: waited for so the rounds below run on a settled cluster.
         if watch.wait_for(lambda: _all_ready(watch.latest), min(deadline, READY_WAIT_S)):
-            result.pods_ready_s = time.monotonic() - t_apply
-        operator.check()
+            result.pods_ready_s = time.monotonic() - self.t_apply
+        self.operator.check()
 
-        # (2) one plan + reconcile round: switch the policy to LT-I, which plans at once.
-        wait(lambda: _history_ready(state.prometheus_url, namespace), 120, "token history")
+    def plan_round(self) -> None:
+        """(2) One plan + reconcile round: the policy switches to LT-I, which plans at once."""
+        result, operator = self.result, self.operator
+        url, namespace = self.target.prometheus_url, self.namespace
+        wait(lambda: _history_ready(url, namespace), 120, "token history")
         before = operator.metrics()
-        say("switching the policy to lt-immediate: one plan + reconcile round")
+        self.say("switching the policy to lt-immediate: one plan + reconcile round")
         t_plan = time.monotonic()
-        custom.patch_namespaced_custom_object(
-            "sageserve.io",
-            "v1alpha1",
-            namespace,
-            "scalingpolicies",
-            POLICY,
-            {"spec": {"strategy": "lt-immediate"}},
-        )
+        self._patch("scalingpolicies", POLICY, {"spec": {"strategy": "lt-immediate"}})
         after = wait(
             lambda: (m := operator.metrics()) and rounds(m, "plan") > rounds(before, "plan") and m,
-            deadline,
+            self.config.timeout_s,
             "a plan round",
         )
         n = rounds(after, "plan") - rounds(before, "plan")
         result.plan_round_s = (round_sum(after, "plan") - round_sum(before, "plan")) / n
-        policy: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
+        policy: dict[str, Any] = self.custom.get_namespaced_custom_object(  # type: ignore[assignment]
             "sageserve.io", "v1alpha1", namespace, "scalingpolicies", POLICY
         )
         plan = (policy.get("status") or {}).get("plan") or {}
@@ -659,39 +683,33 @@ def run_bench(config: BenchConfig, console: Console) -> BenchResult:
         goals = endpoint_goals(plan)
 
         def reached() -> bool:
-            result.endpoints_at_target = at_target(watch.latest, goals)
+            result.endpoints_at_target = at_target(self.watch.latest, goals)
             return result.endpoints_at_target == len(goals)
 
-        if watch.wait_for(reached, 120):
+        if self.watch.wait_for(reached, 120):
             result.plan_applied_s = time.monotonic() - t_plan
-        say(
+        self.say(
             f"plan round {result.plan_round_s:.2f}s (solver {result.plan_solver_s}s, "
             f"{result.plan_status}); {result.endpoints_at_target}/{len(goals)} endpoints at target"
         )
 
-        # (3) CR change → Deployment patched, one edit at a time.
-        say(f"{config.changes} image edits, each until every pod set of its model carries it")
+    def spec_changes(self) -> None:
+        """(3) CR change → Deployment patched, one edit at a time."""
+        config, result, watch = self.config, self.result, self.watch
+        self.say(f"{config.changes} image edits, each until every pod set of its model carries it")
         latencies = []
         for k in range(config.changes):
-            i = (k * 7) % config.models
-            name, image = model_name(i), f"{IMAGE}:v{k + 1}"
+            name, image = model_name((k * 7) % config.models), f"{IMAGE}:v{k + 1}"
             sets = {d for d in watch.latest if d.startswith(f"{name}-")}
             t0 = time.monotonic()
-            custom.patch_namespaced_custom_object(
-                "sageserve.io",
-                "v1alpha1",
-                namespace,
-                "modeldeployments",
-                name,
-                {"spec": {"engine": {"image": image}}},
-            )
+            self._patch("modeldeployments", name, {"spec": {"engine": {"image": image}}})
 
             def patched(s: set[str] = sets, im: str = image) -> bool:
                 return all((d, im) in watch.image_seen for d in s)
 
             if watch.wait_for(patched, 30):
                 latencies.append(max(watch.image_seen[(d, image)] for d in sets) - t0)
-            operator.check()
+            self.operator.check()
         result.changes = config.changes
         result.changes_seen = len(latencies)
         if latencies:
@@ -699,7 +717,9 @@ def run_bench(config: BenchConfig, console: Console) -> BenchResult:
             result.change_p99_s = percentile(latencies, 0.99)
             result.change_max_s = max(latencies)
 
-        # (4) RSS, and the background rounds the operator timed meanwhile.
+    def finish(self) -> None:
+        """(4) RSS, and the background rounds the operator timed meanwhile."""
+        result, operator = self.result, self.operator
         final = operator.metrics()
         result.rss_peak_mb = operator.peak_kb / 1024
         result.rss_end_mb = status_kb(operator.proc.pid, "VmRSS") / 1024
@@ -708,7 +728,6 @@ def run_bench(config: BenchConfig, console: Console) -> BenchResult:
             if count:
                 into.append(round(round_sum(final, kind) / count, 3))
         operator.check()
-    return result
 
 
 def _answers(operator: OperatorProcess) -> bool:
@@ -759,29 +778,105 @@ def at_target(latest: dict[str, dict[str, Any]], goals: dict[tuple[str, str], in
     return sum(1 for k, v in goals.items() if have.get(k) == v)
 
 
-def prepare(api: Any, kubeconfig: str, namespace: str) -> None:
-    """CRDs (server-side apply, as the tests do), the namespace and the paper's tiers."""
+#: The paper's three tiers (SageServe §2.2: IW-F, IW-N, NIW), as in policies/base/tiers.yaml.
+BENCH_TIERS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("iw-f", {"type": "interactive", "priority": 0, "slo": {"ttftP95Seconds": 1}}),
+    ("iw-n", {"type": "interactive", "priority": 1, "slo": {"ttftP95Seconds": 60}}),
+    (
+        "niw",
+        {
+            "type": "batch",
+            "priority": 2,
+            "batch": {"deadlineSeconds": 86400, "promotionAgeSeconds": 36000},
+        },
+    ),
+)
+
+
+def install_crds(api: Any, timeout: float = 60.0) -> None:
+    """Create (or replace) the CRDs generated from `sageserve.api`; wait until Established."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from sageserve.api.crd import KINDS, crd
+
+    # Plain dicts in and out: the generated YAML is the body, no model objects needed.
+    ext: Any = client.ApiextensionsV1Api(api)
+    names = []
+    for kind in KINDS:
+        body = crd(kind)
+        names.append(kind.crd_name)
+        try:
+            ext.create_custom_resource_definition(body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            current = ext.read_custom_resource_definition(kind.crd_name)
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(kind.crd_name, body)
+
+    def established() -> bool:
+        for name in names:
+            status = ext.read_custom_resource_definition(name).status
+            conditions = (status.conditions if status else None) or []
+            if not any(c.type == "Established" and c.status == "True" for c in conditions):
+                return False
+        return True
+
+    wait(established, timeout, "the CRDs to be Established")
+
+
+def add_nodes(api: Any, nodes: list[dict[str, Any]], timeout: float) -> None:
+    """Create the Nodes that do not exist yet (8 in flight) and wait until KWOK has marked
+    every one Ready (a kubelet registering itself sends the same body, status included)."""
     from kubernetes import client
 
-    from e2e import kubectl
+    core = client.CoreV1Api(api)
 
-    root = repo_root()
-    for path in sorted((root / "crds").glob("*.yaml")):
-        kubectl.kubectl(
-            kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)]
-        )
-    kubectl.kubectl(
-        kubeconfig, ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"]
-    )
+    def ready_names() -> dict[str, bool]:
+        raw: Any = core.list_node(_preload_content=False)
+        items = json.loads(raw.data).get("items", [])
+        return {
+            n["metadata"]["name"]: any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (n.get("status") or {}).get("conditions", [])
+            )
+            for n in items
+        }
+
+    existing = ready_names()
+    fresh = [n for n in nodes if n["metadata"]["name"] not in existing]
+    if fresh:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda body: core.create_node(body), fresh))
+    wanted = [n["metadata"]["name"] for n in nodes]
+
+    def all_ready() -> bool:
+        ready = ready_names()
+        return all(ready.get(name) for name in wanted)
+
+    wait(all_ready, timeout, f"{len(wanted)} KWOK nodes to become Ready", interval=1.0)
+
+
+def prepare(api: Any, namespace: str) -> None:
+    """CRDs, the namespace and the paper's tiers."""
+    from kubernetes import client
+
+    install_crds(api)
     client.CoreV1Api(api).create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
     )
     custom = client.CustomObjectsApi(api)
-    for doc in yaml.safe_load_all((root / "policies/base/tiers.yaml").read_text()):
-        if doc:
-            custom.create_namespaced_custom_object(
-                "sageserve.io", "v1alpha1", namespace, "workloadtiers", doc
-            )
+    for name, spec in BENCH_TIERS:
+        body = {
+            "apiVersion": "sageserve.io/v1alpha1",
+            "kind": "WorkloadTier",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        custom.create_namespaced_custom_object(
+            "sageserve.io", "v1alpha1", namespace, "workloadtiers", body
+        )
 
 
 def delete_namespace(core: Any, namespace: str) -> None:
@@ -797,7 +892,7 @@ def _fmt(value: float | None, unit: str = "s") -> str:
 
 
 def report(result: BenchResult, console: Console) -> bool:
-    """Print the figures against issue 6's goals; returns whether every goal is met."""
+    """Print the figures against the goals (`GOALS`); returns whether every goal is met."""
     title = (
         f"operator at {result.models} ModelDeployments × {result.regions} regions × "
         f"{result.variants} variants ({result.pod_sets} pod sets) on {result.nodes} KWOK nodes"
@@ -834,9 +929,15 @@ def report(result: BenchResult, console: Console) -> bool:
     return ok
 
 
-def bench_operator_command(config: BenchConfig, output: Path | None, console: Console) -> bool:
+def bench_operator_command(
+    config: BenchConfig,
+    target: ClusterTarget,
+    output: Path | None,
+    console: Console,
+    cluster_up_s: float = 0.0,
+) -> bool:
     """`sageserve bench operator`: run, print, optionally write JSON; True if goals are met."""
-    result = run_bench(config, console)
+    result = run_bench(config, target, console, cluster_up_s)
     ok = report(result, console)
     if output is not None:
         output.write_text(json.dumps({**asdict(result), "goals": GOALS}, indent=2) + "\n")
