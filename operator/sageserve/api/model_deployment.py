@@ -3,7 +3,7 @@
 The operator owns one Deployment ("pod set") per (region, variant), named
 `<metadata.name>-<region>-<variant>`, running the vLLM OpenAI server. A variant is one
 way to run the model (GPU type, GPUs per instance, parallelism) with its measured capacity
-θ in tokens/s at the SLO, which is what the planner's ILP uses (digest §2.1, §5.2, §7).
+θ in tokens/s at the SLO, which is what the planner's ILP uses (SageServe §2.1, §5, §7.1).
 """
 
 from __future__ import annotations

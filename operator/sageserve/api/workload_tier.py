@@ -2,7 +2,7 @@
 
 Interactive tiers are judged by latency percentiles (TTFT < 1 s at P95 for IW-F, < 1 min
 for IW-N); batch tiers by a completion deadline (24 h), and are promoted to interactive
-priority once they are older than the promotion age (10 h). Digest §1.2, §3.2, §3.4.
+priority once they are older than the promotion age (10 h). SageServe §2.2, §6.1, §6.2.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Slo(ApiModel):
 
 
 class BatchSettings(ApiModel):
-    """How the batch Queue Manager treats the tier's requests (digest §3.2)."""
+    """How the batch Queue Manager treats the tier's requests (SageServe §6.2)."""
 
     deadline_seconds: int = Field(
         default=86400,

@@ -15,7 +15,7 @@ from sageserve.forecast.api import forecast_peak
 from sageserve.forecast.backtest import backtest, load_servegen_aggregate
 from sageserve.forecast.types import FloatArray, ForecastSpec
 
-# arima-classic (the ARIMA(3,1,2) baseline) takes ~0.5 s a fit: add it with --method.
+# arima-classic (plain ARIMA(3,1,2), SageServe §6.3) takes ~0.5 s a fit: add it with --method.
 DEFAULT_METHODS = [
     "ensemble",
     "arima",

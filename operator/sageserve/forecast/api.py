@@ -1,7 +1,7 @@
 """The one entry point the planner uses: ``forecast_peak`` never raises.
 
 Upper quantile: a point forecast of a peak is biased low (the max of a noisy path exceeds the
-max of its mean path), which is why the issue's ARIMA(3,1,2) fell below the actual peak in
+max of its mean path), which is why a plain ARIMA(3,1,2) fell below the actual peak in
 64–72 % of hours. We calibrate empirically instead of trusting a Gaussian interval: the fitted
 model is replayed from the last ``calibration_origins`` horizon-aligned origins in its own
 history, and the log errors e = log(actual peak) − log(predicted peak) give

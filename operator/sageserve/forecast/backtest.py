@@ -1,8 +1,8 @@
 """Rolling-origin backtest of forecasters on a recorded series.
 
-Protocol (the issue's): a decision every ``every_seconds`` (hourly) from ``start_seconds``
-(day 2); each method sees only the history before the decision and forecasts the peak of the
-next horizon. Scored per decision hour whose actual window has data:
+Protocol: a decision every ``every_seconds`` (hourly, as in SageServe §6.3) from
+``start_seconds`` (day 2); each method sees only the history before the decision and
+forecasts the peak of the next horizon. Scored per decision hour whose actual window has data:
 - MAPE of the point peak forecast,
 - coverage: share of hours where the provisioned (upper) forecast ≥ the actual peak,
 - mean over-forecast: mean over hours of max(0, provisioned − actual) / actual, i.e. the

@@ -223,7 +223,8 @@ class _ClassicPeak:
 
 @dataclass(frozen=True)
 class ClassicARIMA:
-    """ARIMA(p, d, q) by state-space MLE on a short window: the paper's/issue's baseline."""
+    """ARIMA(p, d, q) by state-space MLE on a short window: the paper's plain ARIMA
+    (SageServe §6.3, Appendix B), kept as the baseline the other methods are measured against."""
 
     name: str = "arima-classic"
     order: tuple[int, int, int] = (3, 1, 2)

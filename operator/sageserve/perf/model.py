@@ -1,9 +1,9 @@
 """Piecewise-linear performance model per (model, GPU type, GPUs per instance).
 
 Why piecewise-linear on batched tokens: it is the model the SageServe/Splitwise simulators
-validated against real instances (R² 0.99 prefill, 0.83 decode; SageServe §7), and it needs
-nothing but the published profile points. Beyond the last point we extrapolate with the last
-segment's slope, as `scipy.interpolate.interp1d(fill_value="extrapolate")` does in the
+validated against real instances (R² 0.99 prefill, 0.83 decode; SageServe §7.1, Fig. 9), and
+it needs nothing but the published profile points. Beyond the last point we extrapolate with
+the last segment's slope, as `scipy.interpolate.interp1d(fill_value="extrapolate")` does in the
 SageServe repository; below the first point we hold the first value (a floor: an iteration
 never gets cheaper than the smallest one measured).
 """

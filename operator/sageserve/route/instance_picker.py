@@ -1,4 +1,4 @@
-"""In-region routing (SageServe §3.3): least-loaded deployment, then shortest queue.
+"""In-region routing (SageServe §6.1): least-loaded deployment, then shortest queue.
 
 The Model Router sends a request to the deployment (pod set) with the least effective
 memory used; inside it, to the instance with the fewest remaining tokens to process

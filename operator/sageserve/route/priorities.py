@@ -1,4 +1,4 @@
-"""Instance-scheduler priorities (SageServe §3.4).
+"""Instance-scheduler priorities (SageServe §6.1, §6.2).
 
 Interactive requests get priority 0 and are available at once. Batch (NIW) requests get
 priority 1, or 0 once they are older than the promotion age (10 h in the paper) so that they

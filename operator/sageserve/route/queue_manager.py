@@ -1,4 +1,4 @@
-"""Batch (NIW) Queue Manager (SageServe §3.2 / v3 §6.1-6.2).
+"""Batch (NIW) Queue Manager (SageServe §6.1–§6.2).
 
 Batch requests are not routed on arrival: they wait in one global FIFO queue per model.
 A (model, region) endpoint signals when its effective memory utilisation is low and the

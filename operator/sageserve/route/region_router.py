@@ -1,4 +1,4 @@
-"""Global router for interactive requests (SageServe §3.1 / v3 §6.1).
+"""Global router for interactive requests (SageServe §6.1).
 
 Rule: go through the regions hosting the model in preference order (the client's own region
 first, then by network proximity) and take the first whose effective memory utilisation is
