@@ -116,15 +116,23 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
         return _structural(merged, defs)
     if "anyOf" in node:
-        # `X | None` (an optional field): keep X, the field is simply not required.
-        options = [o for o in node["anyOf"] if not _is_null(o)]
-        if len(options) != 1:
-            raise ValueError(f"unions other than `X | None` have no structural form: {node}")
-        rest = {k: v for k, v in node.items() if k not in {"anyOf", "default"}}
-        if node.get("default") is not None:
-            rest["default"] = node["default"]
-        return _structural({**options[0], **rest}, defs)
+        return _structural(_optional(node), defs)
+    return _ordered(_structural_keys(node, defs))
 
+
+def _optional(node: dict[str, Any]) -> dict[str, Any]:
+    """`X | None` (an optional field): keep X, the field is simply not required."""
+    options = [o for o in node["anyOf"] if not _is_null(o)]
+    if len(options) != 1:
+        raise ValueError(f"unions other than `X | None` have no structural form: {node}")
+    rest = {k: v for k, v in node.items() if k not in {"anyOf", "default"}}
+    if node.get("default") is not None:
+        rest["default"] = node["default"]
+    return {**options[0], **rest}
+
+
+def _structural_keys(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a node without `$ref` or `anyOf`, each in its structural form."""
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP_KEYS or key == "$defs":
@@ -150,7 +158,7 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         # refuse; the API server prunes or (with strict field validation) refuses unknown
         # fields on its own.
         out.pop("additionalProperties", None)
-    return _ordered(out)
+    return out
 
 
 _KEY_ORDER = (

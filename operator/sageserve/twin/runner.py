@@ -252,6 +252,38 @@ class Twin:
         return encode(twin_families(now, self.clock.speed, self.lag_s, eps), None)
 
 
+def _get(twin: Twin, path: str, accept: str | None) -> tuple[int, bytes, str]:
+    """Status, body and content type of a GET."""
+    if path == "/metrics":
+        return (200, *twin.own_metrics())
+    if path == "/metrics/pods":
+        return (200, *encode(families(twin.samples(), True, twin.legacy_kv_name), accept))
+    if path.startswith("/metrics/"):
+        parts = [unquote(p) for p in path.split("/")[2:]]
+        found = [s for s in twin.samples() if [s.pod.namespace, s.pod.name] == parts]
+        if not found:
+            return 404, b"no such serving pod\n", "text/plain"
+        return (200, *encode(families(found, False, twin.legacy_kv_name), accept))
+    if path == "/status":
+        return 200, (json.dumps(twin.status(), indent=1) + "\n").encode(), "application/json"
+    if path in ("", "/healthz"):
+        return 200, b"ok\n", "text/plain"
+    return 404, b"not found\n", "text/plain"
+
+
+def _post(twin: Twin, path: str, body: Any) -> bool:
+    """Apply a POST; False for an unknown path. KeyError, ValueError, TypeError: bad body."""
+    if path == "/load":
+        twin.sim.load.set(float(body["multiplier"]), str(body.get("endpoint", "*")))
+    elif path == "/speed":
+        with twin.lock:
+            twin.sim.advance(twin.clock.now())
+            twin.clock.set_speed(float(body["speed"]))
+    else:
+        return False
+    return True
+
+
 def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
@@ -269,38 +301,14 @@ def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
-            accept = self.headers.get("Accept")
-            if path == "/metrics":
-                self._send(200, *twin.own_metrics())
-            elif path == "/metrics/pods":
-                fams = families(twin.samples(), True, twin.legacy_kv_name)
-                self._send(200, *encode(fams, accept))
-            elif path.startswith("/metrics/"):
-                parts = [unquote(p) for p in path.split("/")[2:]]
-                found = [s for s in twin.samples() if [s.pod.namespace, s.pod.name] == parts]
-                if not found:
-                    self._send(404, b"no such serving pod\n", "text/plain")
-                    return
-                self._send(200, *encode(families(found, False, twin.legacy_kv_name), accept))
-            elif path == "/status":
-                self._json(200, twin.status())
-            elif path in ("", "/healthz"):
-                self._send(200, b"ok\n", "text/plain")
-            else:
-                self._send(404, b"not found\n", "text/plain")
+            self._send(*_get(twin, path, self.headers.get("Accept")))
 
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
-                if path == "/load":
-                    twin.sim.load.set(float(body["multiplier"]), str(body.get("endpoint", "*")))
-                elif path == "/speed":
-                    with twin.lock:
-                        twin.sim.advance(twin.clock.now())
-                        twin.clock.set_speed(float(body["speed"]))
-                else:
+                if not _post(twin, path, body):
                     self._send(404, b"not found\n", "text/plain")
                     return
             except (KeyError, ValueError, TypeError) as exc:
