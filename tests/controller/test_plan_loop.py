@@ -12,7 +12,7 @@ import yaml
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import PlanStatus, ScalingPolicySpec
 from sageserve.controller.plan_loop import gpu_capacity, plan_status, recorded_plan, split_batch
-from sageserve.controller.podset import NodeLabels
+from sageserve.core.labels import NodeLabels
 from sageserve.core.types import EndpointKey
 from sageserve.plan.cycle import run_plan_cycle
 

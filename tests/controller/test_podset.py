@@ -7,7 +7,8 @@ from pathlib import Path
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
-from sageserve.controller.podset import NodeLabels, render_pod_set, render_pod_sets
+from sageserve.controller.podset import render_pod_set, render_pod_sets
+from sageserve.core.labels import NodeLabels
 
 ROOT = Path(__file__).resolve().parents[2]
 

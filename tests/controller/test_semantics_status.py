@@ -16,6 +16,7 @@ from sageserve.controller.semantics import (
     node_shapes,
 )
 from sageserve.controller.status import model_deployment_status, set_condition
+from sageserve.core.labels import NodeLabels
 
 ROOT = Path(__file__).resolve().parents[2]
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
@@ -48,11 +49,11 @@ def test_a_region_without_a_node_big_enough_is_a_problem() -> None:
 
 def test_node_shapes_read_labels_and_allocatable_gpus() -> None:
     docs = list(yaml.safe_load_all((ROOT / "e2e" / "inventory" / "small.yaml").read_text()))
-    shapes = node_shapes(docs, "topology.kubernetes.io/region", "nvidia.com/gpu.product")
+    shapes = node_shapes(docs, NodeLabels())
     assert len(shapes) == len([d for d in docs if d])
     assert {s.gpus for s in shapes} == {8}
     assert {s.region for s in shapes} == {"us-east", "us-central", "us-west"}
-    assert node_shapes([{"metadata": {"labels": {}}}], "a", "b") == []
+    assert node_shapes([{"metadata": {"labels": {}}}], NodeLabels()) == []
 
 
 def test_condition_transition_time_moves_only_when_status_changes() -> None:

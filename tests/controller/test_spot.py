@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from sageserve.controller.podset import NodeLabels
 from sageserve.controller.spot import (
     ANNOTATION_DONATED_AT,
     ANNOTATION_LAST_MODEL,
@@ -10,6 +9,7 @@ from sageserve.controller.spot import (
     pool_nodes,
     unschedulable,
 )
+from sageserve.core.labels import NodeLabels
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 LABELS = NodeLabels()

@@ -23,8 +23,10 @@ def _promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedPro
 
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     exprs = {
-        "emu": queries.emu(),
-        "emu_ns": queries.emu("llm"),
+        "kv": queries.kv_usage_per_pod("llm"),
+        "kv_blocks": queries.kv_blocks_per_pod("llm"),
+        "waiting_pod": queries.waiting_per_pod("llm"),
+        "held": queries.held_requests("llm"),
         "tps": queries.tokens_per_second("5m"),
         "waiting": queries.waiting_requests("llm"),
         "ttft_p95": queries.ttft_quantile(0.95),
@@ -57,7 +59,7 @@ def test_kv_usage_matches_current_legacy_and_escaped_names(name: str, matches: b
 
 
 def test_queries_group_by_model_deployment_and_region() -> None:
-    for q in (queries.emu(), queries.tokens_per_second(), queries.waiting_requests()):
+    for q in (queries.held_requests(), queries.tokens_per_second(), queries.waiting_requests()):
         assert f"by ({queries.GROUP_BY})" in q
     assert 'namespace="llm"' in queries.tokens_per_second(namespace="llm")
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sageserve.core.types import ActionKind, EndpointKey, EndpointObservation, Observation
+from sageserve.core.snapshot import EndpointPlan
+from sageserve.core.types import ActionKind, EndpointKey, EndpointObservation
 from sageserve.pace import make_strategy
 from sageserve.pace.longterm import LongTerm
+
+#: A strategy with the endpoint's share of the plan in force.
+Planned = tuple[LongTerm, EndpointPlan | None]
 
 KEY = EndpointKey("llama-2-70b", "us-east")
 OUT, IN = ActionKind.SCALE_OUT, ActionKind.SCALE_IN
@@ -34,17 +38,17 @@ def obs(
     )
 
 
-def planned(name: str, target: int, forecast: float = 1000.0) -> LongTerm:
+def planned(
+    name: str, target: int, forecast: float = 1000.0, theta: float | None = None
+) -> Planned:
     strategy = make_strategy(name)
     assert isinstance(strategy, LongTerm)
-    strategy.on_plan(0.0, {KEY: target}, {KEY: forecast})
-    return strategy
+    return strategy, EndpointPlan(0.0, target, forecast, theta)
 
 
-def decision(strategy: LongTerm, o: EndpointObservation) -> tuple[ActionKind, int] | None:
-    actions = strategy.on_arrival(o)
-    assert len(actions) <= 1
-    return (actions[0].kind, actions[0].count) if actions else None
+def decision(p: Planned, o: EndpointObservation) -> tuple[ActionKind, int] | None:
+    action = p[0].step(o, p[1])
+    return (action.kind, action.count) if action else None
 
 
 @pytest.mark.parametrize(
@@ -108,9 +112,7 @@ def test_lt_utilization_arima(target: int, o: EndpointObservation, expected: tup
 
 def test_lt_ua_sizes_a_traffic_step_by_what_one_instance_serves() -> None:
     # target at the floor (2) for a forecast of almost nothing; θ = 2,000 tokens/s each
-    strategy = make_strategy("lt-ua")
-    assert isinstance(strategy, LongTerm)
-    strategy.on_plan(0.0, {KEY: 2}, {KEY: 100.0}, {KEY: 2000.0})
+    strategy = planned("lt-ua", 2, 100.0, 2000.0)
     quiet = obs(time=LAST_20_MIN, serving=2, tps=900.0)  # 9x the forecast, half of 1 instance
     assert decision(strategy, quiet) is None
     busy = obs(time=LAST_20_MIN + 60, serving=2, tps=5000.0)  # needs ⌈5000/2000⌉ = 3
@@ -122,9 +124,7 @@ def test_lt_ua_sizes_a_traffic_step_by_what_one_instance_serves() -> None:
 
 
 def test_lt_ua_scales_in_to_what_the_observed_load_needs() -> None:
-    strategy = make_strategy("lt-ua")
-    assert isinstance(strategy, LongTerm)
-    strategy.on_plan(0.0, {KEY: 10}, {KEY: 10_000.0}, {KEY: 1000.0})
+    strategy = planned("lt-ua", 10, 10_000.0, 1000.0)
     assert decision(strategy, obs(time=LAST_20_MIN, tps=4000.0, emu=0.5)) == (IN, 1)
     assert decision(strategy, obs(time=LAST_20_MIN + 60, serving=4, tps=4000.0, emu=0.5)) is None
 
@@ -133,27 +133,18 @@ def test_lt_u_has_no_valve_and_lt_ua_s_valve_can_be_turned_off() -> None:
     assert decision(planned("lt-u", 10), obs(emu=0.99)) is None
     off = make_strategy("lt-ua", {"overload_emu": 1.0})
     assert isinstance(off, LongTerm)
-    off.on_plan(0.0, {KEY: 10}, {KEY: 1000.0})
-    assert decision(off, obs(time=600, emu=0.99)) is None
-
-
-def test_cooldown_spaces_scaling_events_of_one_endpoint() -> None:
-    strategy = planned("lt-u", 20)
-    assert decision(strategy, obs(time=100, emu=0.9)) == (OUT, 1)
-    assert decision(strategy, obs(time=110, emu=0.9, serving=11)) is None
-    assert decision(strategy, obs(time=115, emu=0.9, serving=11)) == (OUT, 1)
+    assert decision((off, EndpointPlan(0.0, 10, 1000.0)), obs(time=600, emu=0.99)) is None
 
 
 def test_no_plan_means_no_action() -> None:
     strategy = make_strategy("lt-utilization-arima")
-    assert strategy.on_arrival(obs(emu=0.99)) == []
+    assert strategy.step(obs(emu=0.99), None) is None
 
 
-def test_lt_immediate_acts_on_the_periodic_view_without_arrivals() -> None:
-    strategy = planned("lt-immediate", 12)
-    actions = strategy.on_tick(Observation(time=5.0, endpoints={KEY: obs(time=5.0)}))
-    assert [(a.kind, a.count) for a in actions] == [(OUT, 2)]
-    assert planned("lt-u", 12).on_tick(Observation(5.0, {KEY: obs(time=5.0)})) == []
+def test_only_lt_immediate_is_evaluated_every_pace_period() -> None:
+    assert make_strategy("lt-immediate").periodic
+    assert not make_strategy("lt-u").periodic
+    assert all(make_strategy(n).uses_plan for n in ("lt-i", "lt-u", "lt-ua"))
 
 
 def test_strategies_are_built_by_their_policy_names_with_paper_parameters() -> None:

@@ -29,7 +29,9 @@ from sageserve.api.common import (
 class Strategy(StrEnum):
     """Scaling strategies (digest §6).
 
-    reactive: unified pool, scale on EMU thresholds only (the paper's main baseline).
+    reactive: unified pool, scale on EMU thresholds only (the paper's main baseline),
+    counting instances still starting as capacity (as the HPA counts unready pods).
+    reactive-paper: the same rule on serving instances only, as the paper writes it.
     siloed: separate interactive and batch pools, same thresholds (status quo at O365).
     lt-immediate (LT-I): apply the hourly ILP target at once.
     lt-utilization (LT-U): step toward the target only while EMU crosses the thresholds.
@@ -38,6 +40,7 @@ class Strategy(StrEnum):
     """
 
     REACTIVE = "reactive"
+    REACTIVE_PAPER = "reactive-paper"
     SILOED = "siloed"
     LT_IMMEDIATE = "lt-immediate"
     LT_UTILIZATION = "lt-utilization"
@@ -72,15 +75,6 @@ class Solver(StrEnum):
 
     HIGHS = "highs"
     CBC = "cbc"
-
-
-class InstanceScheduler(StrEnum):
-    """Order in which an instance admits waiting requests (digest §3.4–§3.5)."""
-
-    FCFS = "fcfs"
-    EDF = "edf"
-    PF = "pf"
-    DPA = "dpa"
 
 
 INTERVAL_RULES = cel(
@@ -159,19 +153,8 @@ class BatchRelease(ApiModel):
     )
 
 
-ROUTING_RULES = cel(
-    (
-        "self.scheduler != 'dpa' || (has(self.severelyExpiredSeconds) && has(self.urgentSeconds))",
-        "spec.routing.severelyExpiredSeconds and spec.routing.urgentSeconds (τ_n, τ_p) are "
-        "required when spec.routing.scheduler is dpa: the paper gives no values, set both",
-    ),
-)
-
-
 class Routing(ApiModel):
-    """Region routing, batch release and instance scheduling (digest §3)."""
-
-    model_config = ConfigDict(json_schema_extra=ROUTING_RULES)
+    """Region routing and batch release (SageServe's global router and Queue Manager)."""
 
     region_emu_threshold: float = Field(
         default=0.7,
@@ -181,17 +164,6 @@ class Routing(ApiModel):
         "else to the least loaded region (SageServe: 70%).",
     )
     batch_release: BatchRelease = sub_object(BatchRelease)
-    scheduler: InstanceScheduler = Field(
-        default=InstanceScheduler.FCFS,
-        description="Admission order inside an instance; interactive tiers always go "
-        "before batch ones (SageServe default: FCFS with priorities).",
-    )
-    severely_expired_seconds: float | None = Field(
-        default=None, gt=0, le=3600, description="DPA's τ_n (not given in the paper)."
-    )
-    urgent_seconds: float | None = Field(
-        default=None, gt=0, le=3600, description="DPA's τ_p (not given in the paper)."
-    )
 
 
 FORECAST_GAP_RULES = cel(
@@ -508,7 +480,6 @@ class PlanStatus(ApiModel):
     objective: float | None = None
     forecasts: list[ForecastEntry] = Field(default_factory=list, max_length=4096)
     targets: list[TargetEntry] = Field(default_factory=list, max_length=8192)
-    binding_constraints: list[str] = Field(default_factory=list, max_length=256)
     shortfalls: list[ShortfallEntry] = Field(default_factory=list, max_length=4096)
 
 
@@ -518,8 +489,9 @@ class ScalingPolicyStatus(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = conditions_field()
     plan: PlanStatus | None = None
-    last_pace_time: datetime | None = None
-    donated_nodes: int = Field(default=0, ge=0)
+    donated_nodes: int = Field(
+        default=0, ge=0, description="Nodes of this policy's regions and GPU types in spot."
+    )
 
 
 class ScalingPolicy(ApiModel):

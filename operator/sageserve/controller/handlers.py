@@ -25,9 +25,10 @@ from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
-from sageserve.controller.podset import NodeLabels, render_pod_sets
+from sageserve.controller.podset import render_pod_sets
 from sageserve.controller.semantics import NodeShape, model_deployment_problems, node_shapes
 from sageserve.controller.status import model_deployment_status
+from sageserve.core.labels import NodeLabels
 from sageserve.metrics.exporter import OPERATOR_METRICS
 
 RESYNC_SECONDS = float(os.environ.get("SAGESERVE_RESYNC_SECONDS", "30"))
@@ -67,7 +68,7 @@ def cluster_node_shapes(k: Kube, labels: NodeLabels) -> list[NodeShape]:
         at, shapes = _shapes.get(key, (float("-inf"), []))
         if time.monotonic() - at >= NODE_SHAPES_SECONDS:
             shapes = sorted(
-                set(node_shapes(k.nodes(), labels.region, labels.gpu_type)),
+                set(node_shapes(k.nodes(), labels)),
                 key=lambda n: (n.region, n.gpu_type, n.gpus),
             )
             _shapes[key] = (time.monotonic(), shapes)
@@ -94,7 +95,7 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
     raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
     md = ModelDeployment.model_validate(raw)
     k = kube()
-    labels = NodeLabels.from_env()
+    labels = NodeLabels.from_env(os.environ)
     problems = model_deployment_problems(
         md,
         policies=k.names(namespace, "scalingpolicies"),

@@ -15,7 +15,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from sageserve.api.common import GROUP, VERSION
-from sageserve.controller.podset import LABEL_DEPLOYMENT
+from sageserve.core.labels import LABEL_DEPLOYMENT
 
 FIELD_MANAGER = "sageserve"
 
@@ -106,6 +106,26 @@ class Kube:
         """Every pod of the cluster (spot workloads live in other namespaces), as dicts."""
         listed = _plain(self.core.list_pod_for_all_namespaces(_preload_content=False))
         return list(listed.get("items") or [])
+
+    def pods_of(self, namespace: str) -> list[dict[str, Any]]:
+        """The pods of every sageserve pod set of a namespace, as dicts."""
+        listed = _plain(
+            self.core.list_namespaced_pod(
+                namespace, label_selector=LABEL_DEPLOYMENT, _preload_content=False
+            )
+        )
+        return list(listed.get("items") or [])
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge-patch a pod's annotations (the deletion cost of a pod chosen for draining);
+        a pod already gone is fine."""
+        try:
+            self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def evict(self, namespace: str, name: str) -> None:
         """Evict a pod through the Eviction API, so PodDisruptionBudgets are honoured."""

@@ -26,25 +26,17 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.leader import LeaderElection, identity
-from sageserve.controller.pacing import (
-    endpoint_observations,
-    pod_set_states,
-    replicas_after,
-)
-from sageserve.controller.plan_loop import (
-    PlanPass,
-    RecordedPlan,
-    prometheus_reader,
-    recorded_plan,
-)
-from sageserve.controller.podset import NodeLabels
+from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
+from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
-from sageserve.core.types import ActionKind, ScalingAction
+from sageserve.core.labels import ANNOTATION_DELETION_COST, DRAIN_DELETION_COST, NodeLabels
+from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
+from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable
-from sageserve.pace.base import PacingStrategy
 from sageserve.pace.from_policy import strategy_for
+from sageserve.pace.step import StepState, decide
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: The leader renews its Lease this often (a third of the Lease's 15 s duration).
@@ -66,29 +58,15 @@ def concurrently(fn: Callable[[T], R], items: list[T]) -> list[R]:
 
 @dataclass
 class PaceState:
-    """What one policy's daemon keeps between passes: its strategy (cooldowns, targets)."""
+    """What one policy's loop keeps between passes: the decision step's state (plan in
+    force, cooldowns), the newest plan and when the next one is due, and the conditions."""
 
-    generation: int | None = None
-    strategy: PacingStrategy | None = None
+    step: StepState = field(default_factory=StepState)
     conditions: list[dict[str, Any]] = field(default_factory=list)
-    #: The plan in force, as `PacingStrategy.on_plan` takes it.
-    plan: RecordedPlan | None = None
+    #: The newest plan (made here or restored from status); `decide` adopts it.
+    plan: Plan | None = None
     next_plan: float = 0.0
-
-    def strategy_of(self, policy: ScalingPolicy, generation: int | None) -> PacingStrategy:
-        """The policy's strategy, rebuilt (with the plan in force) only when the spec changed."""
-        if self.strategy is None or generation != self.generation:
-            self.strategy = strategy_for(policy.spec)
-            self.generation = generation
-            if self.plan is not None:
-                self.strategy.on_plan(*self.plan)
-        return self.strategy
-
-    def adopt(self, plan: RecordedPlan) -> None:
-        """Make a plan the one in force and tell the strategy."""
-        self.plan = plan
-        if self.strategy is not None:
-            self.strategy.on_plan(*plan)
+    donated_nodes: int | None = None
 
 
 def _essence(obj: Any) -> dict[str, Any]:
@@ -158,58 +136,73 @@ class PacePass:
         self.spot([md for _, md in fleet])
         reader = prometheus_reader()
         try:
-            emu = reader.emu(self.namespace)
             tps = reader.tokens_per_second(self.namespace)
+            loads = reader.pod_loads(self.namespace)
+            held_requests = reader.held_requests(self.namespace)
         except MetricsUnavailable as exc:
             self.condition("Degraded", True, "PrometheusUnreachable", f"holding all sizes: {exc}")
             return
-        strategy = self.state.strategy_of(self.policy, self.body["metadata"].get("generation"))
-        held: list[str] = []
         pod_sets = self.kube.deployments_by_owner(self.namespace)
-        work: list[tuple[dict[str, Any], ModelDeployment, Any, ScalingAction]] = []
+        pods = self.kube.pods_of(self.namespace)
+        endpoints: dict[EndpointKey, EndpointSnapshot] = {}
+        owner: dict[EndpointKey, tuple[dict[str, Any], ModelDeployment]] = {}
         for raw, md in fleet:
-            deployments = pod_sets.get(md.metadata.name, {})
-            states = pod_set_states(md, deployments)
-            per_gpu = {v.name: v.gpus_per_instance for v in md.spec.variants}
-            gpus: dict[tuple[str, str], int] = {}
-            for st in states:
-                labels = (self.namespace, md.metadata.name, st.region, st.variant)
-                OPERATOR_METRICS.instances.labels(*labels).set(st.replicas)
-                n = per_gpu.get(st.variant, 0)
-                for state, count in (
-                    ("serving", st.ready),
-                    ("provisioning", st.replicas - st.ready),
-                ):
-                    gpus[(st.region, state)] = gpus.get((st.region, state), 0) + max(count, 0) * n
-            for (region, state), value in gpus.items():
-                OPERATOR_METRICS.gpus.labels(self.namespace, md.metadata.name, region, state).set(
-                    value
-                )
-            observations, missing = endpoint_observations(
-                md, self.namespace, states, emu, tps, self.now
+            snaps = endpoint_snapshots(
+                md,
+                self.namespace,
+                pod_sets.get(md.metadata.name, {}),
+                pods,
+                loads,
+                tps,
+                held_requests,
             )
-            held += [f"{md.metadata.name}/{r}" for r in missing]
-            # Every endpoint is observed on every pass, as if a request had just arrived.
-            actions = [a for o in observations.values() for a in strategy.on_arrival(o)]
-            work += [(raw, md, states, action) for action in actions]
-        # Decided in order above; written concurrently (each action touches its own pod sets).
+            self.export_sizes(md, snaps)
+            endpoints.update(snaps)
+            owner.update(dict.fromkeys(snaps, (raw, md)))
+        outcome = decide(
+            self.now,
+            Snapshot(self.now, endpoints),
+            self.state.plan,
+            self.state.step,
+            strategy_for(self.policy.spec),
+        )
+        self.state.step = outcome.state
+        work = [(*owner[d.key], d) for d in outcome.decisions]
+        # Decided in key order; written concurrently (each decision touches its own pod sets).
         done = concurrently(lambda w: self.act(*w), work)
         # One Event per ModelDeployment and reason per pass, listing every action and its
         # cause: a plan that moves 600 endpoints writes 200 Events, not 600.
         grouped: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
-        for (raw, md, _states, _action), (reason, message) in zip(work, done, strict=True):
+        for (raw, md, _decision), (reason, message) in zip(work, done, strict=True):
             grouped.setdefault((md.metadata.name, reason), (raw, []))[1].append(message)
         events = [(raw, reason, "; ".join(msgs)) for (_, reason), (raw, msgs) in grouped.items()]
         concurrently(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events)
-        if held:
+        if outcome.held:
             self.condition(
                 "Degraded",
                 True,
                 "MetricsMissing",
-                "holding sizes of " + ", ".join(held) + ": no KV-cache usage series in Prometheus",
+                "holding "
+                + "; ".join(f"{h.key.model}/{h.key.region}: {h.reason}" for h in outcome.held),
             )
         else:
             self.condition("Degraded", False, "MetricsAvailable", "every pod set reports its load")
+
+    def export_sizes(self, md: ModelDeployment, snaps: dict[EndpointKey, EndpointSnapshot]) -> None:
+        """Instances per pod set and GPUs per state, as operator metrics."""
+        per_gpu = {v.name: v.gpus_per_instance for v in md.spec.variants}
+        name = md.metadata.name
+        for key, snap in snaps.items():
+            for variant, replicas in snap.replicas.items():
+                labels = (self.namespace, name, key.region, variant)
+                OPERATOR_METRICS.instances.labels(*labels).set(replicas)
+            gpus_each = max((per_gpu[v] for v in snap.replicas), default=0)
+            serving_gpus = sum(per_gpu.get(i.variant, 0) for i in snap.instances)
+            for state, value in (
+                ("serving", serving_gpus or snap.serving * gpus_each),
+                ("provisioning", snap.provisioning * gpus_each),
+            ):
+                OPERATOR_METRICS.gpus.labels(self.namespace, name, key.region, state).set(value)
 
     def spot(self, mds: list[ModelDeployment]) -> None:
         """Reclaim spot nodes for unschedulable serving pods; donate idle serving nodes."""
@@ -231,7 +224,16 @@ class PacePass:
                 ):
                     busy.add(region_of[name])
         dry = self.dry_run
-        reclaimed, donated = SpotPass(self.kube, NodeLabels.from_env()).run(region_of, busy, dry)
+        spot_pass = SpotPass(self.kube, NodeLabels.from_env(os.environ))
+        reclaimed, donated = spot_pass.run(region_of, busy, dry)
+        if spot_pass.spot_nodes != self.state.donated_nodes:
+            self.state.donated_nodes = spot_pass.spot_nodes
+            self.kube.patch_status(
+                self.namespace,
+                "scalingpolicies",
+                self.policy.metadata.name,
+                {"donatedNodes": spot_pass.spot_nodes},
+            )
         prefix = "DryRun" if dry else ""
         if reclaimed:
             message = f"spot node(s) {', '.join(reclaimed)} back to serving for unschedulable pods"
@@ -240,37 +242,44 @@ class PacePass:
             message = f"idle serving node(s) {', '.join(donated)} donated to the spot pool"
             self.kube.event(self.body, "Normal", prefix + "Donated", message)
 
-    def act(
-        self, raw: dict[str, Any], md: ModelDeployment, states: Any, action: ScalingAction
-    ) -> tuple[str, str]:
-        """Carry out one action (unless dry run); the Event's (reason, message) saying why."""
-        variants = [v.name for v in md.spec.variants]
-        changes = replicas_after(action, states, variants)
+    def act(self, raw: dict[str, Any], md: ModelDeployment, decision: Decision) -> tuple[str, str]:
+        """Carry out one decision (unless dry run); the Event's (reason, message) saying why.
+
+        Scale-in first marks the pods the step chose to drain with a low
+        `pod-deletion-cost`, so the ReplicaSet removes exactly those (the least loaded)."""
+        changes = pod_set_changes(md, decision)
         dry = self.dry_run
         if not dry:
-            for (region, variant), replicas in changes.items():
-                name = pod_set_name(md.metadata.name, region, variant)
+            for pod in decision.drain:
+                self.kube.annotate_pod(
+                    self.namespace, pod, {ANNOTATION_DELETION_COST: str(DRAIN_DELETION_COST)}
+                )
+            for name, replicas in changes.items():
                 self.kube.scale(self.namespace, name, replicas)
-        direction = "out" if action.kind is ActionKind.SCALE_OUT else "in"
+        direction = "out" if decision.kind is ActionKind.SCALE_OUT else "in"
         if not dry:
             OPERATOR_METRICS.scaling_events.labels(
                 self.namespace,
                 md.metadata.name,
-                action.key.region,
+                decision.key.region,
                 direction,
                 self.policy.spec.strategy.value,
             ).inc()
-        verb = "ScaledOut" if action.kind is ActionKind.SCALE_OUT else "ScaledIn"
-        sizes = ", ".join(f"{r}/{v}={n}" for (r, v), n in changes.items())
+        verb = "ScaledOut" if decision.kind is ActionKind.SCALE_OUT else "ScaledIn"
+        sizes = ", ".join(f"{decision.key.region}/{v}={n}" for v, n in decision.replicas.items())
+        drained = f", draining {', '.join(decision.drain)}" if decision.drain else ""
         prefix = "dry run, not applied: " if dry else ""
         reason = ("DryRun" if dry else "") + verb
-        return reason, f"{prefix}{sizes} ({action.reason})"
+        return reason, f"{prefix}{sizes}{drained} ({decision.reason})"
 
 
 def plans(policy: dict[str, Any]) -> bool:
-    """Whether the policy's strategy uses the hourly plan (the LT strategies do)."""
-    strategy = (policy.get("spec") or {}).get("strategy", Strategy.LT_UTILIZATION_ARIMA.value)
-    return str(strategy).startswith("lt-")
+    """Whether the policy's strategy follows the hourly plan (its `uses_plan`)."""
+    try:
+        spec = ScalingPolicy.model_validate(_essence(policy)).spec
+    except ValueError:
+        return False
+    return strategy_for(spec).uses_plan
 
 
 class Loops(threading.Thread):
@@ -333,16 +342,16 @@ class Loops(threading.Thread):
             return False
         interval = float((policy.get("spec") or {}).get("intervals", {}).get("planSeconds", 3600))
         recorded = recorded_plan(policy)
-        if state.plan is None and recorded is not None and wall - recorded[0] < interval:
-            state.adopt(recorded)  # restart: the plan in status is still in force
-            state.next_plan = recorded[0] + interval
+        if state.plan is None and recorded is not None and wall - recorded.computed_at < interval:
+            state.plan = recorded  # restart: the plan in status is still in force
+            state.next_plan = recorded.computed_at + interval
             return False
         state.next_plan = wall + interval
         cycle = PlanPass(k, policy, state.conditions, self.logger).run(
-            prometheus_reader(), NodeLabels.from_env()
+            prometheus_reader(), NodeLabels.from_env(os.environ)
         )
         if cycle is not None:
-            state.adopt((wall, cycle.endpoint_targets, cycle.forecast_tps, cycle.instance_tps))
+            state.plan = cycle.in_force(wall)
         return cycle is not None
 
     def resync_all(self, k: Kube) -> None:

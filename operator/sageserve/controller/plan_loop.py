@@ -22,8 +22,9 @@ from typing import Any
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.controller.kube import Kube
-from sageserve.controller.podset import NodeLabels
 from sageserve.controller.status import set_condition
+from sageserve.core.labels import NodeLabels
+from sageserve.core.nodes import parse_nodes
 from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
 from sageserve.metrics.exporter import OPERATOR_METRICS
@@ -68,17 +69,9 @@ def gpu_capacity(
 ) -> dict[tuple[str, str], int]:
     """GPUs per (region, GPU type) in the serving and spot pools (spot can be reclaimed)."""
     out: dict[tuple[str, str], int] = {}
-    for node in nodes:
-        meta_labels = (node.get("metadata") or {}).get("labels") or {}
-        if meta_labels.get(labels.pool) not in (labels.serving_pool, labels.spot_pool):
-            continue
-        region, gpu = meta_labels.get(labels.region), meta_labels.get(labels.gpu_type)
-        if not region or not gpu:
-            continue
-        gpus = int(
-            str(((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0))
-        )
-        out[(region, gpu)] = out.get((region, gpu), 0) + gpus
+    for node in parse_nodes(nodes, labels):
+        if node.pool in (labels.serving_pool, labels.spot_pool):
+            out[(node.region, node.gpu_type)] = out.get((node.region, node.gpu_type), 0) + node.gpus
     return out
 
 

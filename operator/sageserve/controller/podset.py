@@ -7,8 +7,6 @@ are passed in (they belong to the pacing loop), everything else comes from the s
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
 from sageserve.api.model_deployment import (
@@ -17,32 +15,16 @@ from sageserve.api.model_deployment import (
     Variant,
     pod_set_name,
 )
-
-MANAGED_BY = "sageserve"
-LABEL_DEPLOYMENT = "sageserve.io/model-deployment"
-LABEL_REGION = "sageserve.io/region"
-LABEL_VARIANT = "sageserve.io/variant"
-GPU_RESOURCE = "nvidia.com/gpu"
-
-
-@dataclass(frozen=True)
-class NodeLabels:
-    """Node label keys and pool values; configurable in the Helm chart."""
-
-    region: str = "topology.kubernetes.io/region"
-    gpu_type: str = "nvidia.com/gpu.product"
-    pool: str = "sageserve.io/pool"
-    serving_pool: str = "serving"
-    spot_pool: str = "spot"
-
-    @classmethod
-    def from_env(cls) -> NodeLabels:
-        """Label keys from the environment the Helm chart sets, else the defaults."""
-        return cls(
-            region=os.environ.get("SAGESERVE_REGION_LABEL", cls.region),
-            gpu_type=os.environ.get("SAGESERVE_GPU_LABEL", cls.gpu_type),
-            pool=os.environ.get("SAGESERVE_POOL_LABEL", cls.pool),
-        )
+from sageserve.core.labels import (
+    DEFAULT_NODE_LABELS,
+    GPU_RESOURCE,
+    LABEL_DEPLOYMENT,
+    LABEL_REGION,
+    LABEL_VARIANT,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NodeLabels,
+)
 
 
 def selector_labels(deployment: str, region: str, variant: str) -> dict[str, str]:
@@ -76,7 +58,7 @@ def render_pod_set(
     replicas: int,
     namespace: str,
     owner_uid: str | None = None,
-    node_labels: NodeLabels = NodeLabels(),
+    node_labels: NodeLabels = DEFAULT_NODE_LABELS,
 ) -> dict[str, Any]:
     """The apps/v1 Deployment serving `md` in `region` on `variant`, with `replicas` pods.
 
@@ -90,7 +72,7 @@ def render_pod_set(
         "app.kubernetes.io/name": "vllm",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": "inference",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        MANAGED_BY_LABEL: MANAGED_BY,
         **selector,
     }
     gpus = str(variant.gpus_per_instance)
@@ -191,7 +173,7 @@ def render_pod_sets(
     replicas: dict[tuple[str, str], int],
     namespace: str,
     owner_uid: str | None = None,
-    node_labels: NodeLabels = NodeLabels(),
+    node_labels: NodeLabels = DEFAULT_NODE_LABELS,
 ) -> list[dict[str, Any]]:
     """Every pod set of `md`; `replicas[(region, variant)]` defaults to the initial size.
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment
+from sageserve.core.labels import NodeLabels
+from sageserve.core.nodes import parse_nodes
 
 
 @dataclass(frozen=True)
@@ -80,19 +83,6 @@ def model_deployment_problems(
     return problems
 
 
-def node_shapes(
-    nodes: Iterable[Mapping[str, object]], region_key: str, gpu_key: str
-) -> list[NodeShape]:
-    """NodeShapes of v1.Node objects (dicts); nodes without the labels are not GPU nodes."""
-    shapes = []
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        status = node.get("status") or {}
-        labels = meta.get("labels") or {} if isinstance(meta, Mapping) else {}
-        alloc = status.get("allocatable") or {} if isinstance(status, Mapping) else {}
-        region, gpu = labels.get(region_key), labels.get(gpu_key)
-        if region and gpu:
-            shapes.append(
-                NodeShape(str(region), str(gpu), int(str(alloc.get("nvidia.com/gpu", 0))))
-            )
-    return shapes
+def node_shapes(nodes: Iterable[Mapping[str, Any]], labels: NodeLabels) -> list[NodeShape]:
+    """NodeShapes of v1.Node objects (dicts), read by `core.nodes`: GPU nodes only."""
+    return [NodeShape(n.region, n.gpu_type, n.gpus) for n in parse_nodes(nodes, labels)]

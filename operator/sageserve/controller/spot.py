@@ -17,26 +17,27 @@ from typing import Any
 
 from sageserve.api.model_deployment import pod_set_name
 from sageserve.controller.kube import Kube
-from sageserve.controller.podset import (
+from sageserve.core.labels import (
+    ANNOTATION_DONATED_AT,
+    ANNOTATION_LAST_MODEL,
+    ANNOTATION_RECLAIMED_AT,
     GPU_RESOURCE,
     LABEL_DEPLOYMENT,
     LABEL_REGION,
     LABEL_VARIANT,
     MANAGED_BY,
+    MANAGED_BY_LABEL,
     NodeLabels,
 )
+from sageserve.core.nodes import parse_node
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.pace.spot import PoolNode, donation_candidates, reclaim_order
-
-ANNOTATION_LAST_MODEL = "sageserve.io/last-model"
-ANNOTATION_DONATED_AT = "sageserve.io/donated-at"
-ANNOTATION_RECLAIMED_AT = "sageserve.io/reclaimed-at"
 
 
 def is_serving_pod(pod: Mapping[str, Any]) -> bool:
     """A pod of a sageserve pod set (the only pods donation must never disturb)."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY and LABEL_DEPLOYMENT in labels
+    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY and LABEL_DEPLOYMENT in labels
 
 
 def _active(pod: Mapping[str, Any]) -> bool:
@@ -71,30 +72,20 @@ def pool_nodes(
         if node and is_serving_pod(pod) and _active(pod):
             serving_gpus[node] = serving_gpus.get(node, 0) + pod_gpus(pod)
     out = []
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        node_labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        region, gpu, pool = (
-            node_labels.get(k) for k in (labels.region, labels.gpu_type, labels.pool)
-        )
-        if not (region and gpu and pool):
+    for obj in nodes:
+        node = parse_node(obj, labels)
+        if node is None or not node.pool:
             continue
-        donated = annotations.get(ANNOTATION_DONATED_AT)
         out.append(
             PoolNode(
-                name=meta["name"],
-                region=region,
-                gpu_type=gpu,
-                pool=pool,
-                gpus=int(
-                    str(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0))
-                ),
-                serving_gpus=serving_gpus.get(meta["name"], 0),
-                last_model=annotations.get(ANNOTATION_LAST_MODEL),
-                donated_at=datetime.fromisoformat(donated.replace("Z", "+00:00")).timestamp()
-                if donated
-                else None,
+                name=node.name,
+                region=node.region,
+                gpu_type=node.gpu_type,
+                pool=node.pool,
+                gpus=node.gpus,
+                serving_gpus=serving_gpus.get(node.name, 0),
+                last_model=node.last_model,
+                donated_at=node.donated_at,
             )
         )
     return out
@@ -178,6 +169,8 @@ class SpotPass:
     def __init__(self, kube: Kube, labels: NodeLabels) -> None:
         self.kube = kube
         self.labels = labels
+        #: Spot-pool nodes of the pass's (region, GPU type) pairs once it ran.
+        self.spot_nodes = 0
 
     def run(
         self,
@@ -199,12 +192,14 @@ class SpotPass:
             if n.pool == self.labels.spot_pool and (n.region, n.gpu_type) in spot:
                 spot[(n.region, n.gpu_type)] += 1
         if dry_run:
+            self.spot_nodes = sum(spot.values())
             OPERATOR_METRICS.record_pools(spot, size)
             return [n.name for n, _ in reclaims], [n.name for n in donations]
         for node, _ in reclaims:
             spot[(node.region, node.gpu_type)] -= 1
         for node in donations:
             spot[(node.region, node.gpu_type)] += 1
+        self.spot_nodes = sum(spot.values())
         OPERATOR_METRICS.record_pools(spot, size)
         for node, _pending in reclaims:
             # Relabel before evicting: otherwise the evicted pod's replacement can be

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sageserve.controller.podset import LABEL_REGION, LABEL_VARIANT
 from sageserve.controller.semantics import SemanticProblem
+from sageserve.core.labels import LABEL_REGION, LABEL_VARIANT
 
 
 def set_condition(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from prometheus_api_client import PrometheusConnect
@@ -23,6 +23,16 @@ class MetricsUnavailable(RuntimeError):
 
 #: (namespace, model deployment, region) → value.
 Series = dict[tuple[str, str, str], float]
+
+
+@dataclass(frozen=True)
+class PodLoad:
+    """One pod's vLLM load: KV usage (0–1), KV capacity in tokens when the pod exports its
+    cache configuration, and queued requests."""
+
+    kv_usage: float
+    kv_capacity_tokens: float | None = None
+    waiting: int = 0
 
 
 def _key(labels: Mapping[str, str]) -> tuple[str, str, str]:
@@ -92,9 +102,41 @@ class PrometheusReader:
             out[_key(series["metric"])] = values
         return out
 
-    def emu(self, namespace: str) -> Series:
-        """Effective memory utilisation per (model, region) in `namespace`."""
-        return self.instant(queries.emu(namespace))
+    def samples(self, expr: str) -> list[tuple[Mapping[str, str], float]]:
+        """An instant vector as (labels, value) pairs, every label kept."""
+        try:
+            result = self._prom.custom_query(expr, params={"timeout": f"{self.timeout_s:g}s"})
+            return [(s["metric"], float(s["value"][1])) for s in result]
+        except Exception as exc:  # requests, HTTP and decoding errors alike
+            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
+
+    def pod_loads(self, namespace: str) -> dict[str, PodLoad]:
+        """KV usage, KV capacity and queue of every pod of `namespace` that reports, by pod.
+
+        Non-finite or out-of-range readings (NaN, ±Inf, usage outside 0–1) are left out, as
+        if the pod had not reported: never acted on."""
+        loads: dict[str, PodLoad] = {}
+        for labels, value in self.samples(queries.kv_usage_per_pod(namespace)):
+            pod = labels.get(vllm.LABEL_POD)
+            if pod and math.isfinite(value) and 0.0 <= value <= 1.0:
+                loads[pod] = PodLoad(value)
+        for labels, _ in self.samples(queries.kv_blocks_per_pod(namespace)):
+            pod = labels.get(vllm.LABEL_POD, "")
+            try:
+                blocks = float(labels["num_gpu_blocks"]) * float(labels.get("block_size", "16"))
+            except (KeyError, ValueError):
+                continue
+            if pod in loads and math.isfinite(blocks) and blocks > 0:
+                loads[pod] = replace(loads[pod], kv_capacity_tokens=blocks)
+        for labels, value in self.samples(queries.waiting_per_pod(namespace)):
+            pod = labels.get(vllm.LABEL_POD, "")
+            if pod in loads and math.isfinite(value) and value >= 0:
+                loads[pod] = replace(loads[pod], waiting=int(value))
+        return loads
+
+    def held_requests(self, namespace: str) -> Series:
+        """Requests the router holds per (model, region) while nothing serves there."""
+        return self.instant(queries.held_requests(namespace))
 
     def tokens_per_second(self, namespace: str, window: str = "1m") -> Series:
         """Observed tokens/s per (model, region) in `namespace`."""

@@ -34,14 +34,15 @@ def kv_usage_per_pod(namespace: str | None = None) -> str:
     return _selector(namespace, vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY)
 
 
-def emu(namespace: str | None = None) -> str:
-    """Effective memory utilisation per (model, region): mean KV usage over its pods.
+def kv_blocks_per_pod(namespace: str | None = None) -> str:
+    """vLLM's cache configuration of every pod; its `num_gpu_blocks` and `block_size` labels
+    size the pod's KV cache, so that EMU can be Σ used ÷ Σ capacity (`core.snapshot.emu`)."""
+    return _selector(namespace, vllm.CACHE_CONFIG)
 
-    SageServe defines it as Σ KV used / Σ KV capacity; within one variant every pod has the
-    same capacity, so the mean is that ratio. Pods of different variants are weighted
-    equally here; `Observation` builders that know capacities can weight them.
-    """
-    return f"avg by ({GROUP_BY}) ({kv_usage_per_pod(namespace)})"
+
+def waiting_per_pod(namespace: str | None = None) -> str:
+    """Requests queued in every pod."""
+    return _selector(namespace, vllm.REQUESTS_WAITING)
 
 
 def tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
@@ -64,3 +65,14 @@ def ttft_quantile(q: float, window: str = "5m", namespace: str | None = None) ->
     """The q-quantile of time to first token per (model, region) over `window`."""
     sel = _selector(namespace, f"{vllm.TTFT}_bucket")
     return f"histogram_quantile({q}, sum by ({GROUP_BY}, le) (rate({sel}[{window}])))"
+
+
+#: The router's gauge of requests it holds for an endpoint with no ready pod (scale from
+#: zero: the activator pattern of Knative and KEDA's HTTP add-on).
+HELD_REQUESTS = "sageserve_router_held_requests"
+
+
+def held_requests(namespace: str | None = None) -> str:
+    """Requests held by the router per (model, region): demand for an endpoint at zero."""
+    matcher = f'{{{vllm.LABEL_NAMESPACE}="{namespace}"}}' if namespace else ""
+    return f"sum by ({GROUP_BY}) ({HELD_REQUESTS}{matcher})"

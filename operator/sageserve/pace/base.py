@@ -1,9 +1,10 @@
 """The strategy interface and the registry of strategies by name.
 
-Why this shape: SageServe's strategies differ only in *when* they move the fleet toward a
-target. LT-I/U/UA get hourly targets from the planner (`on_plan`) and react to per-endpoint
-load (`on_arrival`, evaluated when a request reaches an endpoint, as the paper does) or to
-a periodic global view (`on_tick`). Baselines ignore the targets. A strategy also declares
+Why this shape: SageServe's strategies (§6) differ only in *when* they move the fleet toward
+a target. LT-I/U/UA read the hourly plan's target for the endpoint; the baselines ignore it.
+Each is a stateless rule from one endpoint observation to an action; `pace.step.decide`
+calls it for every endpoint it observes and owns what is shared (cooldowns, plan adoption,
+hold rules, the split over variants). A strategy also declares
 its pool layout (unified or siloed) and whether batch work goes through the Queue Manager,
 because the siloed baseline is defined by exactly that.
 """
@@ -11,16 +12,15 @@ because the siloed baseline is defined by exactly that.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
+from sageserve.core.snapshot import EndpointPlan
 from sageserve.core.types import (
     POOL_BATCH,
     POOL_INTERACTIVE,
     POOL_UNIFIED,
-    EndpointKey,
     EndpointObservation,
-    Observation,
     ScalingAction,
     Tier,
 )
@@ -57,30 +57,27 @@ class PoolLayout:
 
 @runtime_checkable
 class PacingStrategy(Protocol):
-    """What the simulator and the operator call. Implementations must be deterministic."""
+    """What the decision step calls: a stateless, deterministic rule for one endpoint.
+
+    Cooldowns, the plan in force and the hold rules live in `pace.step.decide`, so that a
+    strategy is a pure function of one observation and the endpoint's share of the plan,
+    whichever world calls it.
+    """
 
     name: str
     layout: PoolLayout
     #: True: batch requests wait in the Queue Manager; False: routed like interactive ones.
     batch_via_queue_manager: bool
+    #: Whether the strategy follows the hourly plan (executors run the planner only then).
+    uses_plan: bool
+    #: Whether every endpoint is evaluated each pace period (LT-I), not only when a request
+    #: reaches it (the paper's rule for the others; the operator samples every period).
+    periodic: bool
+    #: Minimum seconds between two scaling events of one endpoint (SageServe: 15 s).
+    cooldown_s: float
 
-    def on_plan(
-        self,
-        now: float,
-        targets: Mapping[EndpointKey, int],
-        forecasts: Mapping[EndpointKey, float] | None = None,
-        instance_tps: Mapping[EndpointKey, float] | None = None,
-    ) -> None:
-        """New hourly targets (instances per endpoint), the forecast tokens/s they serve and
-        the tokens/s one planned instance of each endpoint serves (θ)."""
-        ...
-
-    def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:
-        """A request reached endpoint `obs.key`; return actions (often none)."""
-        ...
-
-    def on_tick(self, obs: Observation) -> list[ScalingAction]:
-        """Periodic global view (every pace interval); return actions."""
+    def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:
+        """The action for endpoint `obs.key` now (often none)."""
         ...
 
 
@@ -98,18 +95,25 @@ def register_strategy(name: str) -> Callable[[StrategyFactory], StrategyFactory]
     return deco
 
 
+#: The paper's short names, accepted wherever a strategy is named (`simulate --policy`).
+ALIASES = {"lt-i": "lt-immediate", "lt-u": "lt-utilization", "lt-ua": "lt-utilization-arima"}
+
+
 def make_strategy(name: str, params: Mapping[str, Any] | None = None) -> PacingStrategy:
-    """Build the strategy registered under `name` with `params` (thresholds, cooldown...)."""
+    """Build the strategy registered under `name` (or its short alias) with `params`."""
     # importing the built-ins registers them
     from sageserve.pace import longterm, reactive  # noqa: F401
 
     try:
-        factory = _REGISTRY[name]
+        factory = _REGISTRY[ALIASES.get(name, name)]
     except KeyError:
         raise KeyError(
             f"unknown scaling strategy {name!r}; available: {', '.join(available_strategies())}"
         ) from None
-    return factory(params or {})
+    strategy = factory(params or {})
+    if name in ALIASES and is_dataclass(strategy):
+        strategy = replace(strategy, name=name)  # reports keep the name the user gave
+    return strategy
 
 
 def available_strategies() -> list[str]:

@@ -1,6 +1,6 @@
 """SageServe's long-term strategies LT-I, LT-U and LT-UA (digest §6.3).
 
-All three take the hourly ILP target per endpoint (`on_plan`) and differ in *when* they
+All three take the hourly ILP target per endpoint (the plan in force) and differ in *when* they
 move toward it:
 
 - LT-I (`lt-immediate`): the whole difference at once, at the plan.
@@ -32,13 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sageserve.core.types import (
-    ActionKind,
-    EndpointKey,
-    EndpointObservation,
-    Observation,
-    ScalingAction,
-)
+from sageserve.core.snapshot import EndpointPlan
+from sageserve.core.types import ActionKind, EndpointObservation, ScalingAction
 from sageserve.pace.base import PoolLayout, register_strategy
 
 
@@ -146,7 +141,12 @@ def overload_step(obs: EndpointObservation, target: int, p: LongTermParams) -> S
     return None
 
 
-@dataclass
+def in_gap_window(now: float, plan_time: float, p: LongTermParams) -> bool:
+    """Whether `now` is in the last `gap_window_s` of the plan interval begun at `plan_time`."""
+    return now - plan_time >= p.plan_interval_s - p.gap_window_s
+
+
+@dataclass(frozen=True)
 class LongTerm:
     """LT-I, LT-U or LT-UA, depending on `mode` ("immediate", "utilization", "arima")."""
 
@@ -155,77 +155,42 @@ class LongTerm:
     name: str = "lt-utilization-arima"
     layout: PoolLayout = field(default_factory=PoolLayout)
     batch_via_queue_manager: bool = True
-    _targets: dict[EndpointKey, int] = field(default_factory=dict)
-    _forecasts: dict[EndpointKey, float] = field(default_factory=dict)
-    _instance_tps: dict[EndpointKey, float] = field(default_factory=dict)
-    _plan_time: float | None = None
-    _last_event: dict[EndpointKey, float] = field(default_factory=dict)
+    uses_plan: bool = True
 
-    def on_plan(
-        self,
-        now: float,
-        targets: Mapping[EndpointKey, int],
-        forecasts: Mapping[EndpointKey, float] | None = None,
-        instance_tps: Mapping[EndpointKey, float] | None = None,
-    ) -> None:
-        """New targets and, for LT-UA, the forecast tokens/s they were sized for and the
-        tokens/s one planned instance serves."""
-        self._plan_time = now
-        self._targets = dict(targets)
-        self._forecasts = dict(forecasts or {})
-        self._instance_tps = dict(instance_tps or {})
+    @property
+    def periodic(self) -> bool:
+        """LT-I needs no arrivals: it acts on every pace period; the others on arrival."""
+        return self.mode == "immediate"
 
-    def in_gap_window(self, now: float) -> bool:
-        """Whether `now` is in the last `gap_window_s` of the current plan interval."""
-        if self._plan_time is None:
-            return False
-        elapsed = now - self._plan_time
-        return elapsed >= self.params.plan_interval_s - self.params.gap_window_s
+    @property
+    def cooldown_s(self) -> float:
+        return self.params.cooldown_s
 
-    def decide(self, obs: EndpointObservation) -> ScalingAction | None:
-        """The action for one endpoint now, ignoring the cooldown (pure given the plan)."""
-        target = self._targets.get(obs.key)
-        if target is None:
+    def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:
+        """The action for one endpoint now, given its share of the plan in force."""
+        if plan is None:
             return None  # no plan yet for this endpoint: hold
+        target = plan.target
         if self.mode == "immediate":
             return immediate_step(obs, target)
         action = utilization_step(obs, target, self.params)
         if action is None and self.mode == "arima":
             action = overload_step(obs, target, self.params)
-        if action is None and self.mode == "arima" and self.in_gap_window(obs.time):
-            forecast = self._forecasts.get(obs.key, 0.0)
-            theta = self._instance_tps.get(obs.key)
-            action = forecast_gap_step(obs, target, forecast, self.params, theta)
+        if (
+            action is None
+            and self.mode == "arima"
+            and in_gap_window(obs.time, plan.computed_at, self.params)
+        ):
+            action = forecast_gap_step(
+                obs, target, plan.forecast_tps, self.params, plan.instance_tps
+            )
         return action
-
-    def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:
-        last = self._last_event.get(obs.key)
-        if last is not None and obs.time - last < self.params.cooldown_s:
-            return []
-        action = self.decide(obs)
-        if action is None:
-            return []
-        self._last_event[obs.key] = obs.time
-        return [action]
-
-    def on_tick(self, obs: Observation) -> list[ScalingAction]:
-        """LT-I needs no arrivals: it acts on the periodic view; the others act on arrival."""
-        if self.mode != "immediate":
-            return []
-        actions: list[ScalingAction] = []
-        for endpoint in obs.endpoints.values():
-            actions.extend(self.on_arrival(endpoint))
-        return actions
 
 
 _MODES = {
     "lt-immediate": "immediate",
     "lt-utilization": "utilization",
     "lt-utilization-arima": "arima",
-    # The paper's short names, accepted by `sageserve simulate --policy`.
-    "lt-i": "immediate",
-    "lt-u": "utilization",
-    "lt-ua": "arima",
 }
 
 

@@ -1,4 +1,4 @@
-"""Reactive baselines of SageServe §6.1-6.2: unified 70/30 and siloed pools.
+"""Reactive baselines of SageServe §6.1–6.2: unified 70/30 and siloed pools.
 
 Unified reactive: one pool per (model, region) serves all tiers; on every request arrival at
 the endpoint, if its effective memory utilisation is above 70% add an instance, below 30%
@@ -21,13 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sageserve.core.types import (
-    ActionKind,
-    EndpointKey,
-    EndpointObservation,
-    Observation,
-    ScalingAction,
-)
+from sageserve.core.snapshot import EndpointPlan
+from sageserve.core.types import ActionKind, EndpointObservation, ScalingAction
 from sageserve.pace.base import PoolLayout, register_strategy
 
 
@@ -59,46 +54,33 @@ def reactive_decision(obs: EndpointObservation, p: ReactiveParams) -> ActionKind
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class UnifiedReactive:
-    """Unified pool, 70/30 on arrival, 15 s cooldown per endpoint."""
+    """Unified pool, 70/30 on arrival, 15 s cooldown per endpoint (SageServe §6.2)."""
 
     params: ReactiveParams = field(default_factory=ReactiveParams)
     name: str = "reactive"
     layout: PoolLayout = field(default_factory=PoolLayout)
     batch_via_queue_manager: bool = True
-    _last_event: dict[EndpointKey, float] = field(default_factory=dict)
-
     #: baselines ignore forecasts: executors need not run the planner for them
     uses_plan: bool = False
+    periodic: bool = False
 
-    def on_plan(
-        self,
-        now: float,
-        targets: Mapping[EndpointKey, int],
-        forecasts: Mapping[EndpointKey, float] | None = None,
-        instance_tps: Mapping[EndpointKey, float] | None = None,
-    ) -> None:
-        """Reactive baselines ignore plans and forecasts."""
+    @property
+    def cooldown_s(self) -> float:
+        return self.params.cooldown_s
 
-    def on_arrival(self, obs: EndpointObservation) -> list[ScalingAction]:
-        last = self._last_event.get(obs.key)
-        if last is not None and obs.time - last < self.params.cooldown_s:
-            return []
+    def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:
         kind = reactive_decision(obs, self.params)
         if kind is None:
-            return []
-        self._last_event[obs.key] = obs.time
+            return None
         reason = f"emu {obs.emu:.2f} {'>' if kind is ActionKind.SCALE_OUT else '<'} threshold"
-        return [ScalingAction(kind, obs.key, 1, reason)]
-
-    def on_tick(self, obs: Observation) -> list[ScalingAction]:
-        return []
+        return ScalingAction(kind, obs.key, 1, reason)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SiloedReactive(UnifiedReactive):
-    """Separate interactive and batch pools, each under the 70/30 rule."""
+    """Separate interactive and batch pools, each under the 70/30 rule (SageServe §6.1)."""
 
     name: str = "siloed"
     layout: PoolLayout = field(default_factory=lambda: PoolLayout(siloed=True))

@@ -26,24 +26,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sageserve.core.types import (
-    EndpointKey,
-    EndpointObservation,
-    InstanceState,
-)
+from sageserve.core.labels import SERVING_POOL, SPOT_POOL
+from sageserve.core.nodes import OUTSIDE_POOLS, parse_nodes
+from sageserve.core.snapshot import EndpointSnapshot, InstanceView, drain_order
+from sageserve.core.types import EndpointKey, InstanceState
+from sageserve.pace.spot import PoolNode, Source, reclaim_order
 from sageserve.perf.model import VariantPerf
 from sageserve.sim.instance import Instance, InstanceHooks, Job
-
-REGION_LABEL = "topology.kubernetes.io/region"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-POOL_LABEL = "sageserve.io/pool"
-GPU_RESOURCE = "nvidia.com/gpu"
-LAST_MODEL_ANNOTATION = "sageserve.io/last-model"
 
 
 @dataclass
 class Node:
-    """One GPU node of the inventory."""
+    """One GPU node of the inventory, with the GPUs a run has not placed yet."""
 
     name: str
     region: str
@@ -59,32 +53,11 @@ class Node:
 
 
 def nodes_from_manifests(docs: Iterable[Mapping[str, Any]]) -> list[Node]:
-    """Nodes from v1.Node objects (the e2e inventory format); other kinds are refused."""
-    out: list[Node] = []
-    for doc in docs:
-        if not doc:
-            continue
-        if doc.get("kind") != "Node":
-            raise ValueError(f"an inventory holds only v1 Node objects, got {doc.get('kind')}")
-        meta = doc.get("metadata", {})
-        labels = meta.get("labels", {}) or {}
-        ann = meta.get("annotations", {}) or {}
-        status = doc.get("status", {}) or {}
-        alloc = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, 0)
-        gpus = int(alloc)
-        if gpus <= 0 or REGION_LABEL not in labels or GPU_PRODUCT_LABEL not in labels:
-            continue  # not a GPU node sageserve can use
-        out.append(
-            Node(
-                name=str(meta.get("name")),
-                region=str(labels[REGION_LABEL]),
-                gpu_type=str(labels[GPU_PRODUCT_LABEL]),
-                pool=str(labels.get(POOL_LABEL, "serving")),
-                gpus=gpus,
-                last_model=ann.get(LAST_MODEL_ANNOTATION),
-            )
-        )
-    return out
+    """Nodes from v1.Node objects (the e2e inventory format), read by `core.nodes`."""
+    return [
+        Node(n.name, n.region, n.gpu_type, n.pool, n.gpus, last_model=n.last_model)
+        for n in parse_nodes(docs)
+    ]
 
 
 @dataclass(frozen=True)
@@ -93,7 +66,12 @@ class Delays:
 
     reclaim_same_model_median_s: float = 60.0
     reclaim_same_model_max_s: float = 300.0
+    #: load a model whose weights are in the region (SageServe: 10 min)
     redeploy_s: float = 600.0
+    #: load a model whose weights must come from another region (SageServe: ~2 h)
+    remote_redeploy_s: float = 7200.0
+    #: obtain a node outside the serving and spot pools (sageserve assumes 1 h)
+    new_node_s: float = 3600.0
     initial_ready_s: float = 0.0
 
 
@@ -183,22 +161,38 @@ class Endpoint:
         """Whether no request has refreshed the load signal for a scrape interval."""
         return t - self._emu_t >= self.refresh_s
 
-    def observe(self, t: float) -> EndpointObservation:
-        waiting = 0
+    def replicas(self) -> dict[str, int]:
+        """Instances per variant, serving or coming up: a pod set's `spec.replicas`."""
+        out = {d.variant: len(d.instances) for d in self.deployments}
+        for inst in self.provisioning:
+            dep = inst.endpoint
+            if isinstance(dep, Deployment):
+                out[dep.variant] = out.get(dep.variant, 0) + 1
+        return out
+
+    def snapshot(self, t: float) -> EndpointSnapshot:
+        """What the decision step sees of this endpoint: the same value the operator
+        builds from its pods and Prometheus (`controller.observe`)."""
+        views = []
+        waiting = len(self.backlog)
         for d in self.deployments:
             for inst in d.instances:
                 waiting += inst.waiting
-        return EndpointObservation(
-            time=t,
+                if inst.reporting:
+                    views.append(
+                        InstanceView(inst.id, d.variant, inst.kv_at(t), inst.kv_cap, inst.waiting)
+                    )
+        return EndpointSnapshot(
             key=self.key,
-            emu=self.emu(t),
-            serving=self.serving,
-            provisioning=len(self.provisioning),
-            draining=len(self.draining),
             min_instances=self.min_instances,
             max_instances=self.max_instances,
+            replicas=self.replicas(),
+            serving=self.serving,
+            instances=tuple(views),
+            draining=len(self.draining),
+            waiting=waiting,
             tokens_per_s=self.tokens_per_s,
-            waiting=waiting + len(self.backlog),
+            variants=tuple(d.variant for d in self.deployments),
         )
 
 
@@ -238,6 +232,8 @@ class Cluster:
         self._ids = 0
         self.closed_at: float | None = None
         self.all_instances: list[Instance] = []
+        #: (region, model) pairs whose weights are in the region (loaded there once)
+        self.weights: set[tuple[str, str]] = set()
 
     # ---- set-up --------------------------------------------------------------------------
 
@@ -292,6 +288,7 @@ class Cluster:
         inst.node = node
         node.free_gpus -= inst.gpus
         node.last_model = inst.model
+        self.weights.add((inst.region, inst.model))
         inst.state = state
         inst.state_since = now
         inst.t0 = now
@@ -333,46 +330,86 @@ class Cluster:
         d = med * math.exp(self.rng.gauss(0.0, 0.5))
         return min(d, self.delays.reclaim_same_model_max_s)
 
-    def scale_out(self, key: EndpointKey, now: float) -> tuple[Instance, str] | None:
-        """Start one instance for `key`; returns (instance, source) or None if no capacity."""
+    def _redeploy_delay(self, region: str, model: str) -> float:
+        """Loading a model: from the region's copy of its weights, else from another region."""
+        if (region, model) in self.weights:
+            return self.delays.redeploy_s
+        return self.delays.remote_redeploy_s
+
+    def _spot_nodes(self, region: str) -> tuple[list[PoolNode], dict[str, Instance]]:
+        """The region's donated instances as the spot logic sees nodes: each frees its GPUs
+        (plus the node's free ones) and last served `model/variant` (the weights it holds)."""
+        nodes, by_name = [], {}
+        for inst in self.spot[region]:
+            node, dep = inst.node, inst.endpoint
+            assert isinstance(node, Node)
+            variant = dep.variant if isinstance(dep, Deployment) else ""
+            nodes.append(
+                PoolNode(
+                    name=inst.id,
+                    region=region,
+                    gpu_type=node.gpu_type,
+                    pool=SPOT_POOL,
+                    gpus=node.free_gpus + inst.gpus,
+                    last_model=f"{inst.model}/{variant}",
+                    donated_at=inst.state_since,
+                )
+            )
+            by_name[inst.id] = inst
+        return nodes, by_name
+
+    def scale_out(
+        self, key: EndpointKey, now: float, variant: str | None = None
+    ) -> tuple[Instance, str] | None:
+        """Start one instance of `variant` (default: the first) for `key`.
+
+        GPUs come in SageServe's order (`pace.spot.reclaim_order`, the rule the operator's
+        spot pass uses): a donated instance of the same model and variant (weights cached,
+        lognormal delay around the median); a donated instance of another model, the
+        longest-donated first (redeploy); free GPUs on spot- then serving-pool nodes
+        (redeploy); a node outside both pools (`new_node_s`, then redeploy). None, counted,
+        if there is no capacity: the inventory is the whole cluster.
+        """
         ep = self.endpoints[key]
-        for dep in ep.deployments:
-            perf = dep.perf
-            spot = self.spot[key.region]
-            # 1. same model, same variant, donated in this region: weights cached. The most
-            #    recently donated first, the rule of pace.spot.reclaim_order (weights most
-            #    likely still cached); `spot` is in donation order.
-            for i in range(len(spot) - 1, -1, -1):
-                inst = spot[i]
-                if inst.last_model == key.model and inst.perf is perf:
-                    del spot[i]
-                    self.set_state(inst, InstanceState.PROVISIONING, now)
-                    inst.endpoint = dep
-                    inst.ready_at = now + self._reclaim_delay()
-                    ep.provisioning.append(inst)
-                    self.acct.events["reclaim_same_model"] += 1
-                    return inst, "reclaim_same_model"
-            # 2. a donated instance of another model on a node that can hold this variant,
-            #    the longest-donated first (pace.spot.reclaim_order)
-            for i, inst in enumerate(spot):
-                node = inst.node
-                assert isinstance(node, Node)
-                if node.gpu_type == perf.gpu_type and node.free_gpus + inst.gpus >= perf.gpus:
-                    del spot[i]
-                    self._destroy(inst, now)
-                    new = self._new_instance(dep, node, now, InstanceState.PROVISIONING)
-                    new.ready_at = now + self.delays.redeploy_s
-                    ep.provisioning.append(new)
-                    self.acct.events["redeploy_other_model"] += 1
-                    return new, "redeploy_other_model"
-            # 3./4. free GPUs: spot-pool nodes, then idle serving-pool nodes
-            node = self._free_node(dep, pools=("spot", "serving"))
-            if node is not None:
-                new = self._new_instance(dep, node, now, InstanceState.PROVISIONING)
-                new.ready_at = now + self.delays.redeploy_s
+        dep = next((d for d in ep.deployments if variant in (None, d.variant)), None)
+        if dep is None:
+            self.acct.events["scale_out_no_capacity"] += 1
+            return None
+        perf = dep.perf
+        nodes, by_name = self._spot_nodes(key.region)
+        ident = f"{key.model}/{dep.variant}"
+        for pool_node, source in reclaim_order(nodes, ident, key.region, perf.gpu_type, perf.gpus):
+            inst = by_name[pool_node.name]
+            self.spot[key.region].remove(inst)
+            if source is Source.SAME_MODEL_SPOT:
+                self.set_state(inst, InstanceState.PROVISIONING, now)
+                inst.endpoint = dep
+                inst.ready_at = now + self._reclaim_delay()
+                ep.provisioning.append(inst)
+                self.acct.events["reclaim_same_model"] += 1
+                return inst, "reclaim_same_model"
+            node = inst.node
+            assert isinstance(node, Node)
+            self._destroy(inst, now)
+            delay = self._redeploy_delay(key.region, key.model)
+            new = self._new_instance(dep, node, now, InstanceState.PROVISIONING)
+            new.ready_at = now + delay
+            ep.provisioning.append(new)
+            self.acct.events["redeploy_other_model"] += 1
+            return new, "redeploy_other_model"
+        for pools, extra, event in (
+            ((SPOT_POOL, SERVING_POOL), 0.0, "deploy_free_gpus"),
+            ((OUTSIDE_POOLS,), self.delays.new_node_s, "deploy_new_node"),
+        ):
+            free = self._free_node(dep, pools=pools)
+            if free is not None:
+                delay = extra + self._redeploy_delay(key.region, key.model)
+                free.pool = SERVING_POOL if free.pool == OUTSIDE_POOLS else free.pool
+                new = self._new_instance(dep, free, now, InstanceState.PROVISIONING)
+                new.ready_at = now + delay
                 ep.provisioning.append(new)
-                self.acct.events["deploy_free_gpus"] += 1
-                return new, "deploy_free_gpus"
+                self.acct.events[event] += 1
+                return new, event
         self.acct.events["scale_out_no_capacity"] += 1
         return None
 
@@ -400,18 +437,29 @@ class Cluster:
         ep.invalidate()
         return dep
 
-    def scale_in(self, key: EndpointKey, now: float) -> Instance | None:
-        """Drain the least-loaded serving instance of `key`; it is donated when idle."""
+    def scale_in(
+        self,
+        key: EndpointKey,
+        now: float,
+        variant: str | None = None,
+        chosen_ones: Sequence[str] = (),
+    ) -> Instance | None:
+        """Drain one instance of `key`'s `variant`: the first of `chosen_ones` (the decision
+        step's choice) still serving, else the least loaded (`core.snapshot.drain_order`).
+        It takes nothing new and is donated when idle."""
         ep = self.endpoints[key]
-        best: tuple[float, Deployment, Instance] | None = None
-        for dep in ep.deployments:
-            for inst in dep.instances:
-                load = inst.kv_at(now) + inst.waiting_tokens
-                if best is None or load < best[0]:
-                    best = (load, dep, inst)
-        if best is None:
+        mine = [(d, i) for d in ep.deployments if variant in (None, d.variant) for i in d.instances]
+        if not mine:
             return None
-        _, dep, inst = best
+        by_id = {i.id: (d, i) for d, i in mine}
+        chosen = next((by_id[n] for n in chosen_ones if n in by_id), None)
+        if chosen is None:
+            views = tuple(
+                InstanceView(i.id, d.variant, i.kv_at(now), i.kv_cap, i.waiting) for d, i in mine
+            )
+            first = drain_order(views)[0].name
+            chosen = next((d, i) for d, i in mine if i.id == first)
+        dep, inst = chosen
         dep.instances.remove(inst)
         ep.invalidate()
         self.set_state(inst, InstanceState.DRAINING, now)

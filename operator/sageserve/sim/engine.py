@@ -18,15 +18,10 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sageserve.core.types import (
-    ActionKind,
-    EndpointKey,
-    InstanceState,
-    Observation,
-    Request,
-    ScalingAction,
-)
+from sageserve.core.snapshot import Decision, Plan, Snapshot
+from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
+from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.route.instance_picker import pick_instance
 from sageserve.route.priorities import scheduler_priority
@@ -82,9 +77,8 @@ class SimConfig:
 PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 
 #: (now, interactive tokens/s per minute per (model, region), batch tokens/s per minute over
-#: the last hour, current instances per (model, region, variant)) -> (targets per endpoint,
-#: forecast tokens/s per endpoint, tokens/s per planned instance): the arguments of
-#: `PacingStrategy.on_plan` after the time. Built from plan.cycle by `sim.scenario`.
+#: the last hour, current instances per (model, region, variant)) -> the plan the decision
+#: step follows. Built from plan.cycle by `sim.scenario`, as the operator's plan loop.
 Planner = Callable[
     [
         float,
@@ -92,7 +86,7 @@ Planner = Callable[
         Mapping[tuple[str, str], Sequence[float]],
         Mapping[tuple[str, str, str], int],
     ],
-    tuple[Mapping[EndpointKey, int], Mapping[EndpointKey, float], Mapping[EndpointKey, float]],
+    Plan,
 ]
 
 
@@ -162,8 +156,10 @@ class Simulation(InstanceHooks):
         window (`workload.tokens_per_minute`), which the planner's first cycles see as the
         operator sees Prometheus history."""
         self.cfg = config
-        self.planner = planner if getattr(strategy, "uses_plan", True) else None
+        self.planner = planner if strategy.uses_plan else None
         self.plans = 0
+        #: the decision step's state (plan in force, cooldowns), as the operator keeps it
+        self.step_state = StepState()
         # per (model, served region): tokens/s per minute, interactive and batch
         self._iw_hist: dict[tuple[str, str], deque[float]] = defaultdict(
             lambda: deque(maxlen=config.history_minutes)
@@ -396,11 +392,19 @@ class Simulation(InstanceHooks):
             self._check_scaling(ep, t)
 
     def _check_scaling(self, ep: Endpoint, t: float) -> None:
-        """The strategy's arrival rule, once per refresh of the endpoint's load signal."""
+        """The decision step on this endpoint, once per refresh of its load signal (the
+        paper evaluates scaling when a request arrives)."""
         ep.emu(t)
         if ep.version != ep.checked_version:
             ep.checked_version = ep.version
-            self._apply(self.strategy.on_arrival(ep.observe(t)), t)
+            self._decide([ep], t)
+
+    def _decide(self, eps: Iterable[Endpoint], t: float) -> None:
+        """`pace.step.decide` on these endpoints' snapshots; its decisions applied."""
+        snapshot = Snapshot(t, {ep.key: ep.snapshot(t) for ep in eps})
+        outcome = decide(t, snapshot, None, self.step_state, self.strategy)
+        self.step_state = outcome.state
+        self._apply(outcome.decisions, t)
 
     def _pick_instance(self, ep: Endpoint, t: float) -> Instance | None:
         deps = ep.deployments
@@ -445,26 +449,22 @@ class Simulation(InstanceHooks):
                     self._dispatch(job, ep, now, check_scaling=False)
             self._signal.update(self.cluster.endpoints.values())
             self._feed_batch(now)
-        self._check_idle(now)
-        actions = self.strategy.on_tick(self._observation(now))
-        self._apply(actions, now)
+        if self.strategy.periodic:
+            self._decide(self.cluster.endpoints.values(), now)
+        else:
+            self._check_idle(now)
 
     def _check_idle(self, now: float) -> None:
-        """Run the arrival rule on endpoints no request reached for a scrape interval.
+        """Run the decision step on endpoints no request reached for a scrape interval.
 
         The paper evaluates scaling on request arrival; the operator's pace loop evaluates
         every endpoint each pace period. Without this, an endpoint whose traffic stopped
         (a region a model's clients never use) would keep its instances forever in the
-        simulator while the operator scales it in. An endpoint with nothing serving is left
-        to its next request (its EMU reads as full, which would scale a silent one out).
+        simulator while the operator scales it in.
         """
         for ep in self.cluster.endpoints.values():
-            if ep.serving and ep.stale(now):
+            if ep.stale(now):
                 self._check_scaling(ep, now)
-
-    def _observation(self, now: float) -> Observation:
-        eps = {k: ep.observe(now) for k, ep in self.cluster.endpoints.items()}
-        return Observation(time=now, endpoints=eps)
 
     def _minute_tick(self, now: float) -> None:
         minute = round((now - self.cfg.start_s) / 60.0)
@@ -529,23 +529,25 @@ class Simulation(InstanceHooks):
             dict(current),
         )
         self.plans += 1
-        self.strategy.on_plan(now, *plan)
+        self.step_state = decide(now, Snapshot(now, {}), plan, self.step_state, self.strategy).state
 
     # ---- scaling -------------------------------------------------------------------------
 
-    def _apply(self, actions: Sequence[ScalingAction], now: float) -> None:
-        for act in actions:
-            if act.key not in self.cluster.endpoints:
-                continue
-            for _ in range(act.count):
-                if act.kind is ActionKind.SCALE_OUT:
-                    got = self.cluster.scale_out(act.key, now)
-                    if got is not None:
-                        inst = got[0]
-                        self._seq += 1
-                        heapq.heappush(self.heap, (inst.ready_at, self._seq, 1, inst))
+    def _apply(self, decisions: Sequence[Decision], now: float) -> None:
+        """Carry out decisions: new instances per variant, the chosen instances drained."""
+        for d in decisions:
+            ep = self.cluster.endpoints[d.key]
+            for variant, replicas in d.replicas.items():
+                current = ep.replicas().get(variant, 0)
+                if d.kind is ActionKind.SCALE_OUT:
+                    for _ in range(replicas - current):
+                        got = self.cluster.scale_out(d.key, now, variant)
+                        if got is not None:
+                            self._seq += 1
+                            heapq.heappush(self.heap, (got[0].ready_at, self._seq, 1, got[0]))
                 else:
-                    self.cluster.scale_in(act.key, now)
+                    for _ in range(current - replicas):
+                        self.cluster.scale_in(d.key, now, variant, d.drain)
 
     def _ready(self, inst: Instance, now: float) -> None:
         dep = self.cluster.ready(inst, now)

@@ -122,6 +122,7 @@ class Instance:
         "prefilling",
         "ready_at",
         "region",
+        "reporting",
         "state",
         "state_since",
         "t0",
@@ -141,6 +142,8 @@ class Instance:
         max_batched_tokens: int = 16384,
     ) -> None:
         self.id = iid
+        #: whether its metrics reach the observer (False models a scrape gap)
+        self.reporting = True
         self.perf = perf
         self._dlut = perf.decode_lut
         self.model = perf.model

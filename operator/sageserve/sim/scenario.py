@@ -34,7 +34,8 @@ import yaml
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
-from sageserve.core.types import EndpointKey, Request, Tier, TierKind
+from sageserve.core.snapshot import Plan
+from sageserve.core.types import Request, Tier, TierKind
 from sageserve.pace.base import PacingStrategy, make_strategy
 from sageserve.perf.model import PerfCatalog, load_catalog
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
@@ -106,6 +107,8 @@ class Scenario:
                     reclaim_same_model_median_s=float(sp.spot.reclaim_same_model_seconds),
                     reclaim_same_model_max_s=float(sp.spot.reclaim_same_model_max_seconds),
                     redeploy_s=float(sp.spot.redeploy_seconds),
+                    remote_redeploy_s=float(sp.spot.remote_redeploy_seconds),
+                    new_node_s=float(sp.spot.new_node_seconds),
                 ),
             )
         promo = [t.promotion_age_s for t in self.tiers.values() if t.promotion_age_s]
@@ -149,11 +152,9 @@ class Scenario:
             history: Mapping[tuple[str, str], Sequence[float]],
             batch: Mapping[tuple[str, str], Sequence[float]],
             current: Mapping[tuple[str, str, str], int],
-        ) -> tuple[
-            Mapping[EndpointKey, int], Mapping[EndpointKey, float], Mapping[EndpointKey, float]
-        ]:
+        ) -> Plan:
             cycle = run_plan_cycle(models, spec, history, batch, current, capacity)
-            return cycle.endpoint_targets, cycle.forecast_tps, cycle.instance_tps
+            return cycle.in_force(now)
 
         return plan
 

@@ -19,16 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sageserve.controller.podset import (
+from sageserve.core.labels import (
+    DEFAULT_NODE_LABELS,
     GPU_RESOURCE,
     LABEL_DEPLOYMENT,
     LABEL_REGION,
     LABEL_VARIANT,
     MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NodeLabels,
 )
 
 #: The label selector of every pod of every sageserve pod set.
-POD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY},{LABEL_DEPLOYMENT}"
+POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{LABEL_DEPLOYMENT}"
 #: ModelDeployment annotation naming the perf profile (the simulator's convention).
 PERF_PROFILE_ANNOTATION = "sageserve.io/perf-profile"
 
@@ -87,11 +90,13 @@ def _gpu_type(spec: Mapping[str, Any], gpu_label: str) -> str:
     return str(selector.get(gpu_label, ""))
 
 
-def pod_info(pod: Mapping[str, Any], gpu_label: str = "nvidia.com/gpu.product") -> PodInfo | None:
+def pod_info(
+    pod: Mapping[str, Any], gpu_label: str = DEFAULT_NODE_LABELS.gpu_type
+) -> PodInfo | None:
     """The twin's view of a pod (a Kubernetes API dict); None if it is no pod-set pod."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY or LABEL_DEPLOYMENT not in labels:
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or LABEL_DEPLOYMENT not in labels:
         return None
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -145,7 +150,7 @@ class ClusterPods:
             )
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
-        self.gpu_label = os.environ.get("SAGESERVE_GPU_LABEL", "nvidia.com/gpu.product")
+        self.gpu_label = NodeLabels.from_env(os.environ).gpu_type
 
     def _raw(self, response: Any) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(response.data)

@@ -1,0 +1,105 @@
+"""The operator's side of the decision step: snapshots from the cluster, decisions applied.
+
+Pure, like the HPA's replica calculator: the pace loop only fetches (Deployments, pods,
+Prometheus) and writes (scale, pod-deletion cost). Building an `EndpointSnapshot` here and
+in the simulator (`sim.cluster.Endpoint.snapshot`) from the same facts gives the same
+value, which the parity test checks:
+
+- serving instances are the Ready pods that are not terminating; the rest of each pod
+  set's `spec.replicas` is capacity on its way (pods still loading count as coming, not as
+  missing), terminating pods are draining;
+- each serving pod that reports KV usage becomes an `InstanceView` with its KV capacity
+  from `vllm:cache_config_info` (num_gpu_blocks × block_size), so EMU is Σ used ÷ Σ
+  capacity (`core.snapshot.emu`). When some pod does not export its cache size, every pod
+  of the endpoint weighs the same (the mean of their usage);
+- requests waiting are the pods' queues plus the requests the router holds for an
+  endpoint with nothing serving (`sageserve_router_held_requests`): the demand that brings
+  a model back from zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
+from sageserve.core.snapshot import Decision, EndpointSnapshot, InstanceView
+from sageserve.core.types import EndpointKey
+from sageserve.metrics.prometheus import PodLoad, Series
+
+#: Capacity weight of a pod whose KV-cache size is unknown (see the module doc).
+UNKNOWN_CAPACITY = 1.0
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _replicas(deployment: Mapping[str, Any] | None) -> int:
+    return int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
+
+
+def endpoint_snapshots(
+    md: ModelDeployment,
+    namespace: str,
+    deployments: Mapping[str, Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    loads: Mapping[str, PodLoad],
+    tokens_per_s: Series,
+    held_requests: Series | None = None,
+) -> dict[EndpointKey, EndpointSnapshot]:
+    """One snapshot per region of `md` that has a pod set (existing Deployments only)."""
+    name = md.metadata.name
+    variants = tuple(v.name for v in md.spec.variants)
+    mine: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_DEPLOYMENT) == name and labels.get(LABEL_VARIANT) in variants:
+            mine.setdefault(str(labels.get(LABEL_REGION)), []).append(pod)
+    out: dict[EndpointKey, EndpointSnapshot] = {}
+    for region in md.spec.regions:
+        sets = {v: deployments.get(pod_set_name(name, region.name, v)) for v in variants}
+        if all(d is None for d in sets.values()):
+            continue
+        serving = [p for p in mine.get(region.name, []) if _ready(p) and not _terminating(p)]
+        reporting = [p for p in serving if p["metadata"]["name"] in loads]
+        sized = all(loads[p["metadata"]["name"]].kv_capacity_tokens for p in reporting)
+        views = []
+        for pod in reporting:
+            load = loads[pod["metadata"]["name"]]
+            cap = load.kv_capacity_tokens if sized and load.kv_capacity_tokens else UNKNOWN_CAPACITY
+            variant = str(pod["metadata"]["labels"][LABEL_VARIANT])
+            views.append(
+                InstanceView(
+                    pod["metadata"]["name"], variant, load.kv_usage * cap, cap, load.waiting
+                )
+            )
+        key3 = (namespace, name, region.name)
+        key = EndpointKey(name, region.name)
+        out[key] = EndpointSnapshot(
+            key=key,
+            min_instances=region.min_instances,
+            max_instances=region.max_instances,
+            replicas={v: _replicas(d) for v, d in sets.items() if d is not None},
+            serving=len(serving),
+            instances=tuple(sorted(views, key=lambda i: i.name)),
+            draining=sum(1 for p in mine.get(region.name, []) if _terminating(p)),
+            waiting=sum(i.waiting for i in views) + int((held_requests or {}).get(key3, 0)),
+            tokens_per_s=tokens_per_s.get(key3, 0.0),
+            variants=variants,
+        )
+    return out
+
+
+def pod_set_changes(md: ModelDeployment, decision: Decision) -> dict[str, int]:
+    """New `spec.replicas` per pod set name for one decision."""
+    return {
+        pod_set_name(md.metadata.name, decision.key.region, variant): replicas
+        for variant, replicas in decision.replicas.items()
+    }

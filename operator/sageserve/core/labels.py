@@ -1,0 +1,60 @@
+"""Every label, annotation and resource name sageserve reads or writes, in one place.
+
+Why one module: the operator writes pod and node labels, the twin and the router read pod
+labels, the simulator and the e2e tooling read node labels from the same Node YAML. Keys
+defined twice drift apart; here each is defined once and every world imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: The extended resource a GPU node offers and a serving pod requests.
+GPU_RESOURCE = "nvidia.com/gpu"
+
+#: `app.kubernetes.io/managed-by` value of every pod set sageserve renders.
+MANAGED_BY = "sageserve"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+#: Pod-set labels: which ModelDeployment, region and variant a pod serves.
+LABEL_DEPLOYMENT = "sageserve.io/model-deployment"
+LABEL_REGION = "sageserve.io/region"
+LABEL_VARIANT = "sageserve.io/variant"
+
+#: Node annotations written on donation and reclaim (SageServe §2.3: which model a donated
+#: node last served decides whether a reclaim is a 1-minute reload or a 10-minute redeploy).
+ANNOTATION_LAST_MODEL = "sageserve.io/last-model"
+ANNOTATION_DONATED_AT = "sageserve.io/donated-at"
+ANNOTATION_RECLAIMED_AT = "sageserve.io/reclaimed-at"
+
+#: The ReplicaSet controller removes the pods with the lowest cost first on scale-in: the
+#: operator sets it on the instance the decision step chose to drain.
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Deletion cost of an instance chosen for draining (every other pod has the default, 0).
+DRAIN_DELETION_COST = -1000
+
+SERVING_POOL = "serving"
+SPOT_POOL = "spot"
+
+
+@dataclass(frozen=True)
+class NodeLabels:
+    """Node label keys and pool values; the keys are configurable in the Helm chart."""
+
+    region: str = "topology.kubernetes.io/region"
+    gpu_type: str = "nvidia.com/gpu.product"
+    pool: str = "sageserve.io/pool"
+    serving_pool: str = SERVING_POOL
+    spot_pool: str = SPOT_POOL
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> NodeLabels:
+        """Label keys from the environment the Helm chart sets (`os.environ`), else defaults."""
+        return cls(
+            region=env.get("SAGESERVE_REGION_LABEL", cls.region),
+            gpu_type=env.get("SAGESERVE_GPU_LABEL", cls.gpu_type),
+            pool=env.get("SAGESERVE_POOL_LABEL", cls.pool),
+        )
+
+
+DEFAULT_NODE_LABELS = NodeLabels()

@@ -1,0 +1,175 @@
+"""What the decision step sees (a snapshot), follows (a plan) and returns (decisions).
+
+The operator builds a `Snapshot` from the API server and Prometheus, the simulator from its
+simulated instances; `pace.step.decide` turns it into `Decision`s that each world applies.
+Everything is a frozen value, so a recorded sequence of snapshots can be replayed through
+both worlds' adapters and compared (the parity test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sageserve.core.types import ActionKind, EndpointKey, EndpointObservation
+
+
+def emu(kv_used_tokens: float, kv_capacity_tokens: float) -> float:
+    """Effective memory utilisation: Σ KV used ÷ Σ KV capacity (SageServe §2.4).
+
+    Sums over the serving instances of an endpoint, so instances of a variant with a larger
+    KV cache weigh more (an unweighted mean of per-pod usage would let a small variant's
+    full cache hide a large one's free room). 0 when nothing serves: an endpoint with no
+    capacity has no utilisation; whether it needs capacity is the step's rule (demand
+    waiting), not a fake reading of 100 %.
+    """
+    if kv_capacity_tokens <= 0:
+        return 0.0
+    return max(0.0, kv_used_tokens / kv_capacity_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """One serving instance (a Ready pod, a serving simulated instance) and its load."""
+
+    name: str
+    variant: str
+    kv_used_tokens: float
+    kv_capacity_tokens: float
+    waiting: int = 0
+
+
+def drain_order(instances: tuple[InstanceView, ...]) -> list[InstanceView]:
+    """Instances in the order to drain them: least loaded first (least KV in use, then
+    fewest waiting requests), ties by name, so that a scale-in leaves the least work to
+    finish and the drained instance is donated soonest."""
+    return sorted(instances, key=lambda i: (i.kv_used_tokens, i.waiting, i.name))
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSnapshot:
+    """One (model, region, pool) endpoint at one moment.
+
+    `replicas` is the size each variant's pod set is asked to have (serving + coming up);
+    `instances` are the serving ones that reported their load; `serving` counts every
+    serving instance, reporting or not. `reporting < serving` is partial data: the missing
+    instances may be full, so it must never read as a load drop (DESIGN: failure
+    behaviour). `waiting` counts requests queued at the endpoint or held for it while
+    nothing serves (the demand that brings a model back from zero).
+    """
+
+    key: EndpointKey
+    min_instances: int
+    max_instances: int
+    replicas: Mapping[str, int]
+    serving: int
+    instances: tuple[InstanceView, ...] = ()
+    draining: int = 0
+    waiting: int = 0
+    tokens_per_s: float = 0.0
+    #: Variants in spec order (scale-out goes to the first one the plan does not rank).
+    variants: tuple[str, ...] = ()
+
+    @property
+    def reporting(self) -> int:
+        return len(self.instances)
+
+    @property
+    def provisioning(self) -> int:
+        return max(0, sum(self.replicas.values()) - self.serving)
+
+    @property
+    def emu(self) -> float:
+        used = sum(i.kv_used_tokens for i in self.instances)
+        cap = sum(i.kv_capacity_tokens for i in self.instances)
+        return emu(used, cap)
+
+    @property
+    def missing_data(self) -> bool:
+        """Instances serve but none reported: nothing is known of the load."""
+        return self.serving > 0 and self.reporting == 0
+
+    @property
+    def partial_data(self) -> bool:
+        return 0 < self.reporting < self.serving
+
+    def observation(self, now: float) -> EndpointObservation:
+        """The signals a pacing strategy reads."""
+        return EndpointObservation(
+            time=now,
+            key=self.key,
+            emu=self.emu,
+            serving=self.serving,
+            provisioning=self.provisioning,
+            draining=self.draining,
+            min_instances=self.min_instances,
+            max_instances=self.max_instances,
+            tokens_per_s=self.tokens_per_s,
+            waiting=self.waiting,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The endpoints observed now (all of them, or the one a request just reached)."""
+
+    time: float
+    endpoints: Mapping[EndpointKey, EndpointSnapshot]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPlan:
+    """The plan's word on one endpoint: what a pacing strategy needs of it."""
+
+    computed_at: float
+    target: int
+    forecast_tps: float = 0.0
+    instance_tps: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan in force (SageServe §5): targets per (endpoint, variant), the forecast
+    tokens/s they were sized for, and θ, the tokens/s one planned instance serves."""
+
+    computed_at: float
+    variant_targets: Mapping[tuple[EndpointKey, str], int]
+    forecasts: Mapping[EndpointKey, float] = field(default_factory=dict)
+    instance_tps: Mapping[EndpointKey, float] = field(default_factory=dict)
+    #: Planned instances per endpoint over all its variants (derived).
+    targets: Mapping[EndpointKey, int] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        targets: dict[EndpointKey, int] = {}
+        for (key, _variant), n in self.variant_targets.items():
+            targets[key] = targets.get(key, 0) + n
+        object.__setattr__(self, "targets", targets)
+
+    def for_endpoint(self, key: EndpointKey) -> EndpointPlan | None:
+        """The endpoint's share of the plan; None when the plan does not cover it."""
+        target = self.targets.get(key)
+        if target is None:
+            return None
+        return EndpointPlan(
+            self.computed_at, target, self.forecasts.get(key, 0.0), self.instance_tps.get(key)
+        )
+
+    def variant_target(self, key: EndpointKey, variant: str) -> int:
+        return self.variant_targets.get((key, variant), 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One endpoint's change: new replicas per variant, and which instances to drain first.
+
+    `replicas` holds only the variants that change. `drain` names the serving instances
+    chosen for removal (least loaded, SageServe §6.2's donation keeps the busy ones); the
+    operator marks them with a low pod-deletion cost, the simulator drains them.
+    """
+
+    key: EndpointKey
+    kind: ActionKind
+    count: int
+    replicas: Mapping[str, int]
+    reason: str
+    drain: tuple[str, ...] = ()

@@ -1,0 +1,176 @@
+"""The decision step: one pure function that every world calls to scale its fleet.
+
+`decide(now, snapshot, plan, state, strategy)` owns everything the operator and the
+simulator used to re-derive each in its own way:
+
+- **plan adoption**: a plan newer than the one in force replaces it (a restarted operator
+  passes the plan recorded in status; the simulator the one its planner just made);
+- **hold on missing data**: an endpoint whose serving instances report nothing is held
+  (no action at all); with partial data (some instances silent) it may scale out but never
+  in, because a silent instance may be the full one (DESIGN: failure behaviour);
+- **from zero and the floor**: an endpoint with nothing serving or coming scales out when
+  requests wait for it (the activator pattern; with nothing serving its utilisation is
+  undefined, not 100 %), and an endpoint below `minInstances` is brought back to it;
+- **cooldowns**: at most one scaling event per endpoint per `strategy.cooldown_s`
+  (SageServe: 15 s); the time of each endpoint's last event is the state the caller keeps;
+- **the split over variants**: the ILP plans per (model, region, GPU type / variant); a
+  scale-out goes to the variant furthest below its planned target, a scale-in comes from
+  the one furthest above it, so the plan's choice of GPU type is what runs;
+- **which instance to drain**: the least-loaded serving instances of the variant that
+  shrinks (`core.snapshot.drain_order`), so a scale-in loses the least work.
+
+The strategy (reactive, LT-I/U/UA, ...) only says whether one endpoint should grow or
+shrink now. Where new capacity comes from (spot order, SageServe §2.3) is the pure
+`pace.spot.reclaim_order`, which both executors call, because placement depends on the
+executor's unit (nodes scheduled by Kubernetes, simulated instances).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sageserve.core.snapshot import (
+    Decision,
+    EndpointSnapshot,
+    Plan,
+    Snapshot,
+    drain_order,
+)
+from sageserve.core.types import ActionKind, EndpointKey, ScalingAction
+from sageserve.pace.base import PacingStrategy
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What the caller keeps between steps: the plan in force and each endpoint's last
+    scaling event (for the cooldown). A plain value: the operator keeps it in memory (a
+    restart loses only cooldowns), the simulator per run."""
+
+    plan: Plan | None = None
+    last_event: Mapping[EndpointKey, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Held:
+    """An endpoint the step did not act on for lack of data, and why."""
+
+    key: EndpointKey
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    decisions: list[Decision]
+    state: StepState
+    held: list[Held]
+
+
+def adopt(state: StepState, plan: Plan | None) -> StepState:
+    """The state with `plan` in force if it is newer than the current one."""
+    if plan is None or (state.plan is not None and plan.computed_at <= state.plan.computed_at):
+        return state
+    return StepState(plan, state.last_event)
+
+
+def split_over_variants(
+    kind: ActionKind,
+    count: int,
+    replicas: Mapping[str, int],
+    variants: tuple[str, ...],
+    targets: Mapping[str, int],
+) -> dict[str, int]:
+    """New replicas per variant after adding or removing `count` instances (changed only).
+
+    Out: each instance goes to the variant furthest below its planned target, else the
+    first variant in spec order. In: each comes from the variant furthest above its target
+    (with no plan: the one with the most replicas, the later variant on ties).
+    Deterministic, so a retried step decides alike.
+    """
+    order = list(variants) + sorted(v for v in replicas if v not in variants)
+    rank = {v: i for i, v in enumerate(order)}
+    now = {v: replicas.get(v, 0) for v in order}
+    changed: set[str] = set()
+    for _ in range(count):
+        if kind is ActionKind.SCALE_OUT:
+            pick = max(order, key=lambda v: (targets.get(v, 0) - now[v], -rank[v]))
+            if targets.get(pick, 0) - now[pick] <= 0:
+                pick = order[0]
+            now[pick] += 1
+        else:
+            candidates = [v for v in order if now[v] > 0]
+            if not candidates:
+                break
+            pick = max(candidates, key=lambda v: (now[v] - targets.get(v, 0), rank[v]))
+            now[pick] -= 1
+        changed.add(pick)
+    return {v: now[v] for v in order if v in changed}
+
+
+def to_decision(action: ScalingAction, ep: EndpointSnapshot, plan: Plan | None) -> Decision:
+    """A strategy's action on one endpoint, made concrete: replicas per variant, drains."""
+    variants = ep.variants or tuple(sorted(ep.replicas))
+    targets = {v: plan.variant_target(ep.key, v) for v in variants} if plan else {}
+    replicas = split_over_variants(action.kind, action.count, ep.replicas, variants, targets)
+    drain: list[str] = []
+    if action.kind is ActionKind.SCALE_IN:
+        for variant, n in replicas.items():
+            fewer = ep.replicas.get(variant, 0) - n
+            mine = tuple(i for i in ep.instances if i.variant == variant)
+            drain += [i.name for i in drain_order(mine)[:fewer]]
+    count = sum(abs(n - ep.replicas.get(v, 0)) for v, n in replicas.items())
+    return Decision(ep.key, action.kind, count, replicas, action.reason, tuple(sorted(drain)))
+
+
+def _floor_action(ep: EndpointSnapshot) -> ScalingAction | None:
+    """Scale-out the strategy cannot be asked for: from zero on demand, up to the floor."""
+    active = ep.serving + ep.provisioning
+    if active >= ep.max_instances:
+        return None
+    if active == 0 and ep.waiting > 0:
+        need = max(1, ep.min_instances)
+        reason = f"from zero: {ep.waiting} request(s) waiting"
+        return ScalingAction(ActionKind.SCALE_OUT, ep.key, need, reason)
+    if active < ep.min_instances:
+        reason = f"{active} instance(s) below minInstances {ep.min_instances}"
+        return ScalingAction(ActionKind.SCALE_OUT, ep.key, ep.min_instances - active, reason)
+    return None
+
+
+def decide(
+    now: float,
+    snapshot: Snapshot,
+    plan: Plan | None,
+    state: StepState,
+    strategy: PacingStrategy,
+) -> StepOutcome:
+    """Decisions for the endpoints of `snapshot`, in key order, and the state after them."""
+    state = adopt(state, plan)
+    last = dict(state.last_event)
+    decisions: list[Decision] = []
+    held: list[Held] = []
+    for key in sorted(snapshot.endpoints):
+        ep = snapshot.endpoints[key]
+        if ep.missing_data:
+            held.append(Held(key, f"none of {ep.serving} serving instance(s) reports its load"))
+            continue
+        since = last.get(key)
+        if since is not None and now - since < strategy.cooldown_s:
+            continue
+        action = _floor_action(ep)
+        if action is None and ep.serving + ep.provisioning > 0:
+            endpoint_plan = state.plan.for_endpoint(key) if state.plan else None
+            action = strategy.step(ep.observation(now), endpoint_plan)
+        if action is not None and action.kind is ActionKind.SCALE_IN and ep.partial_data:
+            held.append(
+                Held(key, f"{ep.reporting} of {ep.serving} serving instance(s) report: no scale-in")
+            )
+            action = None
+        if action is None:
+            continue
+        decision = to_decision(action, ep, state.plan)
+        if decision.count == 0:
+            continue
+        decisions.append(decision)
+        last[key] = now
+    return StepOutcome(decisions, StepState(state.plan, last), held)

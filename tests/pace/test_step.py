@@ -1,0 +1,133 @@
+"""The decision step: hold rules, from zero, cooldowns, the split over variants, drains."""
+
+from __future__ import annotations
+
+import pytest
+
+from sageserve.core.snapshot import EndpointSnapshot, InstanceView, Plan, Snapshot
+from sageserve.core.types import ActionKind, EndpointKey
+from sageserve.pace import make_strategy
+from sageserve.pace.step import StepState, decide, split_over_variants
+
+KEY = EndpointKey("llama", "us-east")
+REACTIVE = make_strategy("reactive")
+LT_I = make_strategy("lt-immediate")
+
+
+def inst(name: str, used: float, variant: str = "h100", cap: float = 100.0, waiting: int = 0):
+    return InstanceView(name, variant, used, cap, waiting)
+
+
+def endpoint(
+    *instances: InstanceView,
+    serving: int | None = None,
+    replicas: dict[str, int] | None = None,
+    waiting: int = 0,
+    lo: int = 1,
+    hi: int = 10,
+) -> EndpointSnapshot:
+    n = len(instances) if serving is None else serving
+    return EndpointSnapshot(
+        key=KEY,
+        min_instances=lo,
+        max_instances=hi,
+        replicas=replicas if replicas is not None else {"h100": n},
+        serving=n,
+        instances=instances,
+        waiting=waiting,
+        variants=("h100", "a100"),
+    )
+
+
+def step(ep: EndpointSnapshot, t: float = 100.0, state: StepState | None = None, strategy=REACTIVE):
+    return decide(t, Snapshot(t, {ep.key: ep}), None, state or StepState(), strategy)
+
+
+def test_emu_weighs_each_instance_by_its_kv_capacity() -> None:
+    ep = endpoint(inst("a", 90, cap=100), inst("b", 10, "a100", cap=900))
+    assert ep.emu == pytest.approx(0.1)  # (90 + 10) / 1000, not the mean 0.46
+
+
+@pytest.mark.parametrize(
+    ("ep", "kind", "count"),
+    [
+        (endpoint(inst("a", 80), inst("b", 80)), ActionKind.SCALE_OUT, 1),
+        (endpoint(inst("a", 10), inst("b", 10)), ActionKind.SCALE_IN, 1),
+        (endpoint(inst("a", 50), inst("b", 50)), None, 0),
+        # nothing serving, requests waiting: from zero (not "EMU 100 %" nor "EMU 0")
+        (endpoint(serving=0, replicas={"h100": 0}, waiting=3, lo=0), ActionKind.SCALE_OUT, 1),
+        # nothing serving, nothing waiting, floor 0: stays at zero
+        (endpoint(serving=0, replicas={"h100": 0}, lo=0), None, 0),
+        # below the floor: back to it, whatever the load
+        (endpoint(inst("a", 10), lo=3), ActionKind.SCALE_OUT, 2),
+    ],
+)
+def test_one_step_per_endpoint(ep: EndpointSnapshot, kind: ActionKind | None, count: int) -> None:
+    decisions = step(ep).decisions
+    assert [(d.kind, d.count) for d in decisions] == ([(kind, count)] if kind else [])
+
+
+def test_missing_data_holds_and_says_why() -> None:
+    out = step(endpoint(serving=3, replicas={"h100": 3}))
+    assert out.decisions == []
+    assert [h.key for h in out.held] == [KEY]
+    assert "none of 3" in out.held[0].reason
+
+
+def test_partial_data_never_scales_in_but_may_scale_out() -> None:
+    quiet = step(endpoint(inst("a", 5), serving=3, replicas={"h100": 3}))
+    assert quiet.decisions == [] and "1 of 3" in quiet.held[0].reason
+    busy = step(endpoint(inst("a", 95), serving=3, replicas={"h100": 3}))
+    assert [d.kind for d in busy.decisions] == [ActionKind.SCALE_OUT]
+
+
+def test_cooldown_is_kept_in_the_state_the_caller_stores() -> None:
+    first = step(endpoint(inst("a", 90)), t=0.0)
+    assert first.decisions and first.state.last_event == {KEY: 0.0}
+    assert step(endpoint(inst("a", 90)), t=14.9, state=first.state).decisions == []
+    assert step(endpoint(inst("a", 90)), t=15.0, state=first.state).decisions
+
+
+def test_scale_in_drains_the_least_loaded_instance() -> None:
+    out = step(endpoint(inst("a", 20), inst("b", 5), inst("c", 10, waiting=1)))
+    assert [d.drain for d in out.decisions] == [("b",)]
+
+
+def test_the_plans_gpu_type_split_is_executed() -> None:
+    plan = Plan(0.0, {(KEY, "h100"): 1, (KEY, "a100"): 3})
+    ep = endpoint(inst("a", 10), replicas={"h100": 1, "a100": 0})
+    out = decide(10.0, Snapshot(10.0, {KEY: ep}), plan, StepState(), LT_I)
+    assert [d.replicas for d in out.decisions] == [{"a100": 3}]
+
+
+def test_a_newer_plan_replaces_the_one_in_force_an_older_does_not() -> None:
+    old, new = Plan(0.0, {(KEY, "h100"): 2}), Plan(10.0, {(KEY, "h100"): 5})
+    state = decide(10.0, Snapshot(10.0, {}), new, StepState(), LT_I).state
+    assert decide(11.0, Snapshot(11.0, {}), old, state, LT_I).state.plan == new
+
+
+@pytest.mark.parametrize(
+    ("kind", "count", "replicas", "targets", "expected"),
+    [
+        (
+            ActionKind.SCALE_OUT,
+            3,
+            {"h100": 4, "a100": 1},
+            {"h100": 5, "a100": 4},
+            {"h100": 5, "a100": 3},
+        ),
+        (ActionKind.SCALE_OUT, 1, {"h100": 4, "a100": 6}, {}, {"h100": 5}),
+        (ActionKind.SCALE_IN, 2, {"h100": 4, "a100": 6}, {}, {"a100": 4}),
+        (ActionKind.SCALE_IN, 5, {"h100": 1}, {}, {"h100": 0}),
+        (ActionKind.SCALE_OUT, 1, {}, {}, {"h100": 1}),
+    ],
+)
+def test_split_over_variants(kind, count, replicas, targets, expected) -> None:  # type: ignore[no-untyped-def]
+    assert split_over_variants(kind, count, replicas, ("h100", "a100"), targets) == expected
+
+
+def test_the_api_enum_and_the_registry_name_the_same_strategies() -> None:
+    from sageserve.api.scaling_policy import Strategy
+    from sageserve.pace import available_strategies
+
+    assert sorted(s.value for s in Strategy) == available_strategies()
