@@ -14,14 +14,14 @@ from typing import Any
 import yaml
 
 from e2e import kubectl, procs
+from sageserve.core.labels import DEFAULT_NODE_LABELS
 
 INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 DEFAULT_INVENTORY = INVENTORY_DIR / "small.yaml"
 
-REGION_LABEL = "topology.kubernetes.io/region"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-POOL_LABEL = "sageserve.io/pool"
-GPU_RESOURCE = "nvidia.com/gpu"
+REGION_LABEL = DEFAULT_NODE_LABELS.region
+GPU_PRODUCT_LABEL = DEFAULT_NODE_LABELS.gpu_type
+POOL_LABEL = DEFAULT_NODE_LABELS.pool
 
 
 def resolve(name_or_path: str | Path) -> Path:

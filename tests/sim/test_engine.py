@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sageserve.core.snapshot import Plan
 from sageserve.core.types import IW_F, IW_N, NIW, EndpointKey, InstanceState, Request
 from sageserve.pace import make_strategy
 from sageserve.sim.cluster import Cluster, Delays
@@ -11,6 +12,16 @@ from sageserve.sim.engine import Simulation
 from sageserve.sim.instance import InstanceHooks
 from sageserve.sim.results import policy_summary
 from tests.sim.helpers import config, flat_perf, nodes, poisson
+
+
+def plan_of(now: float, targets: dict[str, int], forecast: float = 0.0) -> Plan:
+    """A plan of model "m", variant "v", with `targets` per region."""
+    keys = {r: EndpointKey("m", r) for r in targets}
+    return Plan(
+        now,
+        {(keys[r], "v"): n for r, n in targets.items()},
+        {k: forecast for k in keys.values()},
+    )
 
 
 def run(policy: str, rate: float = 20.0, end_s: float = 1800.0, seed: int = 1, **kw):
@@ -168,26 +179,19 @@ def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
 
     def planner(now, history, batch, current):
         calls.append((now, {k: list(v) for k, v in history.items()}, dict(current)))
-        return {EndpointKey("m", "r1"): 3}, {EndpointKey("m", "r1"): 1000.0}, {}
+        return plan_of(now, {"r1": 3}, 1000.0)
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
     cfg = config(perf, initial=2, end_s=2 * 3600.0 + 10)
-    seen: list[tuple[float, dict]] = []
-    strat = make_strategy("lt-immediate")
-    orig = strat.on_plan
-
-    def spy(now, targets, forecasts=None, instance_tps=None):
-        seen.append((now, dict(targets)))
-        orig(now, targets, forecasts, instance_tps)
-
-    strat.on_plan = spy  # type: ignore[method-assign]
     reqs = poisson(2.0, cfg.end_s, [IW_F])
-    r = Simulation(cfg, strat, reqs, planner=planner).run()
+    sim = Simulation(cfg, make_strategy("lt-immediate"), reqs, planner=planner)
+    r = sim.run()
     assert [c[0] for c in calls] == [3600.0, 7200.0]
     _now, history, current = calls[0]
     assert len(history[("m", "r1")]) == 60 and sum(history[("m", "r1")]) > 0
     assert current == {("m", "r1", "v"): 2}
-    assert seen[0][1] == {EndpointKey("m", "r1"): 3}
+    assert sim.step_state.plan is not None  # the plan in force is the planner's last
+    assert sim.step_state.plan.targets == {EndpointKey("m", "r1"): 3}
     assert r.events.get("deploy_free_gpus", 0) + r.events.get("reclaim_same_model", 0) >= 1
 
 
@@ -208,7 +212,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
 
     def planner(now, history, batch, current):
         calls.append((now, list(history[("m", "r1")])))
-        return {EndpointKey("m", "r1"): 1}, {EndpointKey("m", "r1"): 10.0}, {}
+        return plan_of(now, {"r1": 1}, 10.0)
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
     cfg = config(perf, initial=3, end_s=3600.0 - 1)
@@ -228,7 +232,7 @@ def test_an_endpoint_no_request_reaches_still_scales_in_to_its_floor(policy: str
     # r2 gets no traffic: the operator's pace loop checks it every pace period, so the
     # simulator must too (the paper's rule fires on arrivals, and none come).
     def planner(now, history, batch, current):
-        return {EndpointKey("m", r): 1 for r in ("r1", "r2")}, {}, {}
+        return plan_of(now, {"r1": 1, "r2": 1})
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
     cfg = config(perf, regions=("r1", "r2"), initial=4, lo=1, hi=6, end_s=1800.0)
