@@ -88,7 +88,7 @@ def endpoint_snapshots(
             max_instances=region.max_instances,
             replicas={v: _replicas(d) for v, d in sets.items() if d is not None},
             serving=len(serving),
-            instances=tuple(sorted(views, key=lambda i: i.name)),
+            instances=tuple(views),
             draining=sum(1 for p in mine.get(region.name, []) if _terminating(p)),
             waiting=sum(i.waiting for i in views) + int((held_requests or {}).get(key3, 0)),
             tokens_per_s=tokens_per_s.get(key3, 0.0),

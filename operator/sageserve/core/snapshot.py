@@ -70,6 +70,11 @@ class EndpointSnapshot:
     #: Variants in spec order (scale-out goes to the first one the plan does not rank).
     variants: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # one canonical order, whatever order a world lists its instances in
+        ordered = tuple(sorted(self.instances, key=lambda i: i.name))
+        object.__setattr__(self, "instances", ordered)
+
     @property
     def reporting(self) -> int:
         return len(self.instances)

@@ -102,6 +102,7 @@ class Endpoint:
     __slots__ = (
         "_emu",
         "_emu_t",
+        "_scraped",
         "arrivals_minute",
         "backlog",
         "checked_version",
@@ -126,6 +127,7 @@ class Endpoint:
         self.refresh_s = refresh_s
         self._emu = 0.0
         self._emu_t = -math.inf
+        self._scraped: list[InstanceView] = []
         self.version = 0
         self.checked_version = -1
         self.provisioning: list[Instance] = []
@@ -141,15 +143,24 @@ class Endpoint:
         return sum(len(d.instances) for d in self.deployments)
 
     def emu(self, t: float) -> float:
-        """EMU over serving instances, refreshed at most every `refresh_s` (metric scrape)."""
+        """EMU over serving instances, refreshed at most every `refresh_s` (metric scrape).
+
+        For routing: an endpoint with nothing serving reads as full, so requests go to a
+        region that can serve them. The decision step reads the scraped instances instead
+        (`snapshot`), where nothing serving is "no utilisation", not 100 %."""
         if t - self._emu_t >= self.refresh_s:
             used = 0.0
             cap = 0
+            views = []
             for d in self.deployments:
                 for inst in d.instances:
-                    used += inst.kv_at(t)
+                    kv = inst.kv_at(t)
+                    used += kv
                     cap += inst.kv_cap
+                    if inst.reporting:
+                        views.append(InstanceView(inst.id, d.variant, kv, inst.kv_cap))
             self._emu = max(0.0, used / cap) if cap else 1.0
+            self._scraped = views
             self._emu_t = t
             self.version += 1
         return self._emu
@@ -172,16 +183,11 @@ class Endpoint:
 
     def snapshot(self, t: float) -> EndpointSnapshot:
         """What the decision step sees of this endpoint: the same value the operator
-        builds from its pods and Prometheus (`controller.observe`)."""
-        views = []
-        waiting = len(self.backlog)
-        for d in self.deployments:
-            for inst in d.instances:
-                waiting += inst.waiting
-                if inst.reporting:
-                    views.append(
-                        InstanceView(inst.id, d.variant, inst.kv_at(t), inst.kv_cap, inst.waiting)
-                    )
+        builds from its pods and Prometheus (`controller.observe`): KV use as last scraped,
+        queues as they are."""
+        self.emu(t)  # the last scrape, refreshed if older than `refresh_s`
+        queue = {i.id: i.waiting for d in self.deployments for i in d.instances}
+        views = [replace(v, waiting=queue.get(v.name, 0)) for v in self._scraped]
         return EndpointSnapshot(
             key=self.key,
             min_instances=self.min_instances,
@@ -190,7 +196,7 @@ class Endpoint:
             serving=self.serving,
             instances=tuple(views),
             draining=len(self.draining),
-            waiting=waiting,
+            waiting=sum(queue.values()) + len(self.backlog),
             tokens_per_s=self.tokens_per_s,
             variants=tuple(d.variant for d in self.deployments),
         )
