@@ -164,7 +164,6 @@ def test_load_from_the_twin_drives_scale_out_reclaim_scale_in_donation_and_recla
     operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
     cluster = Cluster(kubeconfig, namespace)
     reader = PrometheusReader(prometheus_url)
-    endpoint = (namespace, MODEL, REGION)
     apply(kubeconfig, namespace, spot_workload(REGION))
     assert eventually(cluster.spot_running, 60, "the spot workload running") == SPOT_NODE
 
@@ -189,13 +188,23 @@ def test_load_from_the_twin_drives_scale_out_reclaim_scale_in_donation_and_recla
             assert list(first.values()) == [SERVING_NODE]
             on_the_right_nodes(cluster)
             eventually(lambda: twin_serves(twin, set(first)), 60, "the twin serving the pod")
-            eventually(lambda: endpoint in reader.emu(namespace), 60, "its KV usage in Prometheus")
+            eventually(
+                lambda: set(first) <= set(reader.pod_loads(namespace)),
+                60,
+                "its KV usage in Prometheus",
+            )
             assert cluster.replicas() == 1
 
             # Rising load: utilisation above 70 % raises the target; the second instance
             # does not fit the serving pool, so the spot node is reclaimed for it.
             twin.load(HIGH / LOW)
-            eventually(lambda: reader.emu(namespace).get(endpoint, 0) > 0.7, 90, "EMU above 70 %")
+            eventually(
+                lambda: (
+                    min((p.kv_usage for p in reader.pod_loads(namespace).values()), default=0) > 0.7
+                ),
+                90,
+                "EMU above 70 %",
+            )
             eventually(lambda: cluster.replicas() == 2, 90, "scale-out to two instances")
             both = eventually(
                 lambda: len(cluster.serving()) == 2 and cluster.serving(), 120, "two pods Running"

@@ -252,3 +252,47 @@ def test_an_endpoint_scaled_to_zero_without_traffic_stays_at_zero() -> None:
     quiet = [m for m in r.minutes if m.region == "r2"]
     assert quiet[-1].serving == 0  # scaled in once, never back out for no request
     assert all(m.provisioning == 0 for m in quiet)
+
+
+def test_capacity_outside_both_pools_and_weights_from_another_region_take_their_delays() -> None:
+    from sageserve.core.nodes import OUTSIDE_POOLS
+    from sageserve.sim.cluster import Node
+
+    perf = flat_perf(gpus=8)
+    inventory = (
+        Node("s0", "r1", perf.gpu_type, "serving", 8),
+        *(Node(f"x{i}", "r1", perf.gpu_type, OUTSIDE_POOLS, 8) for i in range(2)),
+    )
+    delays = Delays(redeploy_s=600, remote_redeploy_s=7200, new_node_s=3600)
+    cl = Cluster(inventory, NoHooks(), delays, seed=0)
+    key = EndpointKey("m", "r1")
+    dep = cl.add_deployment(cl.add_endpoint(key, 0, 4, 1.0), "a", perf)
+    cl.start_instances(dep, 1, 0.0)  # the serving node: weights now in r1
+    got = cl.scale_out(key, 10.0)
+    assert got is not None and got[1] == "deploy_new_node"
+    assert got[0].ready_at == 10.0 + 3600 + 600  # a new node, then the regional weights
+    other = EndpointKey("n", "r1")
+    dep_n = cl.add_deployment(cl.add_endpoint(other, 0, 4, 1.0), "n", perf)
+    got = cl.scale_out(other, 20.0)
+    assert got is not None and got[0].ready_at == 20.0 + 3600 + 7200  # n never loaded in r1
+    assert dep_n.endpoint.provisioning == [got[0]]
+
+
+def test_scale_out_goes_to_the_variant_the_plan_chose() -> None:
+    small = flat_perf(gpus=4)
+    cl = Cluster(nodes(("r1",), serving=2, spot=0), NoHooks(), Delays(redeploy_s=60), seed=0)
+    key = EndpointKey("m", "r1")
+    ep = cl.add_endpoint(key, 0, 4, 1.0)
+    big_dep = cl.add_deployment(ep, "m-big", flat_perf(gpus=8))
+    small_dep = cl.add_deployment(ep, "m-small", small)
+    big_dep.variant, small_dep.variant = "big", "small"
+    got = cl.scale_out(key, 0.0, "small")
+    assert (
+        got is not None
+        and got[0].endpoint is small_dep
+        and ep.replicas()
+        == {
+            "big": 0,
+            "small": 1,
+        }
+    )

@@ -1,0 +1,56 @@
+"""The pace loop applies a decision as the simulator does: the chosen pod drains first."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sageserve.controller.pace_loop import PacePass, PaceState
+from sageserve.core.labels import ANNOTATION_DELETION_COST, DRAIN_DELETION_COST
+from sageserve.core.snapshot import Decision
+from sageserve.core.types import ActionKind, EndpointKey
+from tests.test_parity_operator_simulator import NS, model_deployment
+
+
+class RecordingKube:
+    """Records the writes a pass makes (a stand-in at the adapter's edge)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str, Any]] = []
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.writes.append(("annotate", name, annotations))
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        self.writes.append(("scale", name, replicas))
+
+
+def policy(dry_run: bool = False) -> dict[str, Any]:
+    return {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ScalingPolicy",
+        "metadata": {"name": "p", "namespace": NS, "generation": 1},
+        "spec": {"strategy": "reactive", "dryRun": dry_run},
+    }
+
+
+def test_scale_in_marks_the_chosen_pod_before_lowering_replicas() -> None:
+    kube = RecordingKube()
+    step = PacePass(kube, policy(), PaceState(), logging.getLogger("t"))  # type: ignore[arg-type]
+    decision = Decision(
+        EndpointKey("llama", "us-east"), ActionKind.SCALE_IN, 1, {"h100": 2}, "emu", ("h100-1",)
+    )
+    reason, message = step.act({}, model_deployment(), decision)
+    assert kube.writes == [
+        ("annotate", "h100-1", {ANNOTATION_DELETION_COST: str(DRAIN_DELETION_COST)}),
+        ("scale", "llama-us-east-h100", 2),
+    ]
+    assert reason == "ScaledIn" and "draining h100-1" in message
+
+
+def test_dry_run_writes_nothing() -> None:
+    kube = RecordingKube()
+    step = PacePass(kube, policy(True), PaceState(), logging.getLogger("t"))  # type: ignore[arg-type]
+    decision = Decision(EndpointKey("llama", "us-east"), ActionKind.SCALE_OUT, 1, {"a100": 1}, "x")
+    assert step.act({}, model_deployment(), decision)[0] == "DryRunScaledOut"
+    assert kube.writes == []
