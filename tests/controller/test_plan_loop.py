@@ -61,9 +61,12 @@ def test_plan_status_is_a_valid_crd_status_and_restores_the_same_targets() -> No
     assert {f["method"] for f in status["forecasts"]} == {"persistence"}
     restored = recorded_plan({"status": {"plan": status}})
     assert restored is not None
-    at, targets, forecasts, per_instance = restored
+    at, targets = restored.computed_at, restored.targets
+    forecasts, per_instance = restored.forecasts, restored.instance_tps
     assert at == datetime(2026, 11, 21, tzinfo=UTC).timestamp()
     assert targets == cycle.endpoint_targets
+    # per GPU type, as the ILP planned it: the step executes this split
+    assert restored.variant_targets == cycle.in_force(at).variant_targets
     # the restored yardsticks of LT-UA are the ones the live cycle handed to the strategy
     east_key = EndpointKey("llama-2-70b", "us-east")
     assert forecasts[east_key] == round(cycle.forecast_tps[east_key], 3)

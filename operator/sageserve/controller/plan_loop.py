@@ -25,6 +25,7 @@ from sageserve.controller.kube import Kube
 from sageserve.controller.status import set_condition
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes
+from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
 from sageserve.metrics.exporter import OPERATOR_METRICS
@@ -33,13 +34,6 @@ from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
-#: A plan as the strategies take it: (computed at, instances per endpoint, forecast tokens/s
-#: per endpoint, tokens/s per planned instance).
-RecordedPlan = tuple[
-    float, dict[EndpointKey, int], dict[EndpointKey, float], dict[EndpointKey, float]
-]
-
-
 def split_batch(
     total: Mapping[tuple[str, str], Sequence[float]],
     batch: Mapping[tuple[str, str], Sequence[float]],
@@ -244,9 +238,9 @@ class PlanPass:
             )
 
 
-def recorded_plan(body: Mapping[str, Any]) -> RecordedPlan | None:
-    """(computed at, endpoint targets, forecasts, tokens/s per instance) of the plan in
-    status, if any: the arguments of `PacingStrategy.on_plan`."""
+def recorded_plan(body: Mapping[str, Any]) -> Plan | None:
+    """The plan in status, if any, as the decision step follows it (a restarted operator
+    keeps the plan in force instead of solving again)."""
     plan = ((body.get("status") or {}).get("plan")) or None
     if not plan:
         return None
@@ -254,10 +248,10 @@ def recorded_plan(body: Mapping[str, Any]) -> RecordedPlan | None:
         at = datetime.fromisoformat(plan["computedAt"].replace("Z", "+00:00")).timestamp()
     except (KeyError, ValueError):
         return None
-    targets: dict[EndpointKey, int] = {}
-    for t in plan.get("targets", []):
-        key = EndpointKey(t["model"], t["region"])
-        targets[key] = targets.get(key, 0) + int(t["target"])
+    targets = {
+        (EndpointKey(t["model"], t["region"]), str(t["variant"])): int(t["target"])
+        for t in plan.get("targets", [])
+    }
     forecasts = {  # LT-UA's yardstick; plans recorded before it existed have the peak only
         EndpointKey(f["model"], f["region"]): float(
             f.get("expectedTokensPerSecond", f["tokensPerSecond"])
@@ -269,7 +263,7 @@ def recorded_plan(body: Mapping[str, Any]) -> RecordedPlan | None:
         for f in plan.get("forecasts", [])
         if f.get("instanceTokensPerSecond")
     }
-    return at, targets, forecasts, per_instance
+    return Plan(at, targets, forecasts, per_instance)
 
 
 def prometheus_reader() -> PrometheusReader:
