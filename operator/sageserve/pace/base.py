@@ -64,17 +64,33 @@ class PacingStrategy(Protocol):
     whichever world calls it.
     """
 
-    name: str
-    layout: PoolLayout
-    #: True: batch requests wait in the Queue Manager; False: routed like interactive ones.
-    batch_via_queue_manager: bool
-    #: Whether the strategy follows the hourly plan (executors run the planner only then).
-    uses_plan: bool
-    #: Whether every endpoint is evaluated each pace period (LT-I), not only when a request
-    #: reaches it (the paper's rule for the others; the operator samples every period).
-    periodic: bool
-    #: Minimum seconds between two scaling events of one endpoint (SageServe: 15 s).
-    cooldown_s: float
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def layout(self) -> PoolLayout: ...
+
+    @property
+    def batch_via_queue_manager(self) -> bool:
+        """True: batch requests wait in the Queue Manager; False: routed like interactive."""
+        ...
+
+    @property
+    def uses_plan(self) -> bool:
+        """Whether the strategy follows the hourly plan (executors plan only then)."""
+        ...
+
+    @property
+    def periodic(self) -> bool:
+        """Whether every endpoint is evaluated each pace period (LT-I), not only when a
+        request reaches it (the paper's rule for the others; the operator samples every
+        period anyway)."""
+        ...
+
+    @property
+    def cooldown_s(self) -> float:
+        """Minimum seconds between two scaling events of one endpoint (SageServe: 15 s)."""
+        ...
 
     def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:
         """The action for endpoint `obs.key` now (often none)."""

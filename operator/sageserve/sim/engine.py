@@ -469,9 +469,9 @@ class Simulation(InstanceHooks):
     def _minute_tick(self, now: float) -> None:
         minute = round((now - self.cfg.start_s) / 60.0)
         if self.planner is not None:
-            for key in {(k.model, k.region) for k in self.cluster.endpoints}:
-                self._iw_hist[key].append(self._iw_tok.pop(key, 0) / 60.0)
-                self._niw_hist[key].append(self._niw_tok.pop(key, 0) / 60.0)
+            for hk in {(k.model, k.region) for k in self.cluster.endpoints}:
+                self._iw_hist[hk].append(self._iw_tok.pop(hk, 0) / 60.0)
+                self._niw_hist[hk].append(self._niw_tok.pop(hk, 0) / 60.0)
             if round(minute * 60.0) % round(self.cfg.plan_s) == 0:
                 self._plan(now)
         promo = self.cfg.promotion_age_s
