@@ -34,6 +34,8 @@ from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
 def split_batch(
     total: Mapping[tuple[str, str], Sequence[float]],
     batch: Mapping[tuple[str, str], Sequence[float]],
