@@ -272,7 +272,8 @@ class Simulation(InstanceHooks):
 
     # ---- main loop -----------------------------------------------------------------------
 
-    def run(self) -> RunResult:
+    def run(self) -> RunResult:  # noqa: C901 — the hot event loop, in one frame for speed
+        """Replay the request stream to the end of the window plus the drain."""
         cfg = self.cfg
         heap = self.heap
         heappop = heapq.heappop

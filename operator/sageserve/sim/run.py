@@ -50,7 +50,7 @@ def run_policies(
 
         t0 = time.perf_counter()
         planner = None
-        if getattr(strategy, "uses_plan", True):
+        if strategy.uses_plan:
             planner = scenario.planner()
             if history is None:
                 history = scenario.history(cfg.history_minutes)
