@@ -296,3 +296,25 @@ def test_scale_out_goes_to_the_variant_the_plan_chose() -> None:
             "small": 1,
         }
     )
+
+
+def test_the_simulator_takes_spot_capacity_in_the_operators_order() -> None:
+    """pace.spot.reclaim_order: same model newest-donated first, else other models'
+    longest-donated first (the rule the operator's spot pass follows)."""
+    from dataclasses import replace as dc_replace
+
+    perf_a, perf_b = flat_perf(gpus=8), dc_replace(flat_perf(gpus=8), model="b")
+    cl = Cluster(nodes(("r1",), serving=4, spot=0), NoHooks(), Delays(), seed=0)
+    ka, kb = EndpointKey("m", "r1"), EndpointKey("b", "r1")
+    dep_a = cl.add_deployment(cl.add_endpoint(ka, 0, 4, 1.0), "a", perf_a)
+    dep_b = cl.add_deployment(cl.add_endpoint(kb, 0, 4, 1.0), "b", perf_b)
+    cl.start_instances(dep_a, 2, 0.0)
+    cl.start_instances(dep_b, 2, 0.0)
+    a_old, a_new = cl.scale_in(ka, 100.0), cl.scale_in(ka, 200.0)
+    b_old, b_new = cl.scale_in(kb, 100.0), cl.scale_in(kb, 200.0)
+    assert cl.scale_out(ka, 300.0) == (a_new, "reclaim_same_model")
+    assert cl.scale_out(ka, 301.0) == (a_old, "reclaim_same_model")
+    got = cl.scale_out(ka, 302.0)
+    assert got is not None and got[1] == "redeploy_other_model"
+    assert got[0].node is not None and b_old is not None and b_new is not None
+    assert [i.id for i in cl.spot["r1"]] == [b_new.id]  # the longest-donated b went first
