@@ -23,6 +23,7 @@ from sageserve.commands.bench_operator import (
     ClusterTarget,
     inventory_nodes,
     percentile,
+    serving_pods,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,3 +88,26 @@ def test_the_package_bench_needs_a_running_cluster_and_says_how_to_get_one(
     monkeypatch.setenv("SAGESERVE_PROMETHEUS_TARGETS_DIR", "/t")
     assert ClusterTarget.from_env() == ClusterTarget("/k", "http://p", Path("/t"))
     assert ClusterTarget.from_env(kubeconfig="/other").kubeconfig == "/other"
+
+
+def test_the_stand_in_reports_load_for_exactly_the_serving_pods() -> None:
+    def pod(name: str, ready: bool, terminating: bool = False) -> dict[str, object]:
+        meta: dict[str, object] = {
+            "name": name,
+            "labels": {
+                "sageserve.io/model-deployment": "m000",
+                "sageserve.io/region": "us-east",
+                "sageserve.io/variant": "a100",
+            },
+        }
+        if terminating:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        status = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        return {"metadata": meta, "status": status}
+
+    other = {"metadata": {"name": "x", "labels": {}}, "status": {}}
+    pods = [pod("b", True), pod("a", True), pod("loading", False), pod("gone", True, True), other]
+    assert serving_pods(pods) == [
+        ("a", "m000", "us-east", "a100"),
+        ("b", "m000", "us-east", "a100"),
+    ]

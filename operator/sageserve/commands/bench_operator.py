@@ -292,6 +292,10 @@ class FleetMetrics:
 
     The series carry `namespace`, `model_deployment`, `region` and `pod` themselves (the
     target has no such labels, so Prometheus keeps them): one scrape target for the fleet.
+    Token counters are one series per endpoint (the forecast sums them per endpoint); KV
+    usage is one series per serving pod of the namespace, by its real name, because the
+    operator reads it per pod and holds any scale-in of an endpoint whose pods do not all
+    report (`follow_pods` keeps the list).
     """
 
     def __init__(self, namespace: str, models: int, regions: int) -> None:
@@ -302,6 +306,9 @@ class FleetMetrics:
             for j in range(regions)
         ]
         self.started = time.time()
+        #: (pod, model deployment, region, variant) of every Ready, non-terminating pod.
+        self.pods: list[tuple[str, str, str, str]] = []
+        self.stopped = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -327,12 +334,17 @@ class FleetMetrics:
             "vllm:prompt_tokens_total": ["# TYPE vllm:prompt_tokens_total counter"],
             "vllm:generation_tokens_total": ["# TYPE vllm:generation_tokens_total counter"],
         }
+        for pod, model, region, variant in self.pods:
+            labels = (
+                f'namespace="{self.namespace}",model_deployment="{model}",'
+                f'region="{region}",variant="{variant}",pod="{pod}",model_name="{model}"'
+            )
+            lines["vllm:kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{labels}}} 0.5")
         for model, region, tps in self.endpoints:
             labels = (
                 f'namespace="{self.namespace}",model_deployment="{model}",'
                 f'region="{region}",pod="{model}-{region}-0",model_name="{model}"'
             )
-            lines["vllm:kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{labels}}} 0.5")
             prompt, output = 0.8 * tps * elapsed, 0.2 * tps * elapsed
             lines["vllm:prompt_tokens_total"].append(
                 f"vllm:prompt_tokens_total{{{labels}}} {prompt}"
@@ -349,8 +361,47 @@ class FleetMetrics:
         path.write_text(json.dumps([{"targets": [f"127.0.0.1:{self.port}"], "labels": {}}]))
         return path
 
+    def follow_pods(self, api: Any, period: float = 5.0) -> None:
+        """List the namespace's serving pods every `period` seconds, in a daemon thread."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(api)
+
+        def loop() -> None:
+            while True:
+                with contextlib.suppress(Exception):  # the next round lists again
+                    raw: Any = core.list_namespaced_pod(self.namespace, _preload_content=False)
+                    self.pods = serving_pods(json.loads(raw.data).get("items", []))
+                if self.stopped.wait(period):
+                    return
+
+        threading.Thread(target=loop, name="bench-pods", daemon=True).start()
+
     def close(self) -> None:
+        self.stopped.set()
         self.server.shutdown()
+
+
+def serving_pods(items: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """(pod, model deployment, region, variant) of the Ready pod-set pods not terminating."""
+    from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
+
+    out = []
+    for pod in items:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        if ready and not meta.get("deletionTimestamp") and LABEL_DEPLOYMENT in labels:
+            out.append(
+                (
+                    str(meta["name"]),
+                    str(labels[LABEL_DEPLOYMENT]),
+                    str(labels.get(LABEL_REGION, "")),
+                    str(labels.get(LABEL_VARIANT, "")),
+                )
+            )
+    return sorted(out)
 
 
 # --- watching pod sets -----------------------------------------------------------------
@@ -608,6 +659,7 @@ class _Run:
         stack.callback(delete_namespace, client.CoreV1Api(self.api), self.namespace)
         metrics = FleetMetrics(self.namespace, self.config.models, self.result.regions)
         stack.callback(metrics.close)
+        metrics.follow_pods(self.api)
         target_file = metrics.register(self.target.targets_dir)
         stack.callback(target_file.unlink, missing_ok=True)
         self._create("scalingpolicies", bench_policy("reactive"))
@@ -924,7 +976,8 @@ def report(result: BenchResult, console: Console) -> bool:
         f"endpoints at target after the plan: {result.endpoints_at_target}/{result.endpoints}; "
         f"changes seen: {result.changes_seen}/{result.changes}; mean resync sweep "
         f"{result.resync_s or '—'} s, mean pace pass {result.pace_s or '—'} s; "
-        f"cluster up {result.cluster_up_s:.0f} s; {result.machine}"
+        + (f"cluster up {result.cluster_up_s:.0f} s; " if result.cluster_up_s else "")
+        + result.machine
     )
     return ok
 
