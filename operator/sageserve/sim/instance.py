@@ -13,7 +13,7 @@ What is modelled, following vLLM's scheduler (no chunked prefill):
   `max_num_seqs`; all admissible prompts are prefilled in one step, during which decoding
   pauses (vLLM runs prefill-only steps);
 - priority queues: priority-0 requests (interactive, promoted batch) are admitted before any
-  priority-1 request (SageServe §3.4); FCFS within a priority;
+  priority-1 request (SageServe §6.1); FCFS within a priority;
 - the prefill step emits the first token (TTFT); each decode iteration emits one token per
   running sequence;
 - preemption by recomputation when the KV cache is full: the most recently admitted sequence
