@@ -1,6 +1,6 @@
 """ScalingPolicy: how a fleet is sized — strategy, cadence, thresholds, forecast, ILP, spot.
 
-Every default is the SageServe paper's value (digest §2.3, §3, §4, §5, §6, §9.1, §10);
+Every default is the SageServe paper's value (SageServe §2.3, §4, §5, §6, §7.1);
 where the paper leaves a value open (ε, τ_n, τ_p, the new-node delay) the field says what
 sageserve chose and why. The status carries the current plan, so `kubectl get spol -o yaml`
 shows forecast, targets, objective, solver time and unmet demand.
@@ -27,7 +27,7 @@ from sageserve.api.common import (
 
 
 class Strategy(StrEnum):
-    """Scaling strategies (digest §6).
+    """Scaling strategies (SageServe §6.4, baselines §7.1).
 
     reactive: unified pool, scale on EMU thresholds only (the paper's main baseline),
     counting instances still starting as capacity (as the HPA counts unready pods).
@@ -119,7 +119,7 @@ THRESHOLD_RULES = cel(
 
 
 class Thresholds(ApiModel):
-    """Effective memory utilisation (KV-cache use) that triggers scaling (digest §2.4, §6)."""
+    """Effective memory utilisation (KV-cache use) that triggers scaling (SageServe §4, §6.4)."""
 
     model_config = ConfigDict(json_schema_extra=THRESHOLD_RULES)
 
@@ -141,7 +141,7 @@ BATCH_RELEASE_RULES = cel(
 
 
 class BatchRelease(ApiModel):
-    """When the Queue Manager releases queued batch requests to a region (digest §3.2)."""
+    """When the Queue Manager releases queued batch requests to a region (SageServe §6.2)."""
 
     model_config = ConfigDict(json_schema_extra=BATCH_RELEASE_RULES)
 
@@ -176,7 +176,7 @@ FORECAST_GAP_RULES = cel(
 
 
 class ForecastGap(ApiModel):
-    """LT-UA's correction when observed load is far from the forecast (digest §6.3)."""
+    """LT-UA's correction when observed load is far from the forecast (SageServe §6.4)."""
 
     model_config = ConfigDict(json_schema_extra=FORECAST_GAP_RULES)
 
@@ -236,7 +236,7 @@ FORECAST_RULES = cel(
 
 
 class Forecast(ApiModel):
-    """The load predictor: tokens/s per (model, region) (digest §4)."""
+    """The load predictor: tokens/s per (model, region) (SageServe §6.3)."""
 
     model_config = ConfigDict(json_schema_extra=FORECAST_RULES)
 
@@ -299,7 +299,7 @@ class GpuCost(ApiModel):
 
 
 class Optimizer(ApiModel):
-    """The hourly ILP that sets instance targets per (model, region, variant) (digest §5)."""
+    """The hourly ILP that sets instance targets per (model, region, variant) (SageServe §5)."""
 
     local_serve_fraction: float = Field(
         default=1.0,
@@ -339,7 +339,7 @@ SPOT_RULES = cel(
 
 
 class Spot(ApiModel):
-    """Donating idle GPUs to the spot pool and reclaiming them (digest §2.3, §10)."""
+    """Donating idle GPUs to the spot pool and reclaiming them (SageServe §2.3, §6.4)."""
 
     model_config = ConfigDict(json_schema_extra=SPOT_RULES)
 
@@ -380,7 +380,7 @@ class Spot(ApiModel):
 
 
 class Siloed(ApiModel):
-    """Pool split of the siloed baseline (digest §6.1)."""
+    """Pool split of the siloed baseline (SageServe §7.1)."""
 
     batch_instance_fraction: float = Field(
         default=0.2,

@@ -15,7 +15,7 @@ from sageserve.core.types import ActionKind, EndpointKey, EndpointObservation
 
 
 def emu(kv_used_tokens: float, kv_capacity_tokens: float) -> float:
-    """Effective memory utilisation: Σ KV used ÷ Σ KV capacity (SageServe §2.4).
+    """Effective memory utilisation: Σ KV used ÷ Σ KV capacity (SageServe §4).
 
     Sums over the serving instances of an endpoint, so instances of a variant with a larger
     KV cache weigh more (an unweighted mean of per-pod usage would let a small variant's
@@ -168,7 +168,7 @@ class Decision:
     """One endpoint's change: new replicas per variant, and which instances to drain first.
 
     `replicas` holds only the variants that change. `drain` names the serving instances
-    chosen for removal (least loaded, SageServe §6.2's donation keeps the busy ones); the
+    chosen for removal (least loaded: SageServe §6.4 donates idle capacity, not busy instances); the
     operator marks them with a low pod-deletion cost, the simulator drains them.
     """
 

@@ -35,7 +35,7 @@ class TierKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Tier:
-    """A class of requests with its SLOs (SageServe §1.2: IW-F, IW-N, NIW).
+    """A class of requests with its SLOs (SageServe §2.2: IW-F, IW-N, NIW).
 
     `priority` is the instance-scheduler priority (0 = served first). Batch requests older
     than `promotion_age_s` are promoted to priority 0 (SageServe: 10 h); `deadline_s` is the
@@ -80,7 +80,7 @@ class Request:
 
 
 class InstanceState(StrEnum):
-    """Life cycle of one model instance (SageServe §2.3, §10).
+    """Life cycle of one model instance (SageServe §2.3, §6.4).
 
     PROVISIONING: GPUs paid for, not serving (spot reclaim or redeploy in progress).
     SERVING: takes new requests. DRAINING: finishes its work, takes nothing new.
@@ -118,7 +118,7 @@ class InstanceSnapshot:
 
     @property
     def emu(self) -> float:
-        """Effective memory utilisation = KV in use / KV capacity (SageServe §2.4)."""
+        """Effective memory utilisation = KV in use / KV capacity (SageServe §4)."""
         return self.kv_used_tokens / self.kv_capacity_tokens if self.kv_capacity_tokens else 0.0
 
 

@@ -1,6 +1,6 @@
 """The strategy interface and the registry of strategies by name.
 
-Why this shape: SageServe's strategies (§6) differ only in *when* they move the fleet toward
+Why this shape: SageServe's strategies (§6.4) differ only in *when* they move the fleet toward
 a target. LT-I/U/UA read the hourly plan's target for the endpoint; the baselines ignore it.
 Each is a stateless rule from one endpoint observation to an action; `pace.step.decide`
 calls it for every endpoint it observes and owns what is shared (cooldowns, plan adoption,

@@ -1,4 +1,4 @@
-"""SageServe's long-term strategies LT-I, LT-U and LT-UA (digest §6.3).
+"""SageServe's long-term strategies LT-I, LT-U and LT-UA (SageServe §6.4).
 
 All three take the hourly ILP target per endpoint (the plan in force) and differ in *when* they
 move toward it:

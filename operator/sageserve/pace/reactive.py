@@ -1,4 +1,4 @@
-"""Reactive baselines of SageServe §6.1–6.2: unified 70/30 and siloed pools.
+"""Reactive baselines of SageServe §4 and §7.1: unified 70/30 and siloed pools.
 
 Unified reactive: one pool per (model, region) serves all tiers; on every request arrival at
 the endpoint, if its effective memory utilisation is above 70% add an instance, below 30%
@@ -28,7 +28,7 @@ from sageserve.pace.base import PoolLayout, register_strategy
 
 @dataclass(frozen=True)
 class ReactiveParams:
-    """Thresholds of the 70/30 rule (SageServe §6.2) and its cooldown."""
+    """Thresholds of the 70/30 rule (SageServe §4, §7.1) and its cooldown."""
 
     scale_out_above: float = 0.70
     scale_in_below: float = 0.30
@@ -56,7 +56,7 @@ def reactive_decision(obs: EndpointObservation, p: ReactiveParams) -> ActionKind
 
 @dataclass(frozen=True)
 class UnifiedReactive:
-    """Unified pool, 70/30 on arrival, 15 s cooldown per endpoint (SageServe §6.2)."""
+    """Unified pool, 70/30 on arrival, 15 s cooldown per endpoint (SageServe §7.1)."""
 
     params: ReactiveParams = field(default_factory=ReactiveParams)
     name: str = "reactive"
@@ -80,7 +80,7 @@ class UnifiedReactive:
 
 @dataclass(frozen=True)
 class SiloedReactive(UnifiedReactive):
-    """Separate interactive and batch pools, each under the 70/30 rule (SageServe §6.1)."""
+    """Separate interactive and batch pools, each under the 70/30 rule (SageServe §4, Fig. 5)."""
 
     name: str = "siloed"
     layout: PoolLayout = field(default_factory=lambda: PoolLayout(siloed=True))
@@ -94,7 +94,7 @@ def _make_reactive(params: Mapping[str, Any]) -> UnifiedReactive:
 
 @register_strategy("reactive-paper")
 def _make_reactive_paper(params: Mapping[str, Any]) -> UnifiedReactive:
-    """The literal rule of SageServe §6.2: EMU of serving instances only, so a burst adds an
+    """The literal rule of SageServe §7.1: EMU of serving instances only, so a burst adds an
     instance every cooldown until the first one is up. A simulation baseline (the paper's
     "Reactive"); the operator's `reactive` counts capacity on its way."""
     merged = {**params, "count_provisioning": False}

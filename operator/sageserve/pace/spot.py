@@ -1,4 +1,4 @@
-"""Which node to reclaim from the spot pool, and which to donate to it (digest §6.3, §10).
+"""Which node to reclaim from the spot pool, and which to donate to it (SageServe §2.3, §6.4).
 
 SageServe's order for new capacity: a spot node that last served the *same* model (weights
 still cached, ≈1 min), then a spot node of another model (redeploy, ≈10 min), then capacity

@@ -20,7 +20,7 @@ simulator used to re-derive each in its own way:
   shrinks (`core.snapshot.drain_order`), so a scale-in loses the least work.
 
 The strategy (reactive, LT-I/U/UA, ...) only says whether one endpoint should grow or
-shrink now. Where new capacity comes from (spot order, SageServe §2.3) is the pure
+shrink now. Where new capacity comes from (spot order, SageServe §6.4) is the pure
 `pace.spot.reclaim_order`, which both executors call, because placement depends on the
 executor's unit (nodes scheduled by Kubernetes, simulated instances).
 """

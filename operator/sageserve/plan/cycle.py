@@ -1,6 +1,6 @@
 """One planning cycle: forecast every (model, region), solve the ILP, derive the targets.
 
-The hourly step of SageServe (digest §4–§5), as one pure function of its inputs so the
+The hourly step of SageServe (SageServe §5, §6.3), as one pure function of its inputs so the
 operator's plan loop and the simulator run exactly the same decision:
 
     ρ(m, r) = provisioned forecast of the next-hour peak + β (10 % of last hour's batch load)

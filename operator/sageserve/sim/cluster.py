@@ -1,7 +1,7 @@
 """Cluster model: GPU nodes, pod sets (deployments), endpoints, instance life cycle, GPU-hours.
 
 Nodes come from a plain v1.Node inventory (region, GPU type, pool labels, allocatable GPUs).
-An instance takes `gpus` GPUs on one node. Life cycle (SageServe §2.3, §10):
+An instance takes `gpus` GPUs on one node. Life cycle (SageServe §2.3, §6.4):
 
     provisioning --(delay)--> serving --(scale in)--> draining --(idle)--> spot (donated)
     spot --(same-model reclaim, median 1 min, max 5 min)--> provisioning --> serving
