@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,18 +32,33 @@ def free_port() -> int:
 
 
 class FakeVllm:
-    """One pod's worth of vLLM metrics on a free loopback port."""
+    """vLLM's metrics for the pods of one pod set, on free loopback ports.
+
+    Token counters are one target (`fake-0`, the endpoint's traffic); the KV-cache gauge is
+    one target per pod of MODEL in the region that the API server lists, labelled with the
+    pod's name as the chart's pod scrape labels it, so the operator reads every pod's usage
+    (`PrometheusReader.pod_loads`). A thread keeps the per-pod targets in step with the pods
+    while the target file exists; a test that deletes it makes every pod silent.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV usage", ["model_name"], registry=r)
         self.prompt = Counter("vllm:prompt_tokens", "prompt tokens", ["model_name"], registry=r)
         self.generation = Counter(
             "vllm:generation_tokens", "output tokens", ["model_name"], registry=r
         )
         self.port = free_port()
         self.server, self.thread = start_http_server(self.port, addr="127.0.0.1", registry=r)
+        self.kv_registry = CollectorRegistry()
+        self.kv = Gauge(
+            "vllm:kv_cache_usage_perc", "KV usage", ["model_name"], registry=self.kv_registry
+        )
+        self.kv_port = free_port()
+        self.kv_server, _ = start_http_server(
+            self.kv_port, addr="127.0.0.1", registry=self.kv_registry
+        )
+        self.stopped = threading.Event()
         self.set(0.5)
 
     def set(self, usage: float) -> None:
@@ -50,20 +66,51 @@ class FakeVllm:
         self.prompt.labels(MODEL).inc(1000)
         self.generation.labels(MODEL).inc(100)
 
-    def scrape(self, targets_dir: Path, namespace: str, region: str) -> Path:
-        """Register this endpoint with Prometheus as pod `fake-0` of MODEL in `region`."""
-        labels = {
-            "namespace": namespace,
-            "model_deployment": MODEL,
-            "region": region,
-            "pod": "fake-0",
-        }
+    def scrape(self, targets_dir: Path, namespace: str, region: str, kubeconfig: Path) -> Path:
+        """Register the endpoint's traffic and every pod's KV usage with Prometheus."""
+        labels = {"namespace": namespace, "model_deployment": MODEL, "region": region}
         path = targets_dir / f"{namespace}.json"
-        path.write_text(json.dumps([{"targets": [f"127.0.0.1:{self.port}"], "labels": labels}]))
+
+        def targets(pods: list[str]) -> str:
+            return json.dumps(
+                [{"targets": [f"127.0.0.1:{self.port}"], "labels": {**labels, "pod": "fake-0"}}]
+                + [
+                    {"targets": [f"127.0.0.1:{self.kv_port}"], "labels": {**labels, "pod": p}}
+                    for p in pods
+                ]
+            )
+
+        def follow() -> None:
+            written = None
+            while not self.stopped.wait(1.0) and path.exists():
+                text = targets(pod_names(kubeconfig, namespace, region))
+                if text != written and path.exists():
+                    path.write_text(text)
+                    written = text
+
+        path.write_text(targets(pod_names(kubeconfig, namespace, region)))
+        threading.Thread(target=follow, daemon=True).start()
         return path
 
     def close(self) -> None:
+        self.stopped.set()
         self.server.shutdown()
+        self.kv_server.shutdown()
+
+
+def pod_names(kubeconfig: Path, namespace: str, region: str) -> list[str]:
+    """Names of the running, not terminating pods of MODEL in `region`."""
+    selector = f"sageserve.io/model-deployment={MODEL},sageserve.io/region={region}"
+    out = kubectl(
+        kubeconfig, ["get", "pods", "-n", namespace, "-l", selector, "-o", "json"], check=False
+    )
+    if out.returncode != 0:
+        return []
+    return sorted(
+        p["metadata"]["name"]
+        for p in json.loads(out.stdout)["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    )
 
 
 def scaling_policy(strategy: str, **spec: Any) -> dict[str, Any]:
@@ -262,13 +309,13 @@ def wait_for_token_rate(prometheus_url: str, namespace: str, above: float) -> No
 
 @contextmanager
 def steady_stand_in(
-    targets_dir: Path, prometheus_url: str, namespace: str, region: str
+    targets_dir: Path, prometheus_url: str, namespace: str, region: str, kubeconfig: Path
 ) -> Iterator[FakeVllm]:
     """A stand-in vLLM at a steady 2,400 tokens/s, scraped as (namespace, region), entered
     once the plan loop's own query reads the settled rate; unscraped and closed on exit."""
     fake = FakeVllm()
     load = SteadyLoad(fake)
-    target_file = fake.scrape(targets_dir, namespace, region)
+    target_file = fake.scrape(targets_dir, namespace, region, kubeconfig)
     try:
         wait_for_token_rate(prometheus_url, namespace, 2300)
         yield fake

@@ -157,7 +157,7 @@ def test_the_operator_scales_and_reclaims_with_only_the_charts_permissions(
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(spot))
     fake = FakeVllm()
     fake.set(0.9)
-    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION)
+    target_file = fake.scrape(prometheus_targets_dir, namespace, REGION, kubeconfig)
     for key, value in {
         "KUBECONFIG": str(sa_kubeconfig(kubeconfig, tmp_path)),
         "SAGESERVE_PROMETHEUS_URL": prometheus_url,

@@ -74,7 +74,7 @@ def test_a_replica_without_the_lease_does_not_scale(
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(other))
     fake = FakeVllm()
     fake.set(0.9)  # the load asks for a second instance at once
-    target_file = fake.scrape(prometheus_targets_dir, namespace, "us-central")
+    target_file = fake.scrape(prometheus_targets_dir, namespace, "us-central", kubeconfig)
     for key, value in {
         "KUBECONFIG": str(kubeconfig),
         "SAGESERVE_PROMETHEUS_URL": prometheus_url,

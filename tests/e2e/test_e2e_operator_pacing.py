@@ -58,7 +58,7 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
     policy = scaling_policy("reactive")
     # 4 GPUs per instance: two instances fit the region's one 8-GPU A100 node.
     model = model_deployment([REGION])
-    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
+    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION, kubeconfig)
     try:
         args = operator_args(namespace)
         with KopfRunner(args, timeout=180) as runner:
@@ -97,7 +97,7 @@ def test_pace_loop_follows_utilisation_and_holds_without_data(
             assert replicas(kubeconfig, namespace, REGION) == 2
 
             # Data returns, low: scale in to the minimum, Degraded clears.
-            fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
+            fake_vllm.scrape(prometheus_targets_dir, namespace, REGION, kubeconfig)
             eventually(
                 lambda: replicas(kubeconfig, namespace, REGION) == 1, 90, "scale-in to minInstances"
             )
@@ -146,7 +146,7 @@ def test_plan_loop_forecasts_plans_and_lt_immediate_moves_to_the_target(
         forecast={"method": "persistence", "granularitySeconds": 30, "trainingWindowSeconds": 300},
     )
     model = model_deployment([REGION], hi=4)
-    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION, kubeconfig):
         apply(kubeconfig, namespace, model)
         apply(kubeconfig, namespace, policy)
         args = operator_args(namespace)

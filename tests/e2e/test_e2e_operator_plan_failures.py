@@ -36,7 +36,7 @@ def test_short_history_names_the_fallback_and_excess_demand_is_reported_per_regi
 ) -> None:
     operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
     # the stand-in serves 2,400 tokens/s
-    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION, kubeconfig):
         # ARIMA wants a day of history; Prometheus has minutes of it
         forecast = {
             "method": "arima",
@@ -80,7 +80,7 @@ def test_batch_tokens_query_moves_batch_load_from_the_forecast_into_beta(
 ) -> None:
     operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
     # the stand-in serves 2,400 tokens/s in all
-    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION, kubeconfig):
         # a gateway would label batch work; here a quarter of the traffic is called batch
         batch_query = f"0.25 * ({queries.tokens_per_second('60s', namespace)})"
         forecast = {

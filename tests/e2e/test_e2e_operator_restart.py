@@ -56,7 +56,7 @@ def test_a_killed_operator_restarts_from_the_recorded_plan_without_double_scalin
     log = tmp_path / "operator.log"
     procs: list[subprocess.Popen] = []
     # the stand-in serves 2,400 tokens/s
-    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION):
+    with steady_stand_in(prometheus_targets_dir, prometheus_url, namespace, REGION, kubeconfig):
         try:
             forecast = {
                 "method": "persistence",

@@ -60,7 +60,7 @@ def test_scale_out_reclaims_a_spot_node_and_scale_in_donates_it_back(
 
     assert eventually(spot_pod_node, 60, "the spot workload running") == SPOT_NODE
 
-    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION)
+    target_file = fake_vllm.scrape(prometheus_targets_dir, namespace, REGION, kubeconfig)
     policy = scaling_policy("reactive")
     model = model_deployment([REGION], gpus=8, theta=1800)
 
