@@ -8,8 +8,6 @@ from sageserve.core.types import (
     NIW,
     EndpointKey,
     EndpointObservation,
-    InstanceSnapshot,
-    InstanceState,
 )
 
 
@@ -18,13 +16,6 @@ def test_paper_tiers_have_the_paper_slos() -> None:
     assert DEFAULT_TIERS["IW-N"].ttft_slo_s == 60.0
     assert not NIW.interactive
     assert NIW.deadline_s == 24 * 3600 and NIW.promotion_age_s == 10 * 3600
-
-
-def test_snapshot_emu_is_kv_used_over_capacity() -> None:
-    s = InstanceSnapshot("i", "m", "r", "g", 8, InstanceState.SERVING, 250.0, 1000, 3, 0)
-    assert s.emu == 0.25
-    empty = InstanceSnapshot("i", "m", "r", "g", 8, InstanceState.SPOT, 0.0, 0, 0, 0)
-    assert empty.emu == 0.0
 
 
 def test_observation_active_counts_serving_and_provisioning() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sageserve.pace.spot import PoolNode, Source, SpotDelays, donation_candidates, reclaim_order
+from sageserve.pace.spot import PoolNode, Source, donation_candidates, reclaim_order
 
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
 
@@ -40,11 +40,6 @@ def test_only_nodes_of_the_region_gpu_type_and_size_qualify() -> None:
     ]
     assert [n.name for n, _ in reclaim_order(nodes, "m", "us-east", H100, 8)] == ["ok"]
     assert reclaim_order([], "m", "us-east", H100, 8) == []
-
-
-def test_delays_follow_the_source() -> None:
-    delays = SpotDelays()
-    assert [delays.of(s) for s in Source] == [60.0, 600.0, 3600.0]
 
 
 def test_only_idle_serving_nodes_are_donated_and_in_a_stable_order() -> None:

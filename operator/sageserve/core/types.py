@@ -9,7 +9,7 @@ decision the operator would make on the same observation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -102,27 +102,6 @@ class EndpointKey(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class InstanceSnapshot:
-    """What an instance reports: the vLLM metrics the operator reads from Prometheus."""
-
-    instance_id: str
-    model: ModelName
-    region: Region
-    gpu_type: GpuType
-    gpus: int
-    state: InstanceState
-    kv_used_tokens: float
-    kv_capacity_tokens: int
-    running: int
-    waiting: int
-
-    @property
-    def emu(self) -> float:
-        """Effective memory utilisation = KV in use / KV capacity (SageServe §4)."""
-        return self.kv_used_tokens / self.kv_capacity_tokens if self.kv_capacity_tokens else 0.0
-
-
-@dataclass(frozen=True, slots=True)
 class EndpointObservation:
     """The signals one endpoint offers to a pacing strategy at time `time` (seconds).
 
@@ -147,18 +126,6 @@ class EndpointObservation:
         return self.serving + self.provisioning
 
 
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """Everything a strategy may look at in one tick: all endpoints and the spot pool.
-
-    `spot` maps (region, gpu type) to donated-instance counts per last-served model.
-    """
-
-    time: float
-    endpoints: Mapping[EndpointKey, EndpointObservation]
-    spot: Mapping[tuple[Region, GpuType], Mapping[ModelName, int]] = field(default_factory=dict)
-
-
 class ActionKind(StrEnum):
     """What a scaling action asks the fleet to do."""
 
@@ -170,12 +137,11 @@ class ActionKind(StrEnum):
 class ScalingAction:
     """A request to add or remove `count` instances of an endpoint.
 
-    The executor (simulator or operator) decides *where* the instance comes from, in the
-    SageServe order: same-model spot, other-model spot (redeploy), then free GPUs.
+    `pace.step.decide` turns it into a `core.snapshot.Decision` (which variant, which
+    instance drains); where a new instance's GPUs come from is `pace.spot.reclaim_order`.
     """
 
     kind: ActionKind
     key: EndpointKey
     count: int = 1
     reason: str = ""
-    gpu_type: GpuType | None = None

@@ -19,7 +19,6 @@ class Source(StrEnum):
 
     SAME_MODEL_SPOT = "same-model-spot"
     OTHER_MODEL_SPOT = "other-model-spot"
-    NEW_NODE = "new-node"
 
 
 @dataclass(frozen=True)
@@ -38,22 +37,6 @@ class PoolNode:
     serving_gpus: int = 0
     last_model: str | None = None
     donated_at: float | None = None
-
-
-@dataclass(frozen=True)
-class SpotDelays:
-    """Seconds until a reclaimed node serves (ScalingPolicy.spec.spot)."""
-
-    same_model_s: float = 60.0
-    other_model_s: float = 600.0
-    new_node_s: float = 3600.0
-
-    def of(self, source: Source) -> float:
-        return {
-            Source.SAME_MODEL_SPOT: self.same_model_s,
-            Source.OTHER_MODEL_SPOT: self.other_model_s,
-            Source.NEW_NODE: self.new_node_s,
-        }[source]
 
 
 def reclaim_order(

@@ -29,7 +29,7 @@ from collections import deque
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
-from sageserve.core.types import InstanceSnapshot, InstanceState, Request
+from sageserve.core.types import InstanceState, Request
 
 if TYPE_CHECKING:
     from sageserve.perf.model import VariantPerf
@@ -209,22 +209,6 @@ class Instance:
     @property
     def idle(self) -> bool:
         return not (self._n or self.prefilling or self.waiting0 or self.waiting1)
-
-    def snapshot(self, t: float) -> InstanceSnapshot:
-        return InstanceSnapshot(
-            instance_id=self.id,
-            model=self.model,
-            region=self.region,
-            gpu_type=self.perf.gpu_type,
-            gpus=self.gpus,
-            state=self.state,
-            kv_used_tokens=self.kv_at(t),
-            kv_capacity_tokens=self.kv_cap,
-            running=self.running,
-            waiting=self.waiting,
-        )
-
-    # ---- mutation -----------------------------------------------------------------------
 
     def enqueue(self, job: Job, now: float) -> None:
         """A request arrives at this instance's local queue."""
