@@ -15,6 +15,7 @@ import yaml
 
 from e2e import kubectl, procs
 from sageserve.core.labels import DEFAULT_NODE_LABELS
+from sageserve.core.labels import GPU_RESOURCE as GPU_RESOURCE  # re-exported for the tests
 
 INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 DEFAULT_INVENTORY = INVENTORY_DIR / "small.yaml"
