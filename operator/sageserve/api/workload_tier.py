@@ -8,7 +8,7 @@ priority once they are older than the promotion age (10 h). SageServe §2.2, §6
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -91,6 +91,28 @@ TIER_RULES = cel(
 )
 
 
+class SecretRef(ApiModel):
+    """A Secret in the tier's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class TierMatch(ApiModel):
+    """How the router recognises the tier's requests, besides the tier's own name in the
+    `x-sageserve-tier` header."""
+
+    header_values: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Other values of the x-sageserve-tier header that mean this tier.",
+    )
+    api_keys_secret_ref: SecretRef | None = Field(
+        default=None,
+        description="A Secret whose data values are API keys: requests bearing one of them "
+        "(Authorization: Bearer KEY) belong to this tier when they name no tier.",
+    )
+
+
 class WorkloadTierSpec(ApiModel):
     """A class of requests sharing one SLO and one priority."""
 
@@ -107,6 +129,7 @@ class WorkloadTierSpec(ApiModel):
     batch: BatchSettings | None = Field(
         default=None, description="Queue Manager settings; only for batch tiers."
     )
+    match: TierMatch = sub_object(TierMatch)
 
 
 class TierAttainment(ApiModel):
