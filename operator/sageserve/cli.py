@@ -406,3 +406,7 @@ app.command("twin")(twin_command)
 
 if __name__ == "__main__":
     app()
+
+from sageserve.commands.router import router_command  # noqa: E402
+
+app.command("router")(router_command)

@@ -1,0 +1,89 @@
+"""`sageserve router`: the command line of the request path.
+
+Module-level imports are typer and the standard library only, so `sageserve --help` stays
+instant; aiohttp, kubernetes and the router load when it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+log = logging.getLogger("sageserve.router")
+
+
+def router_command(
+    namespace: Annotated[
+        list[str],
+        typer.Option("--namespace", "-n", help="Namespaces whose pod sets the router serves."),
+    ],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
+    region: Annotated[
+        str | None,
+        typer.Option(help="The router's own region: the home of requests that name none."),
+    ] = None,
+    backend_url: Annotated[
+        str,
+        typer.Option(
+            help="Where a pod's requests go; fields {pod_ip}, {port}, {namespace}, {pod}."
+        ),
+    ] = "http://{pod_ip}:{port}",
+    max_body_bytes: Annotated[
+        int, typer.Option(help="Larger request bodies are refused with 413.")
+    ] = 8 * 1024 * 1024,
+    hold_seconds: Annotated[
+        float, typer.Option(help="How long a request waits for a model coming from zero.")
+    ] = 120.0,
+    load_refresh_seconds: Annotated[
+        float, typer.Option(help="How often per-pod KV usage is read from Prometheus.")
+    ] = 2.0,
+    prometheus_url: Annotated[
+        str | None, typer.Option(help="Prometheus (default: SAGESERVE_PROMETHEUS_URL).")
+    ] = None,
+) -> None:
+    """Serve the OpenAI API in front of the pod sets: tiers, regions, scale from zero."""
+    from kubernetes import config as kube_config
+
+    from sageserve.metrics.prometheus import PrometheusReader
+    from sageserve.router.app import Router, RouterConfig, serve
+    from sageserve.router.discovery import Discovery
+    from sageserve.router.fleet import Fleet
+    from sageserve.router.load import refresh_load
+    from sageserve.router.metrics import RouterMetrics
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()
+    url = prometheus_url or os.environ.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090")
+    config = RouterConfig(
+        max_body_bytes=max_body_bytes, hold_seconds=hold_seconds, home_region=region
+    )
+
+    async def main() -> None:
+        fleet = Fleet()
+        discovery = Discovery(fleet, asyncio.get_running_loop(), namespace, backend_url)
+        discovery.start()
+        reader = PrometheusReader(url, timeout_s=max(1.0, load_refresh_seconds))
+        refresher = asyncio.create_task(
+            refresh_load(fleet, reader, namespace, load_refresh_seconds)
+        )
+
+        async def ready(bound: int) -> None:
+            print(f"sageserve router listening on {host}:{bound}", flush=True)
+
+        try:
+            await serve(Router(fleet, config, RouterMetrics()), host, port, ready)
+        finally:
+            refresher.cancel()
+            discovery.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

@@ -1,0 +1,297 @@
+"""`sageserve router`: the OpenAI-compatible request path in front of the pod sets.
+
+Why aiohttp: one well-kept library gives both the server (streamed responses, a request
+body limit enforced while reading, cancellation when the client goes away) and the client
+that forwards to vLLM, on one event loop; it is already in the dependency tree.
+
+Per request: the body is read up to `max_body_bytes` (413 past it) and must be JSON with a
+`model` (400 naming the field otherwise); the model must be one a ModelDeployment serves
+(404); its tier comes from `route.tiers` (400 naming the allowed tiers); the region and pod
+from `Fleet` (the `route/` functions). A model with no ready pod anywhere is *held*: the
+request waits (bounded) while `sageserve_router_held_requests` tells the operator that
+demand waits, and the decision step scales that endpoint from zero; when the wait runs out
+the client gets 503 with Retry-After. A pod that fails before the first byte is retried
+once on another pod; after it, a streaming client gets an error event. Requests go only to
+pods discovered in the cluster, never to a host taken from the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from sageserve.route.tiers import TIER_HEADER, TierError, resolve_tier
+from sageserve.router.fleet import Backend, Fleet, ModelRoute
+from sageserve.router.metrics import RouterMetrics
+
+log = logging.getLogger("sageserve.router")
+
+#: The client's home region (the router's own region when absent).
+REGION_HEADER = "x-sageserve-region"
+#: Token budget assumed for a request without `max_tokens` (vLLM's default is up to the
+#: context; a fixed estimate keeps the in-flight accounting bounded).
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    max_body_bytes: int = 8 * 1024 * 1024
+    hold_seconds: float = 120.0
+    retry_after_seconds: int = 30
+    upstream_timeout_seconds: float = 600.0
+    home_region: str | None = None
+
+
+def openai_error(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
+    """An error shaped as the OpenAI API shapes them."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": None}}
+    return web.json_response(body, status=status)
+
+
+def estimated_tokens(body: dict[str, Any]) -> float:
+    """Prompt characters ÷ 4 plus the output budget: the router's estimate of the work."""
+    prompt = body.get("prompt") or body.get("messages") or ""
+    chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+    try:
+        return chars / 4.0 + float(max_tokens)
+    except (TypeError, ValueError):
+        return chars / 4.0 + DEFAULT_MAX_TOKENS
+
+
+class Router:
+    """The request handlers over one `Fleet`."""
+
+    def __init__(self, fleet: Fleet, config: RouterConfig, metrics: RouterMetrics) -> None:
+        self.fleet = fleet
+        self.config = config
+        self.metrics = metrics
+        self.session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.forward)
+        app.router.add_post("/v1/chat/completions", self.forward)
+        app.router.add_get("/metrics", self.own_metrics)
+        app.router.add_get("/healthz", self.healthz)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _: web.Application) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_seconds)
+        self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+
+    async def _close(self, _: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def own_metrics(self, _: web.Request) -> web.Response:
+        body, content_type = self.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def models(self, _: web.Request) -> web.Response:
+        data = [
+            {"id": m.served_name, "object": "model", "owned_by": f"{m.namespace}/{m.name}"}
+            for m in sorted(self.fleet.models.values(), key=lambda m: m.served_name)
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    # ---- one request ------------------------------------------------------------------
+
+    async def _parse(self, request: web.Request) -> dict[str, Any] | web.Response:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return openai_error(
+                413,
+                f"request body over {self.config.max_body_bytes} bytes; send a smaller "
+                "request (the router's --max-body-bytes)",
+                "invalid_request_error",
+            )
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return openai_error(400, f"the body is not JSON: {exc}", "invalid_request_error")
+        if not isinstance(body, dict):
+            return openai_error(400, "the body must be a JSON object", "invalid_request_error")
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return openai_error(
+                400, "model: required, the name of a served model", "invalid_request_error", "model"
+            )
+        return body
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        parsed = await self._parse(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        body = parsed
+        model = self.fleet.models.get(body["model"])
+        if model is None:
+            served = ", ".join(sorted(self.fleet.models)) or "none yet"
+            return openai_error(
+                404,
+                f"model {body['model']!r} is not served here; served models: {served}",
+                "invalid_request_error",
+                "model",
+            )
+        key = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or None
+        try:
+            tier = resolve_tier(
+                request.headers.get(TIER_HEADER),
+                key,
+                model.tiers,
+                self.fleet.tiers.get(model.namespace, {}),
+            )
+        except TierError as exc:
+            return openai_error(400, str(exc), "invalid_request_error", TIER_HEADER)
+        home = request.headers.get(REGION_HEADER) or self.config.home_region
+        region = await self._region_or_hold(model, home)
+        if region is None:
+            self.metrics.count(model, home or "", tier, 503)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"no instance of {model.served_name} is ready yet; it is "
+                        "being started, retry later",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "model_starting",
+                    }
+                },
+                status=503,
+                headers={"Retry-After": str(self.config.retry_after_seconds)},
+            )
+        return await self._send(request, body, model, region, tier, started)
+
+    async def _region_or_hold(self, model: ModelRoute, home: str | None) -> str | None:
+        """A region with a ready pod, waiting (bounded) while the model comes from zero."""
+        region = self.fleet.choose_region(model, home)
+        if region is not None:
+            return region
+        held = home if home in model.regions else model.regions[0]
+        deadline = time.monotonic() + self.config.hold_seconds
+        with self.metrics.holding(model, held):
+            while region is None and time.monotonic() < deadline:
+                waiter = self.fleet.changed
+                try:
+                    await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
+                except TimeoutError:
+                    break
+                region = self.fleet.choose_region(model, home)
+        return region
+
+    async def _send(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        model: ModelRoute,
+        region: str,
+        tier: str,
+        started: float,
+    ) -> web.StreamResponse:
+        tokens = estimated_tokens(body)
+        tried: frozenset[str] = frozenset()
+        for attempt in range(2):
+            backend = self.fleet.choose_backend(model, region, tried) or self._elsewhere(
+                model, tried
+            )
+            if backend is None:
+                break
+            tried |= {backend.pod}
+            if attempt:
+                self.metrics.retries.labels(model.namespace, model.name, backend.region).inc()
+            self.fleet.start(backend, tokens)
+            try:
+                response = await self._proxy(request, body, backend, model, tier, started)
+            except _BeforeFirstByte as exc:
+                log.warning("pod %s failed before the first byte: %s", backend.pod, exc)
+                continue
+            finally:
+                self.fleet.finish(backend, tokens)
+            return response
+        self.metrics.count(model, region, tier, 502)
+        return openai_error(502, "every pod tried failed before answering", "server_error")
+
+    def _elsewhere(self, model: ModelRoute, tried: frozenset[str]) -> Backend | None:
+        for region in model.regions:
+            backend = self.fleet.choose_backend(model, region, tried)
+            if backend is not None:
+                return backend
+        return None
+
+    async def _proxy(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        backend: Backend,
+        model: ModelRoute,
+        tier: str,
+        started: float,
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        url = backend.url.rstrip("/") + request.path
+        try:
+            upstream = await self.session.post(url, json=body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _BeforeFirstByte(str(exc)) from exc
+        async with upstream:
+            if upstream.status >= 500:
+                raise _BeforeFirstByte(f"HTTP {upstream.status}")
+            stream = bool(body.get("stream"))
+            response = web.StreamResponse(status=upstream.status)
+            response.content_type = upstream.content_type
+            first = True
+            try:
+                async for chunk in upstream.content.iter_any():
+                    if first:
+                        await response.prepare(request)
+                        self.metrics.ttft(model, backend.region, tier, time.monotonic() - started)
+                        first = False
+                    await response.write(chunk)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if first:
+                    raise _BeforeFirstByte(str(exc)) from exc
+                if stream:
+                    error = {"error": {"message": f"the pod failed mid-stream: {exc}"}}
+                    await response.write(f"data: {json.dumps(error)}\n\n".encode())
+            if first:
+                await response.prepare(request)
+            await response.write_eof()
+        self.metrics.count(model, backend.region, tier, upstream.status)
+        self.metrics.e2e(model, backend.region, tier, time.monotonic() - started)
+        return response
+
+
+class _BeforeFirstByte(Exception):
+    """The pod failed before anything reached the client: safe to retry elsewhere."""
+
+
+async def serve(
+    router: Router, host: str, port: int, ready: Callable[[int], Awaitable[None]] | None = None
+) -> None:
+    """Run the router until cancelled; `ready(port)` once it listens."""
+    runner = web.AppRunner(router.app(), handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = int(runner.addresses[0][1])  # the bound port, when asked for 0
+    if ready is not None:
+        await ready(bound)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,222 @@
+"""What the router learns from the cluster: ready pods, ModelDeployments, WorkloadTiers.
+
+One thread per kind runs a Kubernetes list + watch (no polling loop) and hands the whole
+current set to the event loop after every change; an expired watch (410 Gone) or a broken
+connection re-lists after a pause, so the router's view is level-triggered like the
+operator's. Only Ready, not terminating pods of sageserve pod sets become backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes import client, watch
+
+from sageserve.api.common import GROUP, VERSION
+from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.workload_tier import WorkloadTier
+from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
+from sageserve.route.tiers import TierMatch
+from sageserve.router.fleet import Backend, Fleet, ModelRoute
+
+log = logging.getLogger("sageserve.router")
+#: Where the router forwards a pod's requests; fields: pod_ip, port, namespace, pod.
+DEFAULT_BACKEND_URL = "http://{pod_ip}:{port}"
+
+
+def backend_of(pod: Mapping[str, Any], url_template: str) -> Backend | None:
+    """The pod as a backend, if it is a Ready, not terminating pod of a pod set."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    if LABEL_DEPLOYMENT not in labels or meta.get("deletionTimestamp"):
+        return None
+    conditions = status.get("conditions") or []
+    if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+        return None
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    ports = containers[0].get("ports") or [{}]
+    url = url_template.format(
+        pod_ip=status.get("podIP", ""),
+        port=ports[0].get("containerPort", 8000),
+        namespace=meta.get("namespace", ""),
+        pod=meta.get("name", ""),
+    )
+    return Backend(
+        namespace=str(meta.get("namespace")),
+        pod=str(meta.get("name")),
+        model_deployment=str(labels[LABEL_DEPLOYMENT]),
+        region=str(labels.get(LABEL_REGION, "")),
+        variant=str(labels.get(LABEL_VARIANT, "")),
+        url=url,
+    )
+
+
+def model_route(obj: Mapping[str, Any]) -> ModelRoute | None:
+    """A ModelDeployment as the router serves it; None if it does not validate."""
+    try:
+        md = ModelDeployment.model_validate(
+            {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+        )
+    except (KeyError, ValueError):
+        return None
+    spec = md.spec
+    return ModelRoute(
+        namespace=str(md.metadata.namespace),
+        name=md.metadata.name,
+        served_name=spec.model.served_name or spec.model.name,
+        regions=tuple(r.name for r in spec.regions),
+        tiers=tuple(spec.tiers),
+    )
+
+
+class Discovery:
+    """List + watch threads that keep a `Fleet` current."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        loop: asyncio.AbstractEventLoop,
+        namespaces: list[str],
+        url_template: str = DEFAULT_BACKEND_URL,
+        api: client.ApiClient | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.loop = loop
+        self.namespaces = namespaces
+        self.url_template = url_template
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        for ns in self.namespaces:
+            self._thread(f"pods/{ns}", self._pods_call(ns), self._pods_for(ns))
+            self._thread(
+                f"models/{ns}", self._custom_call(ns, "modeldeployments"), self._models_for(ns)
+            )
+            self._thread(f"tiers/{ns}", self._custom_call(ns, "workloadtiers"), self._tiers_for(ns))
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    # ---- what each watch lists ----------------------------------------------------------
+
+    def _pods_call(self, ns: str) -> Callable[..., Any]:
+        def call(**kw: Any) -> Any:
+            return self.core.list_namespaced_pod(ns, label_selector=LABEL_DEPLOYMENT, **kw)
+
+        return call
+
+    def _custom_call(self, ns: str, plural: str) -> Callable[..., Any]:
+        def call(**kw: Any) -> Any:
+            return self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, plural, **kw)
+
+        return call
+
+    # ---- what each watch hands over -----------------------------------------------------
+
+    def _pods_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
+        def on_pods(objs: list[dict[str, Any]]) -> None:
+            ready = [b for b in (backend_of(p, self.url_template) for p in objs) if b]
+
+            def apply() -> None:  # this namespace's pods replace this namespace's backends
+                others = [b for bs in self.fleet.backends.values() for b in bs if b.namespace != ns]
+                self.fleet.set_backends(others + ready)
+
+            self.loop.call_soon_threadsafe(apply)
+
+        return on_pods
+
+    def _models_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
+        def on_models(objs: list[dict[str, Any]]) -> None:
+            routes = [r for r in (model_route(o) for o in objs) if r]
+
+            def apply() -> None:
+                others = [m for m in self.fleet.models.values() if m.namespace != ns]
+                self.fleet.set_models(others + routes)
+
+            self.loop.call_soon_threadsafe(apply)
+
+        return on_models
+
+    def _tiers_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
+        def on_tiers(objs: list[dict[str, Any]]) -> None:
+            tiers = {}
+            for obj in objs:
+                try:
+                    wt = WorkloadTier.model_validate(
+                        {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+                    )
+                except (KeyError, ValueError):
+                    continue
+                tiers[wt.metadata.name] = TierMatch(
+                    wt.metadata.name,
+                    tuple(wt.spec.match.header_values),
+                    self._api_keys(ns, wt),
+                )
+            self.loop.call_soon_threadsafe(self.fleet.set_tiers, ns, tiers)
+
+        return on_tiers
+
+    def _api_keys(self, ns: str, wt: WorkloadTier) -> tuple[str, ...]:
+        ref = wt.spec.match.api_keys_secret_ref
+        if ref is None:
+            return ()
+        try:
+            secret = self.core.read_namespaced_secret(ref.name, ns)
+        except client.exceptions.ApiException as exc:
+            log.warning(
+                "tier %s: Secret %s unreadable (%s)", wt.metadata.name, ref.name, exc.reason
+            )
+            return ()
+        return tuple(sorted(base64.b64decode(v).decode() for v in (secret.data or {}).values()))
+
+    # ---- list + watch -------------------------------------------------------------------
+
+    def _thread(
+        self, name: str, call: Callable[..., Any], on_change: Callable[[list[dict[str, Any]]], None]
+    ) -> None:
+        t = threading.Thread(
+            target=self._run, args=(call, on_change), name=f"discovery-{name}", daemon=True
+        )
+        t.start()
+
+    def _run(
+        self, call: Callable[..., Any], on_change: Callable[[list[dict[str, Any]]], None]
+    ) -> None:
+        api = client.ApiClient()
+        while not self.stopped.is_set():
+            try:
+                listed = call(_preload_content=False)
+                doc = json.loads(listed.data)
+                objs = {
+                    o["metadata"]["uid"]: o for o in doc.get("items") or [] if o.get("metadata")
+                }
+                on_change(list(objs.values()))
+                version = doc["metadata"]["resourceVersion"]
+                w = watch.Watch()
+                for event in w.stream(call, resource_version=version, timeout_seconds=300):
+                    if self.stopped.is_set():
+                        w.stop()
+                        return
+                    obj = event["object"]
+                    obj = obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
+                    uid = (obj.get("metadata") or {}).get("uid")
+                    if event["type"] == "DELETED":
+                        objs.pop(uid, None)
+                    elif event["type"] in ("ADDED", "MODIFIED"):
+                        objs[uid] = obj
+                    else:
+                        break  # ERROR (e.g. 410 Gone): list again
+                    on_change(list(objs.values()))
+            except Exception as exc:  # API server away: list again after a pause
+                log.warning("discovery watch failed (%s); listing again", exc)
+                time.sleep(1.0)

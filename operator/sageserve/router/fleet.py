@@ -1,0 +1,155 @@
+"""What the router knows of the fleet: models, tiers, ready pods, load; and its choices.
+
+The discovery thread (Kubernetes watches) and the load refresher (Prometheus) write here;
+request handlers read it. Every choice is a call into `route/`, the functions the
+simulator calls: the tier (`route.tiers`), the region (`route.region_router`, SageServe
+§6.1's global router on EMU) and the instance (`route.instance_picker`, fewest remaining
+tokens). The router corrects Prometheus' EMU, which is seconds old, with the tokens it
+sent since the last reading, so a burst does not pile onto one region between scrapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sageserve.core.snapshot import emu
+from sageserve.route.instance_picker import pick_instance
+from sageserve.route.region_router import DEFAULT_ROUTE_THRESHOLD, pick_region
+from sageserve.route.tiers import TierMatch
+
+#: (namespace, model deployment, region): the unit the operator sizes.
+EndpointId = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One ready pod of a pod set and the base URL the router forwards to."""
+
+    namespace: str
+    pod: str
+    model_deployment: str
+    region: str
+    variant: str
+    url: str
+
+    @property
+    def endpoint(self) -> EndpointId:
+        return (self.namespace, self.model_deployment, self.region)
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """One ModelDeployment as the router serves it."""
+
+    namespace: str
+    name: str
+    served_name: str
+    regions: tuple[str, ...]
+    tiers: tuple[str, ...]
+    route_threshold: float = DEFAULT_ROUTE_THRESHOLD
+
+
+@dataclass
+class Fleet:
+    """The router's view, mutated on the event loop only (threads hand over with
+    `loop.call_soon_threadsafe`)."""
+
+    models: dict[str, ModelRoute] = field(default_factory=dict)  # by served name
+    tiers: dict[str, dict[str, TierMatch]] = field(default_factory=dict)  # by namespace
+    backends: dict[EndpointId, list[Backend]] = field(default_factory=dict)
+    #: EMU per endpoint as Prometheus last reported it, and the KV capacity behind it.
+    emu: dict[EndpointId, float] = field(default_factory=dict)
+    capacity: dict[EndpointId, float] = field(default_factory=dict)
+    #: tokens sent to each endpoint since the last Prometheus reading
+    sent: dict[EndpointId, float] = field(default_factory=dict)
+    #: tokens still to process per backend pod (prompt + max output of requests in flight)
+    remaining: dict[str, float] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # ---- written by discovery and the load refresher ----------------------------------
+
+    def set_models(self, models: Iterable[ModelRoute]) -> None:
+        self.models = {m.served_name: m for m in models}
+        self._wake()
+
+    def set_tiers(self, namespace: str, tiers: Mapping[str, TierMatch]) -> None:
+        self.tiers[namespace] = dict(tiers)
+
+    def set_backends(self, backends: Iterable[Backend]) -> None:
+        by_endpoint: dict[EndpointId, list[Backend]] = {}
+        for b in sorted(backends, key=lambda b: b.pod):
+            by_endpoint.setdefault(b.endpoint, []).append(b)
+        self.backends = by_endpoint
+        self._wake()
+
+    def set_load(self, emu_by_endpoint: Mapping[EndpointId, tuple[float, float]]) -> None:
+        """(EMU, KV capacity in tokens) per endpoint from a fresh Prometheus reading."""
+        self.emu = {k: v[0] for k, v in emu_by_endpoint.items()}
+        self.capacity = {k: v[1] for k, v in emu_by_endpoint.items()}
+        self.sent.clear()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    # ---- read by request handlers -----------------------------------------------------
+
+    def estimated_emu(self, endpoint: EndpointId) -> float:
+        """Prometheus' EMU plus what this router sent since (SageServe's EMU, §4)."""
+        cap = self.capacity.get(endpoint, 0.0)
+        extra = self.sent.get(endpoint, 0.0) / cap if cap > 0 else 0.0
+        return self.emu.get(endpoint, 0.0) + extra
+
+    def choose_region(self, model: ModelRoute, home: str | None) -> str | None:
+        """The region to serve a request from (None: no region has a ready pod)."""
+        order = [r for r in model.regions if r == home] + [r for r in model.regions if r != home]
+        ready = [r for r in order if self.backends.get((model.namespace, model.name, r))]
+        if not ready:
+            return None
+        candidates = [(r, self.estimated_emu((model.namespace, model.name, r))) for r in ready]
+        return pick_region(candidates, model.route_threshold)
+
+    def choose_backend(
+        self, model: ModelRoute, region: str, exclude: frozenset[str] = frozenset()
+    ) -> Backend | None:
+        """The ready pod of `region` with the fewest tokens still to process."""
+        pods = [
+            b
+            for b in self.backends.get((model.namespace, model.name, region), [])
+            if b.pod not in exclude
+        ]
+        if not pods:
+            return None
+        return pick_instance([(b, self.remaining.get(b.pod, 0.0)) for b in pods])
+
+    def start(self, backend: Backend, tokens: float) -> None:
+        self.remaining[backend.pod] = self.remaining.get(backend.pod, 0.0) + tokens
+        self.sent[backend.endpoint] = self.sent.get(backend.endpoint, 0.0) + tokens
+
+    def finish(self, backend: Backend, tokens: float) -> None:
+        left = self.remaining.get(backend.pod, 0.0) - tokens
+        if left > 1e-9:
+            self.remaining[backend.pod] = left
+        else:
+            self.remaining.pop(backend.pod, None)
+
+
+def endpoint_load(
+    pods: Mapping[str, tuple[float, float | None]], backends: Iterable[Backend]
+) -> dict[EndpointId, tuple[float, float]]:
+    """(EMU, KV capacity) per endpoint from per-pod (usage, capacity) readings, weighted
+    as the operator weighs them (`core.snapshot.emu`; equal weights where a pod does not
+    export its cache size)."""
+    groups: dict[EndpointId, list[tuple[float, float | None]]] = {}
+    for b in backends:
+        if b.pod in pods:
+            groups.setdefault(b.endpoint, []).append(pods[b.pod])
+    out: dict[EndpointId, tuple[float, float]] = {}
+    for key, readings in groups.items():
+        sized = all(cap for _, cap in readings)
+        caps = [float(cap) if sized and cap else 1.0 for _, cap in readings]
+        used = sum(u * c for (u, _), c in zip(readings, caps, strict=True))
+        out[key] = (emu(used, sum(caps)), sum(caps) if sized else 0.0)
+    return out

@@ -1,0 +1,79 @@
+"""The router's own metrics (prometheus-client): what it routed, how fast, what it holds.
+
+`sageserve_router_held_requests{namespace, model_deployment, region}` is the demand signal
+of an endpoint with nothing serving: the operator reads it (`metrics.queries
+.held_requests`) and scales that endpoint from zero. Its labels name the endpoint, so the
+scrape must keep them (`honor_labels`, as the chart's ServiceMonitor sets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from sageserve.metrics.queries import HELD_REQUESTS
+from sageserve.metrics.vllm import TTFT_BUCKETS
+from sageserve.router.fleet import ModelRoute
+
+ENDPOINT = ("namespace", "model_deployment", "region")
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "sageserve_router_requests",
+            "Requests answered",
+            [*ENDPOINT, "tier", "code"],
+            registry=r,
+        )
+        self.first_token = Histogram(
+            "sageserve_router_ttft_seconds",
+            "Time to the first byte of the answer",
+            [*ENDPOINT, "tier"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.end_to_end = Histogram(
+            "sageserve_router_e2e_seconds",
+            "Time to the last byte of the answer",
+            [*ENDPOINT, "tier"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.held = Gauge(
+            HELD_REQUESTS,
+            "Requests waiting for a model with no ready pod",
+            list(ENDPOINT),
+            registry=r,
+        )
+        self.retries = Counter(
+            "sageserve_router_retries",
+            "Requests retried on another pod",
+            list(ENDPOINT),
+            registry=r,
+        )
+
+    def count(self, m: ModelRoute, region: str, tier: str, code: int) -> None:
+        self.requests.labels(m.namespace, m.name, region, tier, str(code)).inc()
+
+    def ttft(self, m: ModelRoute, region: str, tier: str, seconds: float) -> None:
+        self.first_token.labels(m.namespace, m.name, region, tier).observe(seconds)
+
+    def e2e(self, m: ModelRoute, region: str, tier: str, seconds: float) -> None:
+        self.end_to_end.labels(m.namespace, m.name, region, tier).observe(seconds)
+
+    @contextmanager
+    def holding(self, m: ModelRoute, region: str) -> Iterator[None]:
+        gauge = self.held.labels(m.namespace, m.name, region)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,228 @@
+"""The router over real HTTP on loopback, in front of stand-in vLLM pods.
+
+The stand-ins answer the OpenAI API (plain and streamed) and can fail on purpose; the
+router's fleet is filled as discovery would fill it. What a client sees is asserted:
+status codes, OpenAI-shaped errors, streamed chunks, retries, holding while a model comes
+from zero, and the region the global router picks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from sageserve.route.tiers import TierMatch
+from sageserve.router.app import Router, RouterConfig
+from sageserve.router.fleet import Backend, Fleet, ModelRoute
+from sageserve.router.metrics import RouterMetrics
+
+MODEL = ModelRoute(
+    "llm", "llama", "meta-llama/Llama-3.1-8B", ("us-east", "us-west"), ("iw-f", "niw")
+)
+
+
+class Pod:
+    """A stand-in vLLM pod: records what it got; `fail` makes it answer 500."""
+
+    def __init__(self, name: str, fail: bool = False) -> None:
+        self.name = name
+        self.fail = fail
+        self.got: list[dict[str, Any]] = []
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.got.append(body)
+        if self.fail:
+            return web.json_response({"error": "boom"}, status=500)
+        if not body.get("stream"):
+            return web.json_response({"object": "text_completion", "pod": self.name})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(3):
+            await response.write(f"data: {json.dumps({'token': i, 'pod': self.name})}\n\n".encode())
+            await asyncio.sleep(0.01)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+async def start(app: web.Application) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, int(runner.addresses[0][1])
+
+
+Scenario = Callable[
+    [aiohttp.ClientSession, str, Fleet, dict[str, Pod], RouterMetrics], Awaitable[None]
+]
+
+
+def run(scenario: Scenario, pods: dict[str, tuple[str, bool]], **config: Any) -> None:
+    """Start the pods {name: (region, fail)} and a router in front of them; run `scenario`."""
+
+    async def main() -> None:
+        runners, stand_ins, backends = [], {}, []
+        for name, (region, fail) in pods.items():
+            pod = Pod(name, fail)
+            app = web.Application()
+            app.router.add_post("/v1/completions", pod.completions)
+            app.router.add_post("/v1/chat/completions", pod.completions)
+            runner, port = await start(app)
+            runners.append(runner)
+            stand_ins[name] = pod
+            backends.append(
+                Backend("llm", name, "llama", region, "a100", f"http://127.0.0.1:{port}")
+            )
+        fleet = Fleet()
+        fleet.set_models([MODEL])
+        fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f", ("fast",)), "niw": TierMatch("niw")})
+        fleet.set_backends(backends)
+        metrics = RouterMetrics()
+        router = Router(fleet, RouterConfig(**{"hold_seconds": 5.0, **config}), metrics)
+        runner, port = await start(router.app())
+        runners.append(runner)
+        try:
+            async with aiohttp.ClientSession() as client:
+                await scenario(client, f"http://127.0.0.1:{port}", fleet, stand_ins, metrics)
+        finally:
+            for r in runners:
+                await r.cleanup()
+
+    asyncio.run(main())
+
+
+def body(**kw: Any) -> dict[str, Any]:
+    return {"model": MODEL.served_name, "prompt": "hello", "max_tokens": 8, **kw}
+
+
+def sample(metrics: RouterMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def test_a_request_reaches_a_pod_with_its_tier_counted() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        async with client.post(
+            f"{url}/v1/completions", json=body(), headers={"x-sageserve-tier": "fast"}
+        ) as r:
+            assert r.status == 200
+            assert (await r.json())["pod"] == "east-0"
+        assert pods["east-0"].got == [body()]
+        labels = dict(
+            namespace="llm", model_deployment="llama", region="us-east", tier="iw-f", code="200"
+        )
+        assert sample(metrics, "sageserve_router_requests_total", **labels) == 1
+
+    run(scenario, {"east-0": ("us-east", False), "west-0": ("us-west", False)})
+
+
+def test_streamed_tokens_pass_through_as_server_sent_events() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        async with client.post(f"{url}/v1/chat/completions", json=body(stream=True)) as r:
+            assert r.status == 200 and r.content_type == "text/event-stream"
+            events = [line async for line in r.content if line.strip()]
+        assert [json.loads(e[6:])["token"] for e in events[:-1]] == [0, 1, 2]
+        assert events[-1].strip() == b"data: [DONE]"
+
+    run(scenario, {"east-0": ("us-east", False)})
+
+
+def test_bad_input_gets_openai_shaped_errors_naming_the_field() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        cases = [
+            (b"{not json", {}, 400, "not JSON"),
+            (json.dumps({"prompt": "x"}).encode(), {}, 400, "model: required"),
+            (json.dumps(body(model="gpt-9")).encode(), {}, 404, "not served here"),
+            (
+                json.dumps(body()).encode(),
+                {"x-sageserve-tier": "iw-n"},
+                400,
+                "use one of iw-f, niw",
+            ),
+            (b"x" * 2048, {}, 413, "over 1024 bytes"),
+        ]
+        for data, headers, status, message in cases:
+            async with client.post(f"{url}/v1/completions", data=data, headers=headers) as r:
+                assert r.status == status, message
+                assert message in (await r.json())["error"]["message"]
+        assert all(not p.got for p in pods.values())  # nothing reached a pod
+
+    run(scenario, {"east-0": ("us-east", False)}, max_body_bytes=1024)
+
+
+def test_a_pod_failing_before_the_first_byte_is_retried_once_elsewhere() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        async with client.post(f"{url}/v1/completions", json=body()) as r:
+            assert r.status == 200 and (await r.json())["pod"] == "east-1"
+        assert len(pods["east-0"].got) == 1  # tried first (fewest tokens, first by name)
+        assert (
+            sample(
+                metrics,
+                "sageserve_router_retries_total",
+                namespace="llm",
+                model_deployment="llama",
+                region="us-east",
+            )
+            == 1
+        )
+
+    run(scenario, {"east-0": ("us-east", True), "east-1": ("us-east", False)})
+
+
+def test_a_model_at_zero_holds_requests_publishes_the_demand_and_serves_once_a_pod_is_ready() -> (
+    None
+):
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        ready = fleet.backends.copy()
+        fleet.set_backends([])
+        request = asyncio.ensure_future(client.post(f"{url}/v1/completions", json=body()))
+        held = dict(namespace="llm", model_deployment="llama", region="us-east")
+        for _ in range(100):
+            if sample(metrics, "sageserve_router_held_requests", **held) == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert sample(metrics, "sageserve_router_held_requests", **held) == 1
+        fleet.set_backends([b for bs in ready.values() for b in bs])  # the operator scaled 0 → 1
+        r = await request
+        assert r.status == 200 and (await r.json())["pod"] == "east-0"
+        assert sample(metrics, "sageserve_router_held_requests", **held) == 0
+
+    run(scenario, {"east-0": ("us-east", False)})
+
+
+def test_a_hold_that_runs_out_answers_503_with_retry_after() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        fleet.set_backends([])
+        async with client.post(f"{url}/v1/completions", json=body()) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "30"
+            assert (await r.json())["error"]["code"] == "model_starting"
+
+    run(scenario, {"east-0": ("us-east", False)}, hold_seconds=0.2)
+
+
+def test_requests_spill_to_another_region_only_above_the_threshold() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        east = ("llm", "llama", "us-east")
+        west = ("llm", "llama", "us-west")
+        fleet.set_load({east: (0.65, 1e9), west: (0.1, 1e9)})
+        async with client.post(f"{url}/v1/completions", json=body()) as r:
+            assert (await r.json())["pod"] == "east-0"  # home region under 70 %: stays
+        fleet.set_load({east: (0.75, 1e9), west: (0.1, 1e9)})
+        async with client.post(f"{url}/v1/completions", json=body()) as r:
+            assert (await r.json())["pod"] == "west-0"  # above 70 %: the next region
+        async with client.post(
+            f"{url}/v1/completions", json=body(), headers={"x-sageserve-region": "us-west"}
+        ) as r:
+            assert (await r.json())["pod"] == "west-0"  # a client in us-west stays home
+
+    run(
+        scenario,
+        {"east-0": ("us-east", False), "west-0": ("us-west", False)},
+        home_region="us-east",
+    )
