@@ -142,3 +142,50 @@ def test_listing_failures_keep_the_last_fleet(tmp_path: Path) -> None:
     with Twin(sim(), AcceleratedClock(speed=10), flaky, refresh_s=0.05, tick_s=0.02) as twin:
         eventually(lambda: twin.list_errors >= 2)
         assert get(twin, "/metrics/llm/a")[0] == 200
+
+
+def test_a_pod_answers_the_openai_api_at_its_simulated_pace(
+    running: tuple[Twin, Pods, Path],
+) -> None:
+    twin, _, _ = running
+    before = twin.sim.endpoints[("llm", "bloom-176b", "us-east")].arrived
+    answer = post(
+        twin, "/pods/llm/a/v1/completions", {"model": "bloom", "prompt": "x" * 400, "max_tokens": 5}
+    )
+    assert answer["object"] == "text_completion"
+    assert answer["usage"] == {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105}
+    # the request joined the pod's simulated instance: counted with the trace's arrivals
+    assert twin.sim.endpoints[("llm", "bloom-176b", "us-east")].arrived > before
+
+
+def test_a_streamed_answer_arrives_token_by_token_then_done(
+    running: tuple[Twin, Pods, Path],
+) -> None:
+    twin, _, _ = running
+    req = urllib.request.Request(
+        f"http://{twin.address}/pods/llm/a/v1/chat/completions",
+        data=json.dumps(
+            {
+                "model": "bloom",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+                "stream": True,
+            }
+        ).encode(),
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        events = [line for line in resp.read().decode().splitlines() if line]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
+    assert text.count("tok") == 4 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_a_pod_that_does_not_serve_answers_404(running: tuple[Twin, Pods, Path]) -> None:
+    twin, _, _ = running
+    for path in ("/pods/llm/b/v1/completions", "/pods/llm/a/v1/embeddings"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            post(twin, path, {"model": "bloom", "prompt": "x"})
+        assert err.value.code == 404

@@ -489,6 +489,22 @@ class TwinSim(InstanceHooks):
         job.ep = tp
         tp.instance.enqueue(job, t)
 
+    def submit(self, namespace: str, pod: str, prompt: int, output: int) -> Job | None:
+        """A request that reached this pod over HTTP, run by its simulated instance from
+        now on (None if the pod does not serve). The caller polls the job under the lock."""
+        tp = self.pods.get((namespace, pod))
+        if tp is None or not tp.alive:
+            return None
+        ep = tp.endpoint
+        ep.arrived += 1
+        ep.prompt_tokens += prompt
+        self._req_id += 1
+        req = Request(self._req_id, self.now, ep.id[1], IW_F, ep.id[2], prompt, max(1, output))
+        job = Job(req, 0)
+        job.ep = tp
+        tp.instance.enqueue(job, self.now)
+        return job
+
     # ---- InstanceHooks --------------------------------------------------------------------
 
     def schedule(self, inst: Instance, when: float) -> None:

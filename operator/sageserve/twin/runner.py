@@ -11,6 +11,8 @@ HTTP:
   scrape job with `honor_labels: true`).
 - `GET /metrics`: the twin's own metrics (simulated time, lag, requests per endpoint).
 - `GET /status`: JSON (time, speed, load, pods and their state).
+- `POST /pods/<namespace>/<pod>/v1/completions` (and `/v1/chat/completions`): the pod's
+  OpenAI API, answered with its simulated instance's timing (`twin.openai`).
 - `POST /load` with `{"multiplier": 2.5, "endpoint": "*/bloom-176b/*"}`: change the load
   at run time (tests script rising and falling load with it); `POST /speed`
   with `{"speed": 60}`.
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from sageserve.twin import openai
 from sageserve.twin.clock import AcceleratedClock
 from sageserve.twin.exposition import POD_LABELS, encode, families, twin_families
 from sageserve.twin.load import PodSample, TwinSim, endpoint_name
@@ -284,6 +287,54 @@ def _post(twin: Twin, path: str, body: Any) -> bool:
     return True
 
 
+def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
+    """`/pods/<namespace>/<pod>/v1/completions` or `.../v1/chat/completions`."""
+    parts = [unquote(p) for p in path.split("/")[2:]]
+    if len(parts) < 4 or parts[2:] not in (
+        ["v1", "completions"],
+        ["v1", "chat", "completions"],
+    ):
+        handler._json(404, {"error": {"message": f"no such API: {path}"}})
+        return
+    namespace, pod, chat = parts[0], parts[1], parts[3] == "chat"
+    length = int(handler.headers.get("Content-Length") or 0)
+    try:
+        body = json.loads(handler.rfile.read(length) or b"{}")
+        prompt, output = openai.request_tokens(body)
+    except (ValueError, TypeError) as exc:
+        handler._json(400, {"error": {"message": f"bad request: {exc}"}})
+        return
+    with twin.lock:
+        job = twin.sim.submit(namespace, pod, prompt, output)
+        serving = twin.sim.pods.get((namespace, pod))
+    if job is None or serving is None:
+        handler._json(404, {"error": {"message": f"pod {namespace}/{pod} does not serve"}})
+        return
+    inst = serving.instance
+
+    def step_s() -> float:
+        return (inst.iter_time or openai.POLL_S) / twin.clock.speed
+
+    model, rid = str(body.get("model", "")), openai.new_id()
+    tokens = openai.tokens_as_simulated(job, twin.lock, step_s, twin.stopped)
+    if not body.get("stream"):
+        for _ in tokens:
+            pass
+        handler._json(200, openai.final(model, chat, prompt, output, rid))
+        return
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.end_headers()
+    try:
+        for n in tokens:
+            data = json.dumps(openai.chunk(model, chat, n, rid))
+            handler.wfile.write(f"data: {data}\n\n".encode())
+            handler.wfile.flush()
+        handler.wfile.write(b"data: [DONE]\n\n")
+    except (BrokenPipeError, ConnectionResetError):
+        log.debug("client of %s/%s went away mid-stream", namespace, pod)
+
+
 def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
@@ -305,6 +356,9 @@ def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
+            if path.startswith("/pods/"):
+                _serve_openai(self, twin, path)
+                return
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
