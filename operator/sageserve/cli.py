@@ -398,15 +398,15 @@ def bench_plan_cmd(
     )
 
 
-# Options only at import time; the twin's modules load when it runs.
+# Options only at import time; the twin's and the router's modules load when they run.
 from sageserve.commands.twin import twin_command  # noqa: E402
 
 app.command("twin")(twin_command)
 
-
-if __name__ == "__main__":
-    app()
-
 from sageserve.commands.router import router_command  # noqa: E402
 
 app.command("router")(router_command)
+
+
+if __name__ == "__main__":
+    app()

@@ -391,3 +391,120 @@ def operator_env(
     monkeypatch.setenv("SAGESERVE_NAMESPACES", namespace)
     if metrics_port is not None:
         monkeypatch.setenv("SAGESERVE_METRICS_PORT", str(metrics_port))
+
+
+class RouterProcess:
+    """`sageserve router` as its own process, forwarding to the twin's pods and scraped by
+    the session's Prometheus (its file_sd target carries no pod labels: the router's own
+    series name their endpoint)."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        twin_url: str,
+        prometheus_url: str,
+        targets_dir: Path,
+        *args: str,
+        timeout: float = 60,
+    ) -> None:
+        import os
+        import subprocess
+        import sys
+        import time
+
+        self.lines: list[str] = []
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sageserve.cli",
+                "router",
+                "-n",
+                namespace,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--backend-url",
+                twin_url + "/pods/{namespace}/{pod}",
+                "--prometheus-url",
+                prometheus_url,
+                "--load-refresh-seconds",
+                "1",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        self.url = ""
+        while not self.url:
+            found = [ln for ln in self.lines if "router listening on " in ln]
+            if found:
+                self.url = "http://" + found[0].rsplit(" ", 1)[1].strip()
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError("the router did not start:\n" + "".join(self.lines))
+            else:
+                time.sleep(0.2)
+        self.targets_file = targets_dir / f"router-{namespace}.json"
+        target = self.url.removeprefix("http://")
+        self.targets_file.write_text(json.dumps([{"targets": [target], "labels": {}}]))
+
+    def post(
+        self,
+        path: str,
+        body: bytes | dict[str, Any],
+        headers: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> tuple[int, bytes]:
+        import urllib.error
+        import urllib.request
+
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the router's own /metrics (0 when absent)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return float(s.value)
+        return 0.0
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:
+            self.proc.kill()
+        if hasattr(self, "targets_file"):
+            self.targets_file.unlink(missing_ok=True)

@@ -306,6 +306,11 @@ def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
         return
     with twin.lock:
         job = twin.sim.submit(namespace, pod, prompt, output)
+    if job is None:  # a pod that became Ready since the last listing: list again once
+        twin.refresh()
+        with twin.lock:
+            job = twin.sim.submit(namespace, pod, prompt, output)
+    with twin.lock:
         serving = twin.sim.pods.get((namespace, pod))
     if job is None or serving is None:
         handler._json(404, {"error": {"message": f"pod {namespace}/{pod} does not serve"}})

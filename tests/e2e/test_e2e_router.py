@@ -1,0 +1,226 @@
+"""The request path on the real control plane: router → the twin's pods, over real HTTP.
+
+`sageserve router` (its own process) discovers the pod sets' pods by watching the real
+API server and forwards to them; the twin (its own process) answers for each pod with its
+simulated instance's timing; Prometheus scrapes both; the operator runs in-process. The
+tests check what a client and a platform team see: answers by tier, the region the global
+router picks as load rises, errors for bad input, and a model at zero that serves its first
+request once the operator scaled it out on the router's held demand.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import eventually, kubectl
+from kopf.testing import KopfRunner
+from operator_kit import (
+    A100,
+    REPO,
+    RouterProcess,
+    TwinProcess,
+    apply,
+    model_deployment,
+    operator_args,
+    operator_env,
+    scaling_policy,
+)
+
+from sageserve.metrics.prometheus import PrometheusReader
+
+TRACE = REPO / "data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"
+MODEL = "bloom"
+SERVED = "bigscience/bloom"
+#: bloom-176b on 8 A100s: at 0.05× of the conversation trace an instance idles (KV ≈ 7 %),
+#: at 0.5× it is saturated (see test_e2e_twin.py).
+LOW, HIGH = 0.05, 0.5
+
+
+def bloom(regions: list[str], lo: int, hi: int, initial: int | None = None) -> dict[str, Any]:
+    md = model_deployment(regions, A100, gpus=8, theta=114, lo=lo, hi=hi, name=MODEL)
+    md["metadata"]["annotations"] = {"sageserve.io/perf-profile": "bloom-176b"}
+    md["spec"]["model"] = {"name": SERVED}
+    if initial is not None:
+        for r in md["spec"]["regions"]:
+            r["initialInstances"] = initial
+    return md
+
+
+def request(**kw: Any) -> dict[str, Any]:
+    return {"model": SERVED, "prompt": "Say hello.", "max_tokens": 8, **kw}
+
+
+def served_in(router: RouterProcess, region: str) -> float:
+    return router.metric(
+        "sageserve_router_requests_total", model_deployment=MODEL, region=region, code="200"
+    )
+
+
+def ready_pods(kubeconfig: Path, namespace: str) -> int:
+    items = json.loads(kubectl(kubeconfig, ["get", "pods", "-n", namespace, "-o", "json"]).stdout)[
+        "items"
+    ]
+    return sum(
+        any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p["status"].get("conditions", [])
+        )
+        for p in items
+    )
+
+
+@pytest.mark.usefixtures("restore_node_pools")
+def test_requests_go_by_tier_to_the_home_region_and_spill_over_above_70_percent(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
+    twin = TwinProcess(
+        kubeconfig, namespace, prometheus_targets_dir, "--trace", str(TRACE), "--scale", str(LOW)
+    )
+    router: RouterProcess | None = None
+    try:
+        with KopfRunner(operator_args(namespace), timeout=600):
+            # one instance per region, never more or fewer: the test is about routing
+            apply(
+                kubeconfig,
+                namespace,
+                scaling_policy("reactive"),
+                bloom(["us-east", "us-west"], 1, 1),
+            )
+            eventually(lambda: ready_pods(kubeconfig, namespace) == 2, 90, "two pods Ready")
+            router = RouterProcess(
+                kubeconfig,
+                namespace,
+                twin.url,
+                prometheus_url,
+                prometheus_targets_dir,
+                "--max-body-bytes",
+                "65536",
+            )
+            east = {"x-sageserve-region": "us-east"}
+
+            # by tier, to the home region: plain and streamed
+            status, body = router.post(
+                "/v1/completions", request(), {**east, "x-sageserve-tier": "iw-f"}
+            )
+            assert status == 200, body
+            assert json.loads(body)["usage"]["completion_tokens"] == 8
+            assert (
+                router.metric("sageserve_router_requests_total", region="us-east", tier="iw-f") == 1
+            )
+            status, body = router.post(
+                "/v1/chat/completions",
+                request(messages=[{"role": "user", "content": "hi"}], stream=True),
+                {**east, "x-sageserve-tier": "iw-n"},
+            )
+            events = [e for e in body.decode().split("\n\n") if e]
+            assert status == 200 and events[-1] == "data: [DONE]" and len(events) > 2
+
+            # bad input, each with its error, none reaching a pod
+            for data, headers, code in [
+                (json.dumps(request(model="gpt-9")).encode(), east, 404),
+                (b"{not json", east, 400),
+                (json.dumps(request()).encode(), {**east, "x-sageserve-tier": "gold"}, 400),
+                (b"x" * 70_000, east, 413),
+            ]:
+                status, body = router.post("/v1/completions", data, headers)
+                assert status == code and "error" in json.loads(body), (code, body)
+
+            # below 70 % at home: stays home; above it: the other region
+            for _ in range(3):
+                assert router.post("/v1/completions", request(), east)[0] == 200
+            assert served_in(router, "us-west") == 0
+            twin.load(HIGH / LOW, f"{namespace}/{MODEL}/us-east")
+            reader = PrometheusReader(prometheus_url)
+
+            def east_emu() -> float:
+                loads = reader.pod_loads(namespace)
+                return max((p.kv_usage for n, p in loads.items() if "us-east" in n), default=0)
+
+            eventually(lambda: east_emu() > 0.75, 120, "us-east above 70 % KV usage")
+            eventually(
+                lambda: (
+                    router.post("/v1/completions", request(), east)[0] == 200
+                    and served_in(router, "us-west") > 0
+                ),
+                30,
+                "a us-east request served in us-west",
+            )
+    finally:
+        if router is not None:
+            router.close()
+        twin.close()
+
+
+@pytest.mark.usefixtures("restore_node_pools")
+def test_a_model_at_zero_serves_its_first_request_after_the_operator_scales_it_out(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
+    twin = TwinProcess(
+        kubeconfig, namespace, prometheus_targets_dir, "--trace", str(TRACE), "--scale", "0"
+    )
+    router: RouterProcess | None = None
+    try:
+        with KopfRunner(operator_args(namespace), timeout=600):
+            apply(kubeconfig, namespace, scaling_policy("reactive"), bloom(["us-east"], 0, 1, 0))
+            deployment = f"{MODEL}-us-east-a100"
+            eventually(
+                lambda: (
+                    kubectl(
+                        kubeconfig, ["get", "deploy", "-n", namespace, deployment], check=False
+                    ).returncode
+                    == 0
+                ),
+                60,
+                "the pod set at 0 replicas",
+            )
+            router = RouterProcess(
+                kubeconfig,
+                namespace,
+                twin.url,
+                prometheus_url,
+                prometheus_targets_dir,
+                "--hold-seconds",
+                "150",
+            )
+            assert ready_pods(kubeconfig, namespace) == 0
+            answer: dict[str, Any] = {}
+
+            def client() -> None:
+                answer["reply"] = router.post(  # type: ignore[union-attr]
+                    "/v1/completions", request(), {"x-sageserve-region": "us-east"}, timeout=180
+                )
+
+            waiting = threading.Thread(target=client)
+            waiting.start()
+            eventually(
+                lambda: (
+                    router.metric("sageserve_router_held_requests", model_deployment=MODEL) == 1
+                ),  # type: ignore[union-attr]
+                10,
+                "the request held by the router",
+            )
+            waiting.join(timeout=180)
+            status, body = answer.get("reply", (0, b"no answer"))
+            assert status == 200, body
+            assert json.loads(body)["object"] == "text_completion"
+            events = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
+            assert "from zero: 1 request(s) waiting" in events
+            assert router.metric("sageserve_router_held_requests", model_deployment=MODEL) == 0
+    finally:
+        if router is not None:
+            router.close()
+        twin.close()
