@@ -8,12 +8,20 @@ the region with the least EMU. Ties on least EMU keep preference order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 K = TypeVar("K")
 
 DEFAULT_ROUTE_THRESHOLD = 0.70
+
+
+def preference(home: str | None, regions: Sequence[K], region_of: Callable[[K], str]) -> list[K]:
+    """`regions` in preference order: the client's home region first, then the others in
+    the order given (the deployment's, i.e. network proximity as the operator lists it)."""
+    return [r for r in regions if region_of(r) == home] + [
+        r for r in regions if region_of(r) != home
+    ]
 
 
 def pick_region(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from sageserve.core.snapshot import emu
 from sageserve.route.instance_picker import pick_instance
-from sageserve.route.region_router import DEFAULT_ROUTE_THRESHOLD, pick_region
+from sageserve.route.region_router import DEFAULT_ROUTE_THRESHOLD, pick_region, preference
 from sageserve.route.tiers import TierMatch
 
 #: (namespace, model deployment, region): the unit the operator sizes.
@@ -104,7 +104,7 @@ class Fleet:
 
     def choose_region(self, model: ModelRoute, home: str | None) -> str | None:
         """The region to serve a request from (None: no region has a ready pod)."""
-        order = [r for r in model.regions if r == home] + [r for r in model.regions if r != home]
+        order = preference(home, model.regions, str)
         ready = [r for r in order if self.backends.get((model.namespace, model.name, r))]
         if not ready:
             return None

@@ -26,7 +26,7 @@ from sageserve.perf.model import VariantPerf
 from sageserve.route.instance_picker import pick_instance
 from sageserve.route.priorities import scheduler_priority
 from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, BatchQueueManager
-from sageserve.route.region_router import pick_region
+from sageserve.route.region_router import pick_region, preference
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
@@ -362,8 +362,7 @@ class Simulation(InstanceHooks):
         if eps is None:
             every = self._eps_by_model_pool.get((req.model, pool), [])
             # preference: the client's home region, then the scenario's region order
-            eps = [e for e in every if e.key.region == req.region]
-            eps += [e for e in every if e.key.region != req.region]
+            eps = preference(req.region, every, lambda e: e.key.region)
             self._route_cache[ck] = eps
         if not eps:
             return None

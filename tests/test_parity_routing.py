@@ -1,0 +1,46 @@
+"""The simulator and the router pick the same region for the same requests and loads.
+
+Both call `route.region_router` (preference order, then the 70 % rule); this feeds one
+sequence of (client region, EMU per region) to the simulator's router
+(`Simulation._route_region`) and to `sageserve router`'s (`Fleet.choose_region`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sageserve.core.types import IW_F, Request
+from sageserve.pace import make_strategy
+from sageserve.router.fleet import Backend, Fleet, ModelRoute
+from sageserve.sim.engine import Simulation
+from tests.sim.helpers import config, flat_perf
+
+REGIONS = ("r1", "r2", "r3")
+SEQUENCE = [
+    ("r1", (0.2, 0.1, 0.1)),  # home under 70 %: home
+    ("r1", (0.8, 0.5, 0.1)),  # home above: the next region under 70 %
+    ("r2", (0.1, 0.9, 0.9)),  # a client of r2 over a full r2 and r3: r1
+    ("r3", (0.9, 0.95, 0.99)),  # every region above: the least loaded
+    ("r3", (0.9, 0.9, 0.9)),  # ties: preference order, home first
+    ("r2", (0.69, 0.71, 0.2)),  # the threshold is strict
+]
+
+
+@pytest.mark.parametrize(("home", "emus"), SEQUENCE)
+def test_simulator_and_router_choose_the_same_region(home: str, emus: tuple[float, ...]) -> None:
+    sim = Simulation(
+        config(flat_perf(), regions=REGIONS, initial=1), make_strategy("reactive"), iter(())
+    )
+    for region, value in zip(REGIONS, emus, strict=True):
+        ep = next(e for k, e in sim.cluster.endpoints.items() if k.region == region)
+        ep._emu, ep._emu_t = value, 0.0  # what the last scrape read
+    req = Request(1, 0.0, "m", IW_F, home, 100, 10)
+    in_sim = sim._route_region(req, "unified", 0.0)
+    assert in_sim is not None
+
+    fleet = Fleet()
+    model = ModelRoute("ns", "m", "m", REGIONS, ("iw-f",))
+    fleet.set_models([model])
+    fleet.set_backends(Backend("ns", f"p-{r}", "m", r, "v", "http://x") for r in REGIONS)
+    fleet.set_load({("ns", "m", r): (v, 0.0) for r, v in zip(REGIONS, emus, strict=True)})
+    assert fleet.choose_region(model, home) == in_sim.key.region
