@@ -237,6 +237,21 @@ def bench_sim(
     run(scenario, policy, hours, console, sim_only)
 
 
+@bench_app.command("router")
+def bench_router(
+    rate: Annotated[
+        str, typer.Option(help="Request rates to measure, comma-separated (requests/s).")
+    ] = "500,2000",
+    seconds: Annotated[float, typer.Option(help="Seconds of load per rate and path.")] = 5.0,
+    pods: Annotated[int, typer.Option(help="Stand-in vLLM pods behind the router.")] = 4,
+) -> None:
+    """Latency the router adds (P50/P99, streamed) and its peak memory, on one core."""
+    from sageserve.commands.bench_router import bench_router_command
+
+    rates = [float(r) for r in rate.split(",") if r.strip()]
+    bench_router_command(rates, seconds, pods, console)
+
+
 @bench_app.command("operator")
 def bench_operator(
     models: Annotated[int, typer.Option(help="ModelDeployments.")] = 200,
