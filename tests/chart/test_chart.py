@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 import yaml
 
 from e2e import versions
+from sageserve.cli import app as cli_app
 from sageserve.metrics.exporter import OperatorMetrics
+from sageserve.router.metrics import RouterMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sageserve"
+ROUTER_NAME = "sageserve-router"
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -48,6 +52,19 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
+def app_name(doc: dict[str, Any]) -> str | None:
+    return ((doc.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/name")
+
+
+def operator_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's objects (the router's carry app.kubernetes.io/name=sageserve-router)."""
+    return [d for d in docs if app_name(d) != ROUTER_NAME]
+
+
+def router_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if app_name(d) == ROUTER_NAME]
+
+
 def test_helm_lint_passes_with_default_and_strict_values() -> None:
     result = helm("lint", "--strict", str(CHART), "--kube-version", "1.36.0")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -75,7 +92,7 @@ def test_chart_crds_are_the_generated_crds() -> None:
     ids=["defaults", "dry-run-namespaces", "monitoring", "bearer-token", "basic-auth"],
 )
 def test_value_sets_render_a_hardened_operator(sets: list[str]) -> None:
-    docs = render(*sets)
+    docs = operator_docs(render(*sets))
     [deployment] = by_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -101,6 +118,8 @@ def test_value_sets_render_a_hardened_operator(sets: list[str]) -> None:
         assert any(v.get("secret", {}).get("secretName") == "prom-token" for v in pod["volumes"])
     if "metrics.serviceMonitor.enabled=true" in sets:
         assert by_kind(docs, "ServiceMonitor") and by_kind(docs, "ConfigMap")
+        [monitor] = by_kind(docs, "ServiceMonitor")
+        assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "sageserve"
         assert deployment["spec"]["replicas"] == 3
     assert bool(by_kind(docs, "PodDisruptionBudget")) == (
         "podDisruptionBudget.enabled=false" not in sets
@@ -138,8 +157,17 @@ def test_dashboard_queries_are_valid_promql_over_metrics_that_exist(tmp_path: Pa
     dashboard = json.loads((CHART / "dashboards" / "sageserve.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     titles = " ".join(p["title"] for p in dashboard["panels"])
-    for needed in ("Instances", "Forecast", "GPU-hours", "Donated", "Solver", "SLO"):
+    for needed in ("Instances", "Forecast", "GPU-hours", "Donated", "Solver", "SLO", "Router"):
         assert needed in titles
+    joined = " ".join(exprs)
+    for router_metric in (
+        "sageserve_router_requests_total",
+        "sageserve_router_ttft_seconds_bucket",
+        "sageserve_router_held_requests",
+        "sageserve_router_retries_total",
+    ):
+        assert router_metric in joined, router_metric
+    assert "by (tier, code)" in joined and "by (tier, le)" in joined
     grafana = {
         "$__range_s": "3600",
         "$__range": "1h",
@@ -158,7 +186,207 @@ def test_dashboard_queries_are_valid_promql_over_metrics_that_exist(tmp_path: Pa
     assert promtool, "promtool missing: ./scripts/setup installs the Debian prometheus package"
     check = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    exported = set(re.findall(r"\b(sageserve_[a-z_]+)", OperatorMetrics().exposition().decode()))
+    exposition = OperatorMetrics().exposition().decode() + RouterMetrics().exposition()[0].decode()
+    exported = set(re.findall(r"\b(sageserve_[a-z_]+)", exposition))
     for name in re.findall(r"\b(sageserve_[a-z_]+)", " ".join(exprs)):
         base = re.sub(r"_(bucket|sum|count|total)$", "", name)
         assert name in exported or base in exported or f"{base}_total" in exported, name
+
+
+# ---- the router ----------------------------------------------------------------------------
+
+READ_VERBS = {"get", "list", "watch"}
+
+
+def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def router_cli_params(args: list[str]) -> dict[str, Any]:
+    """The chart's arguments parsed by the real `sageserve router` command line."""
+    assert args[0] == "router"
+    command = typer.main.get_command(cli_app).commands["router"]  # type: ignore[attr-defined]
+    return dict(command.make_context("router", list(args[1:])).params)
+
+
+@pytest.mark.parametrize(
+    ("sets", "namespaces"),
+    [
+        ([], ["sageserve-system"]),
+        (["watchNamespaces={llm,batch}"], ["llm", "batch"]),
+        (["watchNamespaces={llm,batch}", "router.namespaces={llm}"], ["llm"]),
+        (
+            [
+                "router.region=us-east",
+                "router.backendUrl=http://{pod}.{namespace}.svc:{port}",
+                "router.maxBodyBytes=1048576",
+                "router.holdSeconds=30",
+                "router.port=9000",
+                "router.replicaCount=3",
+            ],
+            ["sageserve-system"],
+        ),
+    ],
+    ids=["defaults", "watch-namespaces", "router-namespaces", "flags"],
+)
+def test_the_router_renders_hardened_like_the_operator(
+    sets: list[str], namespaces: list[str]
+) -> None:
+    docs = render(*sets)
+    [operator] = by_kind(operator_docs(docs), "Deployment")
+    [router] = by_kind(router_docs(docs), "Deployment")
+    assert router["metadata"]["name"] == "sageserve-router"
+    assert router["spec"]["replicas"] == (3 if "router.replicaCount=3" in sets else 2)
+    pod = router["spec"]["template"]["spec"]
+    op_pod = operator["spec"]["template"]["spec"]
+    assert pod["securityContext"] == op_pod["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    port = 9000 if "router.port=9000" in sets else 8080
+    assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SAGESERVE_PROMETHEUS_URL"].startswith("http")
+    params = router_cli_params(container["args"])
+    assert params["namespace"] == namespaces
+    assert params["port"] == port and params["host"] == "0.0.0.0"
+    if "router.region=us-east" in sets:
+        assert params["region"] == "us-east"
+        assert params["backend_url"] == "http://{pod}.{namespace}.svc:{port}"
+        assert params["max_body_bytes"] == 1048576 and params["hold_seconds"] == 30.0
+    else:
+        assert params["region"] is None
+        assert params["backend_url"] == "http://{pod_ip}:{port}"
+        assert params["max_body_bytes"] == 8 * 1024 * 1024 and params["hold_seconds"] == 120.0
+
+    # its own ServiceAccount, a Service 80 -> http, a PodDisruptionBudget of its pods only
+    [account] = by_kind(router_docs(docs), "ServiceAccount")
+    assert pod["serviceAccountName"] == account["metadata"]["name"] == "sageserve-router"
+    assert op_pod["serviceAccountName"] != account["metadata"]["name"]
+    [service] = by_kind(router_docs(docs), "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+    pod_labels = router["spec"]["template"]["metadata"]["labels"]
+    op_pod_labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert labels_match(service["spec"]["selector"], pod_labels)
+    [pdb] = by_kind(router_docs(docs), "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert labels_match(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+    # no selector of one matches the other's pods
+    assert not labels_match(operator["spec"]["selector"]["matchLabels"], pod_labels)
+    assert not labels_match(router["spec"]["selector"]["matchLabels"], op_pod_labels)
+    for op_service in by_kind(operator_docs(docs), "Service"):
+        assert not labels_match(op_service["spec"]["selector"], pod_labels)
+    assert not labels_match(service["spec"]["selector"], op_pod_labels)
+
+
+@pytest.mark.parametrize(
+    ("sets", "namespaces"),
+    [([], {"sageserve-system"}), (["watchNamespaces={llm,batch}"], {"llm", "batch"})],
+    ids=["release-namespace", "watch-namespaces"],
+)
+def test_router_rbac_is_read_only_and_scoped_to_the_namespaces_it_serves(
+    sets: list[str], namespaces: set[str]
+) -> None:
+    docs = render(*sets)
+    router = router_docs(docs)
+    assert not by_kind(router, "ClusterRole") and not by_kind(router, "ClusterRoleBinding")
+    roles = by_kind(router, "Role")
+    bindings = by_kind(router, "RoleBinding")
+    assert {r["metadata"]["namespace"] for r in roles} == namespaces
+    assert {b["metadata"]["namespace"] for b in bindings} == namespaces
+    granted: dict[tuple[str, str], set[str]] = {}
+    for role in roles:
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+            assert "*" not in rule["apiGroups"]
+            assert set(rule["verbs"]) <= READ_VERBS, rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == {
+        ("", "pods"): {"list", "watch"},
+        ("sageserve.io", "modeldeployments"): {"list", "watch"},
+        ("sageserve.io", "workloadtiers"): {"list", "watch"},
+        ("", "secrets"): {"get"},
+    }
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "sageserve-router",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "sageserve-router", "namespace": "sageserve-system"}
+        ]
+    # the operator's ClusterRole stays the operator's alone
+    [cluster_binding] = by_kind(docs, "ClusterRoleBinding")
+    assert [s["name"] for s in cluster_binding["subjects"]] == ["sageserve"]
+
+
+def test_router_service_monitor_keeps_the_endpoint_labels() -> None:
+    assert not by_kind(render(), "ServiceMonitor")
+    docs = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.team=ml")
+    [monitor] = by_kind(router_docs(docs), "ServiceMonitor")
+    [service] = by_kind(router_docs(docs), "Service")
+    assert monitor["metadata"]["labels"]["team"] == "ml"
+    assert labels_match(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    [op_monitor] = by_kind(operator_docs(docs), "ServiceMonitor")
+    assert not labels_match(
+        op_monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]
+    )
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [[], ["metrics.serviceMonitor.enabled=true", "dashboards.enabled=true"]],
+    ids=["defaults", "monitoring"],
+)
+def test_router_disabled_removes_everything_router_related(sets: list[str]) -> None:
+    enabled = render(*sets)
+    disabled = render(*sets, "router.enabled=false")
+    assert router_docs(enabled) and not router_docs(disabled)
+    assert "router" not in yaml.safe_dump_all(
+        [d for d in disabled if d["kind"] != "ConfigMap"]  # the dashboard keeps its panels
+    )
+    assert disabled == operator_docs(enabled)
+
+
+def test_router_service_account_can_be_an_existing_one() -> None:
+    docs = render("router.serviceAccount.create=false", "router.serviceAccount.name=gateway")
+    assert not by_kind(router_docs(docs), "ServiceAccount")
+    [router] = by_kind(router_docs(docs), "Deployment")
+    assert router["spec"]["template"]["spec"]["serviceAccountName"] == "gateway"
+    for binding in by_kind(router_docs(docs), "RoleBinding"):
+        assert binding["subjects"][0]["name"] == "gateway"
+    assert not by_kind(
+        router_docs(render("router.podDisruptionBudget.enabled=false")), "PodDisruptionBudget"
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("router.port=80", "port"),
+        ("router.holdSeconds=soon", "holdSeconds"),
+        ("router.backendUrl=10.0.0.1:8000", "backendUrl"),
+        ("router.namespaces={Bad_NS}", "namespaces"),
+        ("router.replicas=2", "replicas"),
+    ],
+)
+def test_bad_router_values_are_refused_naming_the_key(setting: str, field: str) -> None:
+    result = helm("template", "x", str(CHART), "--kube-version", "1.36.0", "--set", setting)
+    assert result.returncode != 0
+    assert field in result.stderr

@@ -3,7 +3,10 @@
 `kubectl auth can-i --as` checks every permission the chart's README lists and that the
 unneeded ones are denied; then the operator itself runs with the ServiceAccount's token
 (not as admin) through a scale-out that reclaims a spot node, so a missing permission
-shows up as a failure, not as a reasoning error in a table.
+shows up as a failure, not as a reasoning error in a table. The router gets the same
+treatment: its ServiceAccount may only read pods, ModelDeployments, WorkloadTiers and (get)
+Secrets in the namespace it serves, and `sageserve router` run with that token discovers a
+model and reads a tier's API keys without a 403.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -24,6 +28,7 @@ from e2e import versions
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_NS = "sageserve-system"
 SA = f"system:serviceaccount:{RELEASE_NS}:sageserve"
+ROUTER_SA = f"system:serviceaccount:{RELEASE_NS}:sageserve-router"
 REGION = "us-east"
 
 
@@ -87,23 +92,37 @@ DENIED = [
 
 
 def can_i(
-    kubeconfig: Path, verb: str, resource: str, sub: str | None, namespace: str = "default"
+    kubeconfig: Path,
+    verb: str,
+    resource: str,
+    sub: str | None,
+    namespace: str = "default",
+    account: str = SA,
 ) -> bool:
-    args = ["auth", "can-i", verb, resource, f"--as={SA}", "-n", namespace]
+    args = ["auth", "can-i", verb, resource, f"--as={account}", "-n", namespace]
     if sub:
         args.append(f"--subresource={sub}")
     return kubectl(kubeconfig, args, check=False).stdout.strip() == "yes"
 
 
-def test_the_operator_pods_run_hardened(kubeconfig: Path, installed: str) -> None:
-    pods = json.loads(kubectl(kubeconfig, ["get", "pods", "-n", installed, "-o", "json"]).stdout)[
-        "items"
-    ]
+def pods_of(kubeconfig: Path, namespace: str, app: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/name={app}"
+    out = kubectl(kubeconfig, ["get", "pods", "-n", namespace, "-l", selector, "-o", "json"])
+    return list(json.loads(out.stdout)["items"])
+
+
+@pytest.mark.parametrize("app", ["sageserve", "sageserve-router"])
+def test_the_operator_and_router_pods_run_hardened(
+    kubeconfig: Path, installed: str, app: str
+) -> None:
+    pods = pods_of(kubeconfig, installed, app)
     assert len(pods) == 2
     for pod in pods:
         assert pod["status"]["phase"] == "Running"
         [container] = pod["spec"]["containers"]
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     crds = kubectl(kubeconfig, ["get", "crd", "-o", "name"]).stdout
     assert "modeldeployments.sageserve.io" in crds
 
@@ -127,18 +146,168 @@ def test_leases_only_in_the_release_namespace(kubeconfig: Path, installed: str) 
     assert not can_i(kubeconfig, "update", "leases.coordination.k8s.io", None, "default")
 
 
-def sa_kubeconfig(admin: Path, tmp_path: Path) -> Path:
-    """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token)."""
+ROUTER_ALLOWED = [
+    ("list", "pods", None),
+    ("watch", "pods", None),
+    ("list", "modeldeployments.sageserve.io", None),
+    ("watch", "modeldeployments.sageserve.io", None),
+    ("list", "workloadtiers.sageserve.io", None),
+    ("watch", "workloadtiers.sageserve.io", None),
+    ("get", "secrets", None),
+]
+ROUTER_DENIED = [
+    ("list", "secrets", None),
+    ("watch", "secrets", None),
+    ("create", "pods", None),
+    ("delete", "pods", None),
+    ("create", "pods", "eviction"),
+    ("patch", "modeldeployments.sageserve.io", None),
+    ("patch", "modeldeployments.sageserve.io", "status"),
+    ("update", "workloadtiers.sageserve.io", None),
+    ("patch", "deployments.apps", None),
+    ("update", "leases.coordination.k8s.io", None),
+    ("create", "events", None),
+    ("*", "*", None),
+]
+
+
+@pytest.mark.parametrize(("verb", "resource", "sub"), ROUTER_ALLOWED)
+def test_router_reads_what_discovery_needs_in_the_namespace_it_serves_only(
+    kubeconfig: Path, installed: str, verb: str, resource: str, sub: str | None
+) -> None:
+    assert can_i(kubeconfig, verb, resource, sub, installed, ROUTER_SA)
+    assert not can_i(kubeconfig, verb, resource, sub, "default", ROUTER_SA)
+
+
+@pytest.mark.parametrize(("verb", "resource", "sub"), ROUTER_DENIED)
+def test_router_writes_nothing(
+    kubeconfig: Path, installed: str, verb: str, resource: str, sub: str | None
+) -> None:
+    assert not can_i(kubeconfig, verb, resource, sub, installed, ROUTER_SA)
+
+
+def sa_kubeconfig(admin: Path, tmp_path: Path, account: str = "sageserve") -> Path:
+    """A kubeconfig that authenticates as one of the chart's ServiceAccounts (a bound token)."""
     token = kubectl(
-        admin, ["create", "token", "sageserve", "-n", RELEASE_NS, "--duration=1h"]
+        admin, ["create", "token", account, "-n", RELEASE_NS, "--duration=1h"]
     ).stdout.strip()
     config = yaml.safe_load(admin.read_text())
-    config["users"] = [{"name": "sageserve", "user": {"token": token}}]
+    config["users"] = [{"name": account, "user": {"token": token}}]
     for context in config["contexts"]:
-        context["context"]["user"] = "sageserve"
-    path = tmp_path / "sa-kubeconfig.yaml"
+        context["context"]["user"] = account
+    path = tmp_path / f"{account}-kubeconfig.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def router_objects(namespace: str) -> list[dict[str, Any]]:
+    """Two tiers (iw-n recognised by an API key from a Secret) and a model serving both."""
+    model = model_deployment([REGION], name="router-rbac")
+    model["metadata"]["namespace"] = namespace
+    model["spec"]["model"] = {"name": "org/router-rbac"}
+    model["spec"]["tiers"] = ["iw-f", "iw-n"]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "router-rbac-keys", "namespace": namespace},
+            "stringData": {"team-a": "sk-router-rbac"},
+        },
+        {
+            "apiVersion": "sageserve.io/v1alpha1",
+            "kind": "WorkloadTier",
+            "metadata": {"name": "iw-f", "namespace": namespace},
+            "spec": {"type": "interactive", "priority": 0, "slo": {"ttftP95Seconds": 1}},
+        },
+        {
+            "apiVersion": "sageserve.io/v1alpha1",
+            "kind": "WorkloadTier",
+            "metadata": {"name": "iw-n", "namespace": namespace},
+            "spec": {
+                "type": "interactive",
+                "priority": 1,
+                "slo": {"ttftP95Seconds": 60},
+                "match": {"apiKeysSecretRef": {"name": "router-rbac-keys"}},
+            },
+        },
+        model,
+    ]
+
+
+def test_the_router_discovers_and_reads_tier_keys_with_only_the_charts_permissions(
+    kubeconfig: Path, installed: str, prometheus_url: str, tmp_path: Path
+) -> None:
+    """`sageserve router` with the router ServiceAccount's token, as the chart runs it (its
+    namespaces: the release namespace by default): it lists and watches the model and the
+    tiers, and reads the tier's API keys from the Secret, all without a 403."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import urllib.error
+    import urllib.request
+
+    docs = router_objects(installed)
+    kubectl(kubeconfig, ["apply", "-f", "-"], stdin=yaml.safe_dump_all(docs))
+    account = sa_kubeconfig(kubeconfig, tmp_path, "sageserve-router")
+    args = ["router", "-n", installed, "--host", "127.0.0.1", "--port", "0"]
+    args += ["--hold-seconds", "0", "--prometheus-url", prometheus_url]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sageserve.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(account)},
+        cwd=REPO,
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    out = proc.stdout
+
+    def read() -> None:
+        for line in out:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        listening = eventually(
+            lambda: next((ln for ln in lines if "listening on" in ln), None), 60, "router up"
+        )
+        base = "http://" + listening.split("listening on ")[1].strip()
+
+        def get(path: str) -> str:
+            with urllib.request.urlopen(base + path, timeout=5) as resp:
+                return str(resp.read().decode())
+
+        def tier_of_keyed_request() -> bool:
+            request = urllib.request.Request(
+                base + "/v1/completions",
+                data=json.dumps({"model": "org/router-rbac", "prompt": "hi"}).encode(),
+                headers={
+                    "Content-Type": "application/json",
+                    "Authorization": "Bearer sk-router-rbac",
+                },
+            )
+            try:
+                urllib.request.urlopen(request, timeout=5)
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 503, exc.read()  # no pod: not held (--hold-seconds 0)
+            return 'tier="iw-n"' in get("/metrics")
+
+        eventually(lambda: "org/router-rbac" in get("/v1/models"), 60, "the model discovered")
+        eventually(tier_of_keyed_request, 60, "the API key from the Secret picks tier iw-n")
+        output = "".join(lines)
+        assert "Forbidden" not in output and "403" not in output, output
+        assert "unreadable" not in output and "watch failed" not in output, output
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for doc in docs:
+            kubectl(
+                kubeconfig,
+                ["delete", doc["kind"].lower(), doc["metadata"]["name"], "-n", installed],
+                check=False,
+            )
 
 
 @pytest.mark.usefixtures("restore_node_pools")
