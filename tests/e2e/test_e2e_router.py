@@ -10,8 +10,12 @@ request once the operator scaled it out on the router's held demand.
 
 from __future__ import annotations
 
+import http.client
 import json
+import signal
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,10 +158,41 @@ def test_requests_go_by_tier_to_the_home_region_and_spill_over_above_70_percent(
                 30,
                 "a us-east request served in us-west",
             )
+            # a router replica killed mid-stream: its client's stream breaks off, the other
+            # replica keeps serving
+            spare = RouterProcess(
+                kubeconfig, namespace, twin.url, prometheus_url, prometheus_targets_dir
+            )
+            try:
+                cut = stream_then_kill(router, request(max_tokens=400, stream=True), east)
+                assert cut and not cut.endswith("data: [DONE]")
+                assert spare.post("/v1/completions", request(), east)[0] == 200
+            finally:
+                spare.close()
     finally:
         if router is not None:
             router.close()
         twin.close()
+
+
+def stream_then_kill(router: RouterProcess, body: dict[str, Any], headers: dict[str, str]) -> str:
+    """Start a streamed request, SIGKILL the router after its first event, return what the
+    client received (the stream must end without its [DONE])."""
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request(
+        "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json", **headers}
+    )
+    resp = conn.getresponse()
+    assert resp.status == 200
+    received = resp.readline().decode()
+    router.proc.send_signal(signal.SIGKILL)
+    try:
+        while line := resp.readline():
+            received += line.decode()
+    except (http.client.IncompleteRead, ConnectionError):
+        pass
+    return received.strip()
 
 
 @pytest.mark.usefixtures("restore_node_pools")
@@ -205,6 +240,7 @@ def test_a_model_at_zero_serves_its_first_request_after_the_operator_scales_it_o
                 )
 
             waiting = threading.Thread(target=client)
+            started = time.monotonic()
             waiting.start()
             eventually(
                 lambda: (
@@ -214,6 +250,7 @@ def test_a_model_at_zero_serves_its_first_request_after_the_operator_scales_it_o
                 "the request held by the router",
             )
             waiting.join(timeout=180)
+            sys.__stderr__.write(f"scale from zero: answered {time.monotonic() - started:.1f} s\n")
             status, body = answer.get("reply", (0, b"no answer"))
             assert status == 200, body
             assert json.loads(body)["object"] == "text_completion"
