@@ -1,9 +1,10 @@
 """A fast feasible plan (no optimality claim), the answer of last resort.
 
-Why: on large coupled fleets HiGHS can spend its whole time limit without an incumbent, and
-then there would be no plan at all. A greedy plan that meets C1, min bounds and C2 within the
-inventory is returned instead (status ``time_limit``, solver ``greedy``). (Passing it to HiGHS
-as a starting solution was measured to make the final gap worse, so it is not used that way.)
+Why: on large coupled fleets HiGHS can spend its whole budget (node limit, or the wall-clock
+safety stop) without an incumbent, and then there would be no plan at all. A greedy plan that
+meets C1, min bounds and C2 within the inventory is returned instead (status ``time_limit``,
+solver ``greedy``). (Passing it to HiGHS as a starting solution was measured to make the final
+gap worse, so it is not used that way.)
 
 Rule: start from nothing, add one instance at a time to the cell with the lowest cost per
 useful tokens/s, where an instance that already runs (x < n) costs c and a new one c + σ.

@@ -24,6 +24,9 @@ Added (the paper leaves them out; documented in docs/plan-json.md):
 
 ε (paper ambiguity #1): it is an input; the paper gives no value and the reference repository
 effectively uses ε = 1 without C2. ScalingPolicy's default is documented with the policy.
+
+The plan is a function of the problem: the solver's budget is a node limit per MIP solve and
+the wall clock is only a safety stop (see :class:`PlanOptions`).
 """
 
 from __future__ import annotations
@@ -41,15 +44,40 @@ from sageserve.plan.mip import MipModel, MipSolution, ModelBuilder, solve
 from sageserve.plan.problem import PlanProblem
 from sageserve.plan.result import PlanResult
 
+# Branch-and-bound nodes per MIP solve (see PlanOptions). Measured on plan/bench.py's fleets:
+# on the coupled 20 × 20 × 5 fleets it reaches the gaps the former 10 s wall-clock budget
+# reached on a lightly loaded 2-core machine (mean 0.18 %) in 8–12 s, and it solves every
+# per-model MIP of the uncoupled 100 × 30 × 6 fleets to the gap (docs/plan-json.md).
+DEFAULT_NODE_LIMIT = 100
+
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """Solver settings (from the ScalingPolicy's ILP settings)."""
+    """Solver settings (from the ScalingPolicy's ILP settings).
+
+    The hourly plan of SageServe §5 must be a function of its inputs, so the solver's budget
+    is deterministic work, not wall-clock time: ``node_limit`` branch-and-bound nodes for each
+    MIP solve (HiGHS ``mip_max_nodes``, CBC ``maxNodes``), one thread and a fixed ``seed``.
+    The same problem then gives the same plan on any machine, however fast or loaded.
+
+    ``time_limit`` (seconds) is only a safety stop against a runaway solve: every solver call
+    gets it whole, it is never split by measuring elapsed time, and a plan it cut short says so
+    in its ``reason`` (that plan is the one result that depends on the machine). ``threads``
+    above 1 lets HiGHS use more threads, which it does not promise to be deterministic.
+    """
 
     solver: str = "highs"
     time_limit: float = 60.0
     mip_gap: float = 1e-4
     threads: int = 1
+    node_limit: int = DEFAULT_NODE_LIMIT
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.node_limit < 1:
+            raise ValueError("node_limit must be at least 1 (the root node)")
+        if self.time_limit <= 0:
+            raise ValueError("time_limit must be positive")
 
 
 @dataclass
@@ -65,36 +93,43 @@ class _Layout:
 
 def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> PlanResult:
     """Solve one planning problem. Never raises for solver outcomes: the status says what
-    happened (see :class:`PlanResult`)."""
+    happened (see :class:`PlanResult`). Deterministic unless the wall-clock safety stop fires
+    (see :class:`PlanOptions`): the clock is read only to report ``solve_seconds``."""
     opts = options or PlanOptions()
-    start = time.perf_counter()
+    start = time.perf_counter()  # reporting only
     data = _Data(problem)
 
-    def remaining() -> float:
-        return max(opts.time_limit - (time.perf_counter() - start), 0.01)
-
-    def run(model: MipModel, budget: float | None = None, abs_gap: float = 0.0) -> MipSolution:
-        limit = remaining() if budget is None else min(budget, remaining())
+    def run(model: MipModel, abs_gap: float = 0.0) -> MipSolution:
         sol = solve(
             model,
             solver=opts.solver,
             mip_abs_gap=abs_gap,
-            time_limit=limit,
+            time_limit=opts.time_limit,
             mip_gap=opts.mip_gap,
             threads=opts.threads,
+            node_limit=opts.node_limit,
+            seed=opts.seed,
         )
         if sol.status == "error" and opts.solver == "highs":
-            sol = solve(model, solver="cbc", time_limit=remaining(), mip_gap=opts.mip_gap)
+            sol = solve(
+                model,
+                solver="cbc",
+                time_limit=opts.time_limit,
+                mip_gap=opts.mip_gap,
+                threads=opts.threads,
+                node_limit=opts.node_limit,
+                seed=opts.seed,
+            )
         return sol
 
-    decomposed = _solve_by_model(data, run, start, opts.time_limit, opts.mip_gap)
+    decomposed = _solve_by_model(data, run, opts, start)
     if decomposed is not None:
         return decomposed
     model, layout = data.build(shortfall=False)
     sol = run(model)
-    if sol.status in ("optimal", "time_limit"):
+    if sol.status in ("optimal", "node_limit", "time_limit"):
         status = "optimal" if sol.status == "optimal" else "time_limit"
-        return data.result(status, sol, layout, start, reason=_time_reason(sol, status))
+        return data.result(status, sol, layout, start, reason=_stop_reason(sol, opts))
     if sol.status == "no_solution":
         greedy = data.greedy(layout)
         if greedy is not None:
@@ -106,53 +141,60 @@ def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> Plan
                 "greedy",
                 None,
                 start,
-                "time limit reached before the solver found a plan; "
+                f"{_limit_words(sol, opts)} reached before the solver found a plan; "
                 "greedy plan (feasible, not optimised)",
             )
-        return _failed(data, "no feasible plan found within the time limit", sol, start)
+        return _failed(
+            data, f"no feasible plan found within the {_limit_words(sol, opts)}", sol, start
+        )
     if sol.status == "error":
         return _failed(data, f"solver error: {sol.message}", sol, start)
 
     # Demand cannot be met in full: shed lowest tiers first.
     caps: dict[int, float] = {}
+    stops: list[MipSolution] = []
     for t in range(len(data.tiers)):
         model, layout = data.build(shortfall=True, minimise_tier=t, tier_caps=caps)
         sol = run(model)
         if sol.status == "infeasible":
             return _failed(data, data.diagnose_infeasible(), sol, start)
-        if sol.status not in ("optimal", "time_limit"):
+        if sol.status not in ("optimal", "node_limit", "time_limit"):
             return _failed(
                 data, f"shortfall phase for tier {data.tiers[t]!r}: {sol.message}", sol, start
             )
+        if sol.status != "optimal":
+            stops.append(sol)
         caps[t] = data.tier_total(sol, layout, t)
     model, layout = data.build(shortfall=True, tier_caps=caps)
     sol = run(model)
-    if sol.status not in ("optimal", "time_limit"):
+    if sol.status not in ("optimal", "node_limit", "time_limit"):
         return _failed(data, f"final shortfall phase: {sol.message}", sol, start)
     status = "shortfall" if sol.status == "optimal" else "time_limit"
-    return data.result(
-        status,
-        sol,
-        layout,
-        start,
-        reason=_time_reason(sol, status)
-        or "not enough GPUs / instance bounds for the forecast demand",
-    )
+    reason = _stop_reason(sol, opts)
+    if reason is None:
+        reason = "not enough GPUs / instance bounds for the forecast demand"
+        if stops:  # a higher tier's shortfall may not be the least possible
+            reason += f"; {_limit_words(stops[0], opts)} reached in a shortfall phase"
+    return data.result(status, sol, layout, start, reason=reason)
 
 
 def _solve_by_model(
     data: _Data,
-    run: Callable[[MipModel, float | None, float], MipSolution],
+    run: Callable[[MipModel, float], MipSolution],
+    opts: PlanOptions,
     start: float,
-    time_limit: float,
-    mip_gap: float,
 ) -> PlanResult | None:
     """Exact shortcut: without GPU capacity rows the problem splits into one small MIP per
     model (C1, C2 and bounds never mix models), and one B&B tree per model is far faster than
     one tree over all of them (the per-model gaps add up to at most the same relative gap).
     With an inventory, the union of the per-model optima is optimal for the full problem when
-    it also fits the inventory (optimal for a relaxation, and feasible); then this gets a
-    quarter of the time. Returns None when the caller must solve the coupled problem.
+    it also fits the inventory (optimal for a relaxation, and feasible); a per-model solve that
+    is not proven optimal ends the shortcut. Returns None when the caller must solve the
+    coupled problem.
+
+    Budget: each per-model MIP gets the node limit (deterministic). If one is cut short by the
+    wall-clock safety stop, the models after it get their greedy plans without a solve, so a
+    runaway costs one time limit, not one per model.
 
     Gap: the full problem's criterion is (UB − LB)/UB ≤ mip_gap. Each model may stop at an
     absolute gap of mip_gap × LB/M, where LB is a cheap valid lower bound of the whole
@@ -161,33 +203,33 @@ def _solve_by_model(
     of a fraction of a cent (per-model relative gaps made near-tied GPU types very slow)."""
     coupled = bool(data.p.gpu_capacity)
     models_with_cells = max(1, len(data.models))
-    abs_gap = mip_gap * data.objective_lower_bound() / models_with_cells
-    deadline = time.perf_counter() + (0.25 * time_limit if coupled else time_limit)
+    abs_gap = opts.mip_gap * data.objective_lower_bound() / models_with_cells
     values: dict[tuple[int, int, int], int] = {}
     upper = slack = 0.0  # summed incumbents and summed (incumbent − bound)
     solver, status, unknown_gap = "", "optimal", False
-    count = len(data.models)
-    for i in range(count):
+    timed_out = False  # the safety stop fired: no more solver calls
+    limits: set[str] = set()
+    for i in range(len(data.models)):
         model, layout = data.build(shortfall=False, only_model=i, capacity=False)
         if model.num_cols == 0:
             continue
-        left = deadline - time.perf_counter()
-        if left <= 0 and coupled:
-            return None
-        # A fair share of what is left, with room for a model harder than the rest.
-        if left > 0:
-            sol = run(model, min(left, max(4.0 * left / (count - i), 0.05)), abs_gap)
+        if timed_out:
+            sol = MipSolution("no_solution", message="safety stop in an earlier model")
+            sol.timed_out = True
         else:
-            sol = MipSolution("no_solution", message="no time left")
+            sol = run(model, abs_gap)
+            timed_out = sol.timed_out
+        if sol.status != "optimal":
+            limits.add(_limit_words(sol, opts))
         if sol.status == "no_solution" and not coupled:
-            # This model's slice ran out before any incumbent: its greedy plan is valid.
+            # This model's budget ran out before any incumbent: its greedy plan is valid.
             greedy = data.greedy(layout)
             if greedy is None:
                 return None
             values.update(greedy)
             status, unknown_gap = "time_limit", True
             continue
-        if sol.status == "time_limit" and not coupled:
+        if sol.status in ("node_limit", "time_limit") and not coupled:
             status = "time_limit"
         elif sol.status != "optimal":
             return None
@@ -208,20 +250,32 @@ def _solve_by_model(
     gap: float | None = slack / upper if upper > 0 else 0.0
     if unknown_gap:
         gap = None
-    elif status == "time_limit" and gap is not None and gap <= mip_gap:
+    elif status == "time_limit" and gap is not None and gap <= opts.mip_gap:
         status = "optimal"  # some models stopped early, but the whole plan meets the gap
     reason = None
     if status == "time_limit":
         shown = "unknown (greedy plan for some models)" if gap is None else f"{gap:.3%}"
-        reason = f"time limit reached in the per-model solves; gap {shown}"
+        reason = f"{' and '.join(sorted(limits))} reached in the per-model solves; gap {shown}"
     return data.result_from(status, values, {}, solver, gap, start, reason)
 
 
-def _time_reason(sol: MipSolution, status: str) -> str | None:
-    if status != "time_limit":
+def _limit_words(sol: MipSolution, opts: PlanOptions) -> str:
+    """Which budget stopped a solve, in the words the plan's reason uses."""
+    if sol.timed_out:
+        return (
+            f"wall-clock safety stop ({opts.time_limit:g} s per solve; "
+            "this plan depends on the machine's speed)"
+        )
+    if sol.status in ("node_limit", "no_solution"):
+        return f"node limit ({opts.node_limit} per solve)"
+    return f"solver limit ({sol.message})"
+
+
+def _stop_reason(sol: MipSolution, opts: PlanOptions) -> str | None:
+    if sol.status not in ("node_limit", "time_limit"):
         return None
     gap = "unknown" if sol.gap is None else f"{sol.gap:.3%}"
-    return f"time limit reached; best plan found, gap {gap}"
+    return f"{_limit_words(sol, opts)} reached; best plan found, gap {gap}"
 
 
 def _failed(data: _Data, reason: str, sol: MipSolution, start: float) -> PlanResult:

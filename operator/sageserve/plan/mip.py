@@ -21,7 +21,9 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 INF = math.inf
 
-SolveStatus = Literal["optimal", "time_limit", "infeasible", "no_solution", "error"]
+# ``node_limit``: stopped by the deterministic node budget with an incumbent; ``time_limit``:
+# stopped by the wall-clock safety stop (the answer then depends on the machine's speed).
+SolveStatus = Literal["optimal", "node_limit", "time_limit", "infeasible", "no_solution", "error"]
 
 
 @dataclass
@@ -57,6 +59,8 @@ class MipSolution:
     seconds: float = 0.0
     solver: str = ""
     message: str = ""
+    nodes: int = 0  # branch-and-bound nodes the solver processed (reporting only)
+    timed_out: bool = False  # the wall-clock safety stop ended the solve
 
 
 class ModelBuilder:
@@ -113,19 +117,28 @@ def solve(
     threads: int = 1,
     start: FloatArray | None = None,
     mip_abs_gap: float = 0.0,
+    node_limit: int | None = None,
+    seed: int = 0,
 ) -> MipSolution:
     """Solve with ``highs`` (highspy, default) or ``cbc`` (PuLP's bundled CBC). Never raises
     for solver-side trouble: it returns a status with a message instead. ``start`` is a
-    feasible column vector HiGHS starts from (CBC ignores it)."""
+    feasible column vector HiGHS starts from (CBC ignores it).
+
+    ``node_limit`` (branch-and-bound nodes) is the deterministic budget: with one thread and a
+    fixed ``seed`` the same model gives the same answer on any machine. ``time_limit`` is a
+    wall-clock safety stop; a solve that reaches it returns ``time_limit`` and its answer
+    depends on the machine."""
     if solver == "highs":
         try:
-            return _solve_highs(model, time_limit, mip_gap, threads, start, mip_abs_gap)
+            return _solve_highs(
+                model, time_limit, mip_gap, threads, start, mip_abs_gap, node_limit, seed
+            )
         except ImportError as exc:  # highspy missing: fall back rather than fail the plan.
-            fallback = _solve_cbc(model, time_limit, mip_gap, threads)
+            fallback = _solve_cbc(model, time_limit, mip_gap, threads, node_limit, seed)
             fallback.message = f"highspy unavailable ({exc}); solved with CBC. {fallback.message}"
             return fallback
     if solver == "cbc":
-        return _solve_cbc(model, time_limit, mip_gap, threads)
+        return _solve_cbc(model, time_limit, mip_gap, threads, node_limit, seed)
     return MipSolution(status="error", message=f"unknown solver {solver!r} (use highs or cbc)")
 
 
@@ -136,6 +149,8 @@ def _solve_highs(
     threads: int,
     start_x: FloatArray | None = None,
     mip_abs_gap: float = 0.0,
+    node_limit: int | None = None,
+    seed: int = 0,
 ) -> MipSolution:
     import highspy
 
@@ -147,6 +162,10 @@ def _solve_highs(
     if mip_abs_gap > 0:
         h.setOptionValue("mip_abs_gap", float(mip_abs_gap))
     h.setOptionValue("threads", int(threads))
+    h.setOptionValue("random_seed", int(seed))
+    if node_limit is not None:
+        # At least the root node: with 0 HiGHS stops before it and finds nothing.
+        h.setOptionValue("mip_max_nodes", int(min(max(node_limit, 1), 2**31 - 1)))
     # Measured on plan/bench.py fleets: the gap at the time limit is mostly primal (a better
     # incumbent), so more heuristic effort than the default 0.05 pays off.
     h.setOptionValue("mip_heuristic_effort", 0.3)
@@ -186,21 +205,47 @@ def _solve_highs(
     x = np.asarray(h.getSolution().col_value, dtype=np.float64) if has_solution else np.zeros(0)
     gap = float(info.mip_gap) if has_solution and math.isfinite(info.mip_gap) else None
     objective = float(info.objective_function_value) if has_solution else math.nan
+    nodes = int(info.mip_node_count) if info.mip_node_count > 0 else 0
     text = h.modelStatusToString(status)
     if status == highspy.HighsModelStatus.kOptimal:
-        return MipSolution("optimal", x, objective, gap, seconds, "highs", text)
+        return MipSolution("optimal", x, objective, gap, seconds, "highs", text, nodes)
     if status in (highspy.HighsModelStatus.kInfeasible,):
         return MipSolution("infeasible", seconds=seconds, solver="highs", message=text)
     if status == highspy.HighsModelStatus.kTimeLimit:
         st: SolveStatus = "time_limit" if has_solution else "no_solution"
-        return MipSolution(st, x, objective, gap, seconds, "highs", text)
+        return MipSolution(st, x, objective, gap, seconds, "highs", text, nodes, timed_out=True)
+    if status == highspy.HighsModelStatus.kSolutionLimit:  # mip_max_nodes reached
+        st = "node_limit" if has_solution else "no_solution"
+        return MipSolution(st, x, objective, gap, seconds, "highs", text, nodes)
     if has_solution:
-        return MipSolution("time_limit", x, objective, gap, seconds, "highs", text)
+        return MipSolution("time_limit", x, objective, gap, seconds, "highs", text, nodes)
     return MipSolution("error", seconds=seconds, solver="highs", message=text)
 
 
-def _solve_cbc(model: MipModel, time_limit: float, mip_gap: float, threads: int) -> MipSolution:
+def _solve_cbc(
+    model: MipModel,
+    time_limit: float,
+    mip_gap: float,
+    threads: int,
+    node_limit: int | None = None,
+    seed: int = 0,
+) -> MipSolution:
+    """CBC through PuLP: ``maxNodes`` is the deterministic budget (CBC is deterministic with
+    one thread; ``seed`` > 0 sets its ``randomCbcSeed``), ``timeLimit`` the safety stop."""
     import pulp
+
+    class _Cbc(pulp.PULP_CBC_CMD):  # type: ignore[misc]
+        """Also keeps what CBC stopped on ("iterations", "time"), which PuLP drops."""
+
+        stopped_on = ""
+
+        def get_status(self, filename: str) -> tuple[int, int]:
+            with open(filename, encoding="utf-8") as f:
+                words = f.readline().split()
+            if len(words) > 2 and words[0] == "Stopped":
+                self.stopped_on = words[2]
+            status: tuple[int, int] = super().get_status(filename)
+            return status
 
     start = time.perf_counter()
     prob = pulp.LpProblem("plan", pulp.LpMinimize)
@@ -230,7 +275,15 @@ def _solve_cbc(model: MipModel, time_limit: float, mip_gap: float, threads: int)
             prob += expr >= lo
         if not math.isinf(hi):
             prob += expr <= hi
-    cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=mip_gap, threads=threads)
+    cmd = _Cbc(
+        msg=False,
+        timeLimit=time_limit,
+        gapRel=mip_gap,
+        threads=threads,
+        maxNodes=node_limit,
+        # CBC's default seed is fixed; its seed 0 would mean "from the time of day".
+        options=[f"randomCbcSeed {int(seed)}"] if seed > 0 else [],
+    )
     prob.solve(cmd)
     seconds = time.perf_counter() - start
     status = pulp.LpStatus[prob.status]
@@ -238,10 +291,17 @@ def _solve_cbc(model: MipModel, time_limit: float, mip_gap: float, threads: int)
     has_solution = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if status == "Infeasible":
         return MipSolution("infeasible", seconds=seconds, solver="cbc", message=status)
+    timed_out = cmd.stopped_on == "time"
     if not has_solution or any(v is None for v in values):
-        return MipSolution("no_solution", seconds=seconds, solver="cbc", message=status)
+        return MipSolution(
+            "no_solution", seconds=seconds, solver="cbc", message=status, timed_out=timed_out
+        )
     x = np.asarray([float(v) for v in values], dtype=np.float64)
     objective = float(model.cost @ x) + model.offset
     if prob.sol_status == pulp.LpSolutionOptimal:
         return MipSolution("optimal", x, objective, None, seconds, "cbc", status)
-    return MipSolution("time_limit", x, objective, None, seconds, "cbc", status)
+    # CBC's solution file says "Stopped on iterations" when maxNodes ends the search (this
+    # passes no iteration limit), "Stopped on time" at timeLimit.
+    stopped: SolveStatus = "time_limit" if timed_out else "node_limit"
+    message = f"stopped on {cmd.stopped_on or 'a limit'}"
+    return MipSolution(stopped, x, objective, None, seconds, "cbc", message, timed_out=timed_out)

@@ -16,10 +16,12 @@ class PlanResult(BaseModel):
     - ``optimal``: all demand served, cost proven minimal (within ``mip_gap``);
     - ``shortfall``: not all demand can be served with the GPUs/bounds given; the plan serves
       higher tiers first and ``shortfall_tps`` says what is left unserved;
-    - ``time_limit``: the solver stopped at the time limit with a feasible plan that is not
-      proven optimal (``mip_gap`` tells how far it may be);
+    - ``time_limit``: the solver's budget ran out with a feasible plan that is not proven
+      optimal (``mip_gap`` tells how far it may be). The budget is the deterministic node
+      limit; ``reason`` says when the wall-clock safety stop cut the solve instead (then, and
+      only then, the plan depends on the machine). ScalingPolicy's status uses this name;
     - ``infeasible``: no plan exists even with shortfall (e.g. min bounds need more GPUs than
-      there are), or no plan was found in time; ``reason`` says which.
+      there are), or no plan was found within the budget; ``reason`` says which.
     """
 
     model_config = ConfigDict(extra="forbid")
