@@ -350,7 +350,12 @@ def plan_cmd(
         Path | None, typer.Option("--output", "-o", help="Write plan.json here (else stdout).")
     ] = None,
     solver: Annotated[str, typer.Option(help="highs (default) or cbc.")] = "highs",
-    time_limit: Annotated[float, typer.Option(help="Seconds for the whole solve.")] = 60.0,
+    time_limit: Annotated[
+        float, typer.Option(help="Safety stop in seconds per solve (the budget is nodes).")
+    ] = 600.0,
+    node_limit: Annotated[
+        int, typer.Option(help="Branch-and-bound nodes per solve: the deterministic budget.")
+    ] = 100,
     gap: Annotated[float, typer.Option(help="Relative MIP gap counted as optimal.")] = 1e-4,
 ) -> None:
     """Solve one provisioning problem (JSON contract: docs/plan-json.md)."""
@@ -358,7 +363,8 @@ def plan_cmd(
     from sageserve.plan.ilp import PlanOptions
 
     try:
-        text = plan_command(input_path, output, PlanOptions(solver, time_limit, gap))
+        options = PlanOptions(solver, time_limit, gap, node_limit=node_limit)
+        text = plan_command(input_path, output, options)
     except PlanInputError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -390,7 +396,12 @@ def bench_plan_cmd(
     ] = None,
     seeds: Annotated[int, typer.Option(help="Instances per size.")] = 3,
     solver: Annotated[str, typer.Option(help="highs or cbc.")] = "highs",
-    time_limit: Annotated[float, typer.Option(help="Seconds per solve.")] = 10.0,
+    time_limit: Annotated[
+        float, typer.Option(help="Safety stop in seconds per solve (the budget is nodes).")
+    ] = 600.0,
+    node_limit: Annotated[
+        int, typer.Option(help="Branch-and-bound nodes per solve: the deterministic budget.")
+    ] = 100,
     gap: Annotated[float, typer.Option(help="Relative MIP gap counted as optimal.")] = 1e-4,
     inventory: Annotated[
         bool, typer.Option(help="Include GPU inventory rows (the paper's ILP has none).")
@@ -407,7 +418,7 @@ def bench_plan_cmd(
     bench_plan_command(
         [(s[0], s[1], s[2]) for s in sizes],
         seeds,
-        PlanOptions(solver, time_limit, gap),
+        PlanOptions(solver, time_limit, gap, node_limit=node_limit),
         console,
         inventory,
     )

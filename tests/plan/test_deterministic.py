@@ -109,3 +109,13 @@ def test_cbc_fallback_honours_the_node_limit() -> None:
 def test_a_node_limit_below_the_root_is_refused() -> None:
     with pytest.raises(ValueError, match="node_limit"):
         PlanOptions(node_limit=0)
+
+
+def test_the_policy_sets_the_node_budget_and_the_safety_stop() -> None:
+    from sageserve.api.scaling_policy import ScalingPolicySpec
+    from sageserve.plan.cycle import plan_options
+
+    spec = ScalingPolicySpec.model_validate({"optimizer": {"nodeLimit": 40, "timeLimitSeconds": 5}})
+    options = plan_options(spec)
+    assert (options.node_limit, options.time_limit) == (40, 5)
+    assert plan_options(ScalingPolicySpec()).node_limit == 100

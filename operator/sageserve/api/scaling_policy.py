@@ -321,8 +321,19 @@ class Optimizer(ApiModel):
         description="α for unlisted GPU types: $98.32 per 8×H100 hour / 8 (SageServe §7.2).",
     )
     solver: Solver = Field(default=Solver.HIGHS)
+    node_limit: int = Field(
+        default=100,
+        ge=1,
+        le=1_000_000,
+        description="Branch-and-bound nodes per solve: the solver's budget, so that the same "
+        "forecast gives the same plan on any machine.",
+    )
     time_limit_seconds: float = Field(
-        default=30, gt=0, le=3600, description="Solver time limit; the best plan so far is used."
+        default=30,
+        gt=0,
+        le=3600,
+        description="Safety stop per solve against a runaway solver; a plan it cuts short "
+        "says so in status (that plan depends on the machine's speed).",
     )
     relative_gap: float = Field(
         default=0.0001, ge=0, le=1, description="Relative MIP gap at which the solver stops."

@@ -85,11 +85,14 @@ def forecast_spec(policy: ScalingPolicySpec) -> ForecastSpec:
 
 
 def plan_options(policy: ScalingPolicySpec) -> PlanOptions:
-    """The solver's settings from a ScalingPolicy's `spec.optimizer`: its time limit is the
-    safety stop, the node limit (the deterministic budget) keeps PlanOptions' default."""
+    """The solver's settings from a ScalingPolicy's `spec.optimizer`: the node limit is the
+    deterministic budget, the time limit a safety stop."""
     o = policy.optimizer
     return PlanOptions(
-        solver=o.solver.value, time_limit=o.time_limit_seconds, mip_gap=o.relative_gap
+        solver=o.solver.value,
+        time_limit=o.time_limit_seconds,
+        mip_gap=o.relative_gap,
+        node_limit=o.node_limit,
     )
 
 
