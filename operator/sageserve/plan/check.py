@@ -10,7 +10,7 @@ from sageserve.plan.result import PlanResult
 TOL = 1e-6
 
 
-def violations(problem: PlanProblem, plan: PlanResult) -> list[str]:
+def violations(problem: PlanProblem, plan: PlanResult) -> list[str]:  # noqa: C901 — one check per constraint of SageServe §5, read top to bottom against the paper
     """Human-readable list of broken constraints; empty when the plan is valid."""
     p = problem
     out: list[str] = []

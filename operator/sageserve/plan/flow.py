@@ -32,7 +32,7 @@ class SpillPlan:
     unserved: dict[str, float] = field(default_factory=dict)
 
 
-def spillover(
+def spillover(  # noqa: C901 — builds and reads one min-cost flow network; split, its node naming would be shared across functions
     demand_tps: Mapping[str, float],
     capacity_tps: Mapping[str, float],
     cost: Mapping[str, Mapping[str, float]] | None = None,

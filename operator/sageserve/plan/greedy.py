@@ -23,7 +23,7 @@ Cell = tuple[int, int, int]
 K = TypeVar("K")
 
 
-def greedy_plan(
+def greedy_plan(  # noqa: C901 — one pass per constraint family of §5 in the order the fallback must satisfy them
     p: PlanProblem,
     cells: list[Cell],
     ub: dict[Cell, int],

@@ -91,7 +91,9 @@ class _Layout:
     shortfall: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (m, r, t) -> col
 
 
-def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> PlanResult:
+def solve_plan(  # noqa: C901 — the fallback ladder (coupled, per model, greedy) in one place
+    problem: PlanProblem, options: PlanOptions | None = None
+) -> PlanResult:
     """Solve one planning problem. Never raises for solver outcomes: the status says what
     happened (see :class:`PlanResult`). Deterministic unless the wall-clock safety stop fires
     (see :class:`PlanOptions`): the clock is read only to report ``solve_seconds``."""
@@ -178,7 +180,7 @@ def solve_plan(problem: PlanProblem, options: PlanOptions | None = None) -> Plan
     return data.result(status, sol, layout, start, reason=reason)
 
 
-def _solve_by_model(
+def _solve_by_model(  # noqa: C901 — per-model solves and the safety stop that ends them
     data: _Data,
     run: Callable[[MipModel, float], MipSolution],
     opts: PlanOptions,
@@ -315,7 +317,7 @@ class _Data:
                     total[: summed.size] += summed
             self.peak_global[i] = float(total.max()) if total.size else 0.0
 
-    def build(
+    def build(  # noqa: C901 — the ILP of SageServe §5, one constraint family after another
         self,
         *,
         shortfall: bool,

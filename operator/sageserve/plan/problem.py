@@ -72,7 +72,7 @@ class PlanProblem(BaseModel):
     demand_tps_by_tier: dict[str, dict[str, dict[str, list[float]]]] | None = None
 
     @model_validator(mode="after")
-    def _check_references(self) -> PlanProblem:
+    def _check_references(self) -> PlanProblem:  # noqa: C901 — a flat list of independent input checks, each naming the field
         errors: list[str] = []
         models, regions, gpus = set(self.models), set(self.regions), set(self.gpu_types)
         for name, names in (
