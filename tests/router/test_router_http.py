@@ -226,3 +226,53 @@ def test_requests_spill_to_another_region_only_above_the_threshold() -> None:
         {"east-0": ("us-east", False), "west-0": ("us-west", False)},
         home_region="us-east",
     )
+
+
+def test_a_client_that_goes_away_mid_stream_cancels_the_pods_request() -> None:
+    cut: list[str] = []
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for i in range(200):
+                await response.write(f"data: {i}\n\n".encode())
+                await asyncio.sleep(0.02)
+        except (ConnectionResetError, asyncio.CancelledError):
+            cut.append("upstream closed")
+            raise
+        return response
+
+    async def main() -> None:
+        pod = web.Application()
+        pod.router.add_post("/v1/completions", slow)
+        pod_runner = web.AppRunner(pod, handler_cancellation=True)
+        await pod_runner.setup()
+        await web.TCPSite(pod_runner, "127.0.0.1", 0).start()
+        fleet = Fleet()
+        fleet.set_models([MODEL])
+        url = f"http://127.0.0.1:{pod_runner.addresses[0][1]}"
+        fleet.set_backends([Backend("llm", "east-0", "llama", "us-east", "a100", url)])
+        router_runner = web.AppRunner(
+            Router(fleet, RouterConfig(), RouterMetrics()).app(), handler_cancellation=True
+        )
+        await router_runner.setup()
+        await web.TCPSite(router_runner, "127.0.0.1", 0).start()
+        port = router_runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as client:
+                resp = await client.post(
+                    f"http://127.0.0.1:{port}/v1/completions", json=body(stream=True)
+                )
+                assert (await resp.content.readline()).startswith(b"data: 0")
+                resp.close()  # the client goes away
+            for _ in range(100):
+                if cut:
+                    break
+                await asyncio.sleep(0.02)
+            assert cut == ["upstream closed"]  # well before the pod's 4 s answer ends
+        finally:
+            await router_runner.cleanup()
+            await pod_runner.cleanup()
+
+    asyncio.run(main())
