@@ -6,6 +6,7 @@ import heapq
 
 import pytest
 
+from sageserve.core.snapshot import emu
 from sageserve.core.types import IW_F, NIW, Request
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from tests.sim.helpers import flat_perf
@@ -76,7 +77,7 @@ def test_emu_is_kv_in_use_over_capacity_and_grows_one_token_per_iteration() -> N
     # after the prefill: prompt + first token
     assert inst.kv_at(0.1) == pytest.approx(1001)
     assert inst.kv_at(0.1 + 100 * 0.01) == pytest.approx(1101)
-    assert inst.snapshot(0.1).emu == pytest.approx(0.1001)
+    assert emu(inst.kv_at(0.1), inst.kv_cap) == pytest.approx(0.1001)
 
 
 def test_admission_stops_when_kv_is_full_and_resumes_after_a_finish() -> None:
