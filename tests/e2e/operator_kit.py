@@ -180,6 +180,65 @@ def operator_args(namespace: str) -> list[str]:
     return ["run", "--standalone", "--namespace", namespace, "-m", "sageserve.controller.handlers"]
 
 
+class CommandProcess:
+    """A `sageserve` command as its own process: its output collected line by line, and the
+    word after `marker` in it (the address it serves on) waited for."""
+
+    def __init__(
+        self,
+        args: list[str],
+        marker: str,
+        what: str,
+        timeout: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        import subprocess
+        import sys
+        import time
+
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sageserve.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        self.address = ""
+        while not self.address:
+            found = [ln for ln in self.lines if marker in ln]
+            if found:
+                self.address = found[0].split(marker, 1)[1].split()[0]
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the {what} did not start:\n" + "".join(self.lines))
+            else:
+                time.sleep(0.2)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 class TwinProcess:
     """`sageserve twin` as its own process, scraped by the session's Prometheus.
 
@@ -191,50 +250,19 @@ class TwinProcess:
     def __init__(
         self, kubeconfig: Path, namespace: str, targets_dir: Path, *args: str, timeout: float = 180
     ) -> None:
-        import subprocess
-        import sys
-        import threading
-        import time
-
         self.targets_file = targets_dir / f"twin-{namespace}.json"
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sageserve.cli",
-                "twin",
-                "--namespace",
-                namespace,
-                "--kubeconfig",
-                str(kubeconfig),
-                "--targets-file",
-                str(self.targets_file),
-                *args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
+        args_ = ["twin", "--namespace", namespace, "--kubeconfig", str(kubeconfig)]
+        self.command = CommandProcess(
+            [*args_, "--targets-file", str(self.targets_file), *args],
+            "twin: serving on ",
+            "twin",
+            timeout,
         )
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-
-        threading.Thread(target=read, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        self.url = ""
-        while not self.url:
-            found = [ln for ln in self.lines if "twin: serving on http://" in ln]
-            if found:
-                self.url = found[0].split("serving on ", 1)[1].split(" ", 1)[0]
-            elif self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise AssertionError("the twin did not start:\n" + "".join(self.lines))
-            else:
-                time.sleep(0.2)
+        self.proc, self.lines, self.url = (
+            self.command.proc,
+            self.command.lines,
+            self.command.address,
+        )
 
     def status(self) -> dict[str, Any]:
         import urllib.request
@@ -254,18 +282,10 @@ class TwinProcess:
             return out
 
     def output(self) -> str:
-        return "".join(self.lines)
+        return self.command.output()
 
     def close(self) -> None:
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.command.stop()
         self.targets_file.unlink(missing_ok=True)
 
 
@@ -409,17 +429,9 @@ class RouterProcess:
         timeout: float = 60,
     ) -> None:
         import os
-        import subprocess
-        import sys
-        import time
 
-        self.lines: list[str] = []
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        self.proc = subprocess.Popen(
+        command = CommandProcess(
             [
-                sys.executable,
-                "-m",
-                "sageserve.cli",
                 "router",
                 "-n",
                 namespace,
@@ -435,30 +447,13 @@ class RouterProcess:
                 "1",
                 *args,
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=REPO,
+            "router listening on ",
+            "router",
+            timeout,
+            {**os.environ, "KUBECONFIG": str(kubeconfig)},
         )
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-
-        threading.Thread(target=read, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        self.url = ""
-        while not self.url:
-            found = [ln for ln in self.lines if "router listening on " in ln]
-            if found:
-                self.url = "http://" + found[0].rsplit(" ", 1)[1].strip()
-            elif self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise AssertionError("the router did not start:\n" + "".join(self.lines))
-            else:
-                time.sleep(0.2)
+        self.command, self.proc = command, command.proc
+        self.url = "http://" + command.address
         self.targets_file = targets_dir / f"router-{namespace}.json"
         target = self.url.removeprefix("http://")
         self.targets_file.write_text(json.dumps([{"targets": [target], "labels": {}}]))
@@ -501,10 +496,5 @@ class RouterProcess:
         return 0.0
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except Exception:
-            self.proc.kill()
-        if hasattr(self, "targets_file"):
-            self.targets_file.unlink(missing_ok=True)
+        self.command.stop()
+        self.targets_file.unlink(missing_ok=True)

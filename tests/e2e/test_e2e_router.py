@@ -252,7 +252,7 @@ def test_a_model_at_zero_serves_its_first_request_after_the_operator_scales_it_o
             waiting.join(timeout=180)
             sys.__stderr__.write(f"scale from zero: answered {time.monotonic() - started:.1f} s\n")
             status, body = answer.get("reply", (0, b"no answer"))
-            assert status == 200, body
+            assert status == 200, (body, router.command.output()[-3000:], twin.output()[-3000:])
             assert json.loads(body)["object"] == "text_completion"
             events = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
             assert "from zero: 1 request(s) waiting" in events

@@ -205,6 +205,7 @@ class Router:
     ) -> web.StreamResponse:
         tokens = estimated_tokens(body)
         tried: frozenset[str] = frozenset()
+        failures: list[str] = []
         for attempt in range(2):
             backend = self.fleet.choose_backend(model, region, tried) or self._elsewhere(
                 model, tried
@@ -219,12 +220,16 @@ class Router:
                 response = await self._proxy(request, body, backend, model, tier, started)
             except _BeforeFirstByte as exc:
                 log.warning("pod %s failed before the first byte: %s", backend.pod, exc)
+                failures.append(f"{backend.pod}: {exc}")
                 continue
             finally:
                 self.fleet.finish(backend, tokens)
             return response
         self.metrics.count(model, region, tier, 502)
-        return openai_error(502, "every pod tried failed before answering", "server_error")
+        reasons = "; ".join(failures) or "no ready pod left"
+        return openai_error(
+            502, f"every pod tried failed before answering ({reasons})", "server_error"
+        )
 
     def _elsewhere(self, model: ModelRoute, tried: frozenset[str]) -> Backend | None:
         for region in model.regions:
