@@ -429,6 +429,37 @@ from sageserve.commands.twin import twin_command  # noqa: E402
 
 app.command("twin")(twin_command)
 
+
+@app.command("load")
+def load(
+    url: Annotated[str, typer.Option(help="The router, on this machine (loopback only).")],
+    model: Annotated[str, typer.Option(help="The served model name to request.")],
+    trace: Annotated[
+        Path, typer.Option(help="An Azure LLM inference trace (2023 CSV format).")
+    ] = Path("data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"),
+    tier: Annotated[str | None, typer.Option(help="x-sageserve-tier of every request.")] = None,
+    region: Annotated[str | None, typer.Option(help="x-sageserve-region of every request.")] = None,
+    speed: Annotated[float, typer.Option(help="Trace seconds per wall second.")] = 1.0,
+    rate: Annotated[
+        float | None, typer.Option(help="Requests/s instead of the trace's own times.")
+    ] = None,
+    max_requests: Annotated[int, typer.Option(help="Stop after this many requests.")] = 1000,
+    seconds: Annotated[float, typer.Option(help="Stop after this many seconds.")] = 60.0,
+    max_output: Annotated[int, typer.Option(help="Cap on each request's max_tokens.")] = 512,
+) -> None:
+    """Replay a trace over HTTP against a router on this machine, bounded in count and time."""
+    from sageserve.commands.load import NotLocal, load_command
+
+    headers = {k: v for k, v in (("x-sageserve-tier", tier), ("x-sageserve-region", region)) if v}
+    try:
+        load_command(
+            url, trace, model, headers, speed, rate, max_requests, seconds, max_output, console
+        )
+    except NotLocal as exc:
+        err_console.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
 from sageserve.commands.router import router_command  # noqa: E402
 
 app.command("router")(router_command)
