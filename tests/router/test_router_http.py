@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from sageserve.route.tiers import TierMatch
-from sageserve.router.app import Router, RouterConfig
+from sageserve.router.app import Router, RouterConfig, run_loop
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
 
@@ -63,7 +64,9 @@ Scenario = Callable[
 ]
 
 
-def run(scenario: Scenario, pods: dict[str, tuple[str, bool]], **config: Any) -> None:
+def run(
+    scenario: Scenario, pods: dict[str, tuple[str, bool]], loop: str = "asyncio", **config: Any
+) -> None:
     """Start the pods {name: (region, fail)} and a router in front of them; run `scenario`."""
 
     async def main() -> None:
@@ -94,7 +97,7 @@ def run(scenario: Scenario, pods: dict[str, tuple[str, bool]], **config: Any) ->
             for r in runners:
                 await r.cleanup()
 
-    asyncio.run(main())
+    run_loop(main(), loop)
 
 
 def body(**kw: Any) -> dict[str, Any]:
@@ -106,7 +109,8 @@ def sample(metrics: RouterMetrics, name: str, **labels: str) -> float:
     return value or 0.0
 
 
-def test_a_request_reaches_a_pod_with_its_tier_counted() -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])  # uvloop: in the test extras
+def test_a_request_reaches_a_pod_with_its_tier_counted(loop: str) -> None:
     async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
         async with client.post(
             f"{url}/v1/completions", json=body(), headers={"x-sageserve-tier": "fast"}
@@ -119,7 +123,7 @@ def test_a_request_reaches_a_pod_with_its_tier_counted() -> None:
         )
         assert sample(metrics, "sageserve_router_requests_total", **labels) == 1
 
-    run(scenario, {"east-0": ("us-east", False), "west-0": ("us-west", False)})
+    run(scenario, {"east-0": ("us-east", False), "west-0": ("us-west", False)}, loop)
 
 
 def test_streamed_tokens_pass_through_as_server_sent_events() -> None:

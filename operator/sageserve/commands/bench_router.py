@@ -31,7 +31,7 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from sageserve.router.app import Router, RouterConfig, serve
+from sageserve.router.app import Router, RouterConfig, run_loop, serve
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
 
@@ -43,7 +43,7 @@ def _pin(core: int) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def _router_main(pods: list[str], port_queue: Any) -> None:
+def _router_main(pods: list[str], port_queue: Any, loop: str) -> None:
     """The router process: a static fleet of `pods` (base URLs), one core."""
     _pin(0)
 
@@ -59,7 +59,7 @@ def _router_main(pods: list[str], port_queue: Any) -> None:
 
         await serve(Router(fleet, RouterConfig(), RouterMetrics()), "127.0.0.1", 0, ready)
 
-    asyncio.run(main())
+    run_loop(main(), loop)
 
 
 @dataclass
@@ -143,42 +143,60 @@ def _rss_peak_mb(pid: int) -> float:
     return float("nan")
 
 
+async def _measure(url: str, rate: float, seconds: float) -> dict[str, Any]:
+    samples, sent = await _load(url, rate, seconds)
+    pod_in = [s.pod_in * 1000 for s in samples]
+    first = [s.first_chunk * 1000 for s in samples]
+    return {
+        "sent": sent,
+        "answered": len(samples),
+        "pod_in_p50_ms": _pct(pod_in, 50),
+        "pod_in_p99_ms": _pct(pod_in, 99),
+        "first_chunk_p50_ms": _pct(first, 50),
+        "first_chunk_p99_ms": _pct(first, 99),
+    }
+
+
+def _loops() -> tuple[str, ...]:
+    """asyncio, and uvloop when it is installed."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return ("asyncio",)
+    return ("asyncio", "uvloop")
+
+
 def bench_router_command(
     rates: list[float], seconds: float, pods: int, console: Console
 ) -> dict[str, Any]:
-    """Run the benchmark and print its table; returns the figures."""
+    """Run the benchmark and print its table; returns the figures. The router is measured
+    with each event loop in the same run, so the two compare on the same machine state."""
 
     async def main() -> dict[str, Any]:
         _pin(1)
         runners, urls = await _start_pods(pods)
         ctx = mp.get_context("spawn")
-        ports = ctx.Queue()
-        proc = ctx.Process(target=_router_main, args=(urls, ports), daemon=True)
-        proc.start()
+        results: dict[str, Any] = {"rates": {rate: {} for rate in rates}, "rss_peak_mb": {}}
         try:
-            port = await asyncio.get_running_loop().run_in_executor(None, ports.get, True, 60)
-            router = f"http://127.0.0.1:{port}"
-            results: dict[str, Any] = {"rates": {}}
             for rate in rates:
-                row: dict[str, Any] = {}
-                for name, url in (("direct", urls[0]), ("router", router)):
-                    samples, sent = await _load(url, rate, seconds)
-                    pod_in = [s.pod_in * 1000 for s in samples]
-                    first = [s.first_chunk * 1000 for s in samples]
-                    row[name] = {
-                        "sent": sent,
-                        "answered": len(samples),
-                        "pod_in_p50_ms": _pct(pod_in, 50),
-                        "pod_in_p99_ms": _pct(pod_in, 99),
-                        "first_chunk_p50_ms": _pct(first, 50),
-                        "first_chunk_p99_ms": _pct(first, 99),
-                    }
-                results["rates"][rate] = row
-            results["router_rss_peak_mb"] = _rss_peak_mb(proc.pid or 0)
+                results["rates"][rate]["direct"] = await _measure(urls[0], rate, seconds)
+            for loop in _loops():
+                ports = ctx.Queue()
+                proc = ctx.Process(target=_router_main, args=(urls, ports, loop), daemon=True)
+                proc.start()
+                try:
+                    port = await asyncio.get_running_loop().run_in_executor(
+                        None, ports.get, True, 60
+                    )
+                    for rate in rates:
+                        row = results["rates"][rate]
+                        row[loop] = await _measure(f"http://127.0.0.1:{port}", rate, seconds)
+                    results["rss_peak_mb"][loop] = _rss_peak_mb(proc.pid or 0)
+                finally:
+                    proc.terminate()
+                    proc.join(10)
             return results
         finally:
-            proc.terminate()
-            proc.join(10)
             for r in runners:
                 await r.cleanup()
 
@@ -192,25 +210,26 @@ def bench_router_command(
         "answered",
         "→pod P50 ms",
         "→pod P99 ms",
+        "added P99 ms",
         "1st chunk P50 ms",
         "1st chunk P99 ms",
     ):
         table.add_column(col, justify="right")
     for rate, row in results["rates"].items():
-        for name in ("direct", "router"):
+        for name in ("direct", *_loops()):
             r = row[name]
+            added = r["pod_in_p99_ms"] - row["direct"]["pod_in_p99_ms"]
             table.add_row(
                 f"{rate:g}",
-                name,
+                name if name == "direct" else f"via {name}",
                 f"{r['answered']}/{r['sent']}",
                 f"{r['pod_in_p50_ms']:.2f}",
                 f"{r['pod_in_p99_ms']:.2f}",
+                "" if name == "direct" else f"{added:.2f}",
                 f"{r['first_chunk_p50_ms']:.2f}",
                 f"{r['first_chunk_p99_ms']:.2f}",
             )
-        added = row["router"]["pod_in_p99_ms"] - row["direct"]["pod_in_p99_ms"]
-        row["added_p99_ms"] = added
-        table.add_row(f"{rate:g}", "added P99", "", "", f"{added:.2f}", "", "")
     console.print(table)
-    console.print(f"router peak RSS: {results['router_rss_peak_mb']:.0f} MB (one core, pinned)")
+    rss = ", ".join(f"{loop} {mb:.0f} MB" for loop, mb in results["rss_peak_mb"].items())
+    console.print(f"router peak RSS (one core, pinned): {rss}")
     return results

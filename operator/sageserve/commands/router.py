@@ -46,12 +46,15 @@ def router_command(
     prometheus_url: Annotated[
         str | None, typer.Option(help="Prometheus (default: SAGESERVE_PROMETHEUS_URL).")
     ] = None,
+    event_loop: Annotated[
+        str, typer.Option(help="asyncio, or uvloop when it is installed.")
+    ] = "asyncio",
 ) -> None:
     """Serve the OpenAI API in front of the pod sets: tiers, regions, scale from zero."""
     from kubernetes import config as kube_config
 
     from sageserve.metrics.prometheus import PrometheusReader
-    from sageserve.router.app import Router, RouterConfig, serve
+    from sageserve.router.app import Router, RouterConfig, run_loop, serve
     from sageserve.router.discovery import Discovery
     from sageserve.router.fleet import Fleet
     from sageserve.router.load import refresh_load
@@ -86,4 +89,4 @@ def router_command(
             discovery.stop()
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+        run_loop(main(), event_loop)

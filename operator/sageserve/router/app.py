@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,3 +300,16 @@ async def serve(
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+def run_loop(main: Coroutine[Any, Any, None], loop: str = "asyncio") -> None:
+    """Run the router's event loop: asyncio's own, or uvloop's when asked for and installed
+    (`sageserve bench router` measures both; neither wins consistently at P99, docs/router.md)."""
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError as exc:
+            raise RuntimeError("--event-loop uvloop: install uvloop (pip install uvloop)") from exc
+        uvloop.run(main)
+        return
+    asyncio.run(main)
