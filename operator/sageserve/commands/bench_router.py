@@ -124,7 +124,7 @@ async def _load(url: str, rate: float, seconds: float) -> tuple[list[Sample], in
     return out, n
 
 
-def _pct(values: list[float], q: int) -> float:
+def percentile(values: list[float], q: int) -> float:
     """The q-th percentile (1–99) of `values`; NaN when there are none."""
     if len(values) < 2:
         return values[0] if values else float("nan")
@@ -150,10 +150,10 @@ async def _measure(url: str, rate: float, seconds: float) -> dict[str, Any]:
     return {
         "sent": sent,
         "answered": len(samples),
-        "pod_in_p50_ms": _pct(pod_in, 50),
-        "pod_in_p99_ms": _pct(pod_in, 99),
-        "first_chunk_p50_ms": _pct(first, 50),
-        "first_chunk_p99_ms": _pct(first, 99),
+        "pod_in_p50_ms": percentile(pod_in, 50),
+        "pod_in_p99_ms": percentile(pod_in, 99),
+        "first_chunk_p50_ms": percentile(first, 50),
+        "first_chunk_p99_ms": percentile(first, 99),
     }
 
 

@@ -5,7 +5,7 @@ becomes one OpenAI request at its time ÷ `--speed` (or at `--rate` requests/s):
 that many tokens (≈ 4 characters each), `max_tokens` = the row's output, streamed, with the
 tier and region headers given. The run stops after `--max-requests` or `--seconds`,
 whichever comes first, and sends only to addresses on this machine (loopback): a load test
-never reaches anything else. It prints per-tier status codes and TTFT percentiles.
+never reaches anything else. It prints the status codes, errors and TTFT percentiles.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from sageserve.commands.bench_router import percentile
 from sageserve.sim.traces import azure2023_rows
 
 
@@ -138,16 +138,9 @@ def load_command(
     table = Table(title=f"sageserve load → {url}")
     for col in ("requests", "status codes", "errors", "TTFT p50 s", "TTFT p95 s"):
         table.add_column(col, justify="right")
-    ttft = sorted(tally.ttft)
 
-    def pct(q: float) -> str:
-        if not ttft:
-            return "-"
-        return (
-            f"{statistics.quantiles(ttft, n=100)[int(q) - 1]:.3f}"
-            if len(ttft) > 1
-            else f"{ttft[0]:.3f}"
-        )
+    def pct(q: int) -> str:
+        return f"{percentile(tally.ttft, q):.3f}" if tally.ttft else "-"
 
     codes = ", ".join(f"{c}: {n}" for c, n in sorted(tally.codes.items()))
     table.add_row(
