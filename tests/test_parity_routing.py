@@ -2,15 +2,18 @@
 
 Both call `route.region_router` (preference order, then the 70 % rule); this feeds one
 sequence of (client region, EMU per region) to the simulator's router
-(`Simulation._route_region`) and to `sageserve router`'s (`Fleet.choose_region`).
+(`Simulation._route_region`) and to `sageserve router`'s (`Fleet.choose_region`), without
+and with the plan's spill-over bounds.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from sageserve.core.snapshot import Plan
 from sageserve.core.types import IW_F, Request
 from sageserve.pace import make_strategy
+from sageserve.pace.step import StepState
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.sim.engine import Simulation
 from tests.sim.helpers import config, flat_perf
@@ -44,3 +47,35 @@ def test_simulator_and_router_choose_the_same_region(home: str, emus: tuple[floa
     fleet.set_backends(Backend("ns", f"p-{r}", "m", r, "v", "http://x") for r in REGIONS)
     fleet.set_load({("ns", "m", r): (v, 0.0) for r, v in zip(REGIONS, emus, strict=True)})
     assert fleet.choose_region(model, home) == in_sim.key.region
+
+
+def test_both_worlds_keep_the_plans_spill_over_bounds_alike() -> None:
+    """r1 above 70 % for 100 requests, the plan lets it send 30 % of its demand to r2: the
+    simulator and the router send the same requests away, and about 30 % of them."""
+    spill = {"m": {"r1": {"r2": 0.3}}}
+    sim = Simulation(
+        config(flat_perf(), regions=REGIONS, initial=1), make_strategy("reactive"), iter(())
+    )
+    sim.step_state = StepState(Plan(0.0, {}, spill=spill))
+    emus = {"r1": 0.9, "r2": 0.2, "r3": 0.1}
+    for k, e in sim.cluster.endpoints.items():
+        e._emu, e._emu_t = emus[k.region], 0.0
+
+    fleet = Fleet()
+    model = ModelRoute("ns", "m", "m", REGIONS, ("iw-f",))
+    fleet.set_models([model])
+    fleet.set_backends(Backend("ns", f"p-{r}", "m", r, "v", "http://x") for r in REGIONS)
+    fleet.set_load({("ns", "m", r): (v, 0.0) for r, v in emus.items()})
+    fleet.set_spill("ns", spill)
+
+    in_sim, in_router = [], []
+    for i in range(100):
+        t = i * 0.01  # within one scrape: the EMU readings above hold
+        req = Request(i, t, "m", IW_F, "r1", 100, 10)
+        chosen = sim._route_region(req, "unified", t)
+        assert chosen is not None
+        in_sim.append(chosen.key.region)
+        in_router.append(fleet.choose_region(model, "r1", 110.0, now=t))
+    assert in_sim == in_router
+    assert set(in_sim) == {"r1", "r2"}  # never r3: the plan gives r1 no share of it
+    assert 0.27 <= in_sim.count("r2") / 100 <= 0.31

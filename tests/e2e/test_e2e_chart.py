@@ -153,6 +153,8 @@ ROUTER_ALLOWED = [
     ("watch", "modeldeployments.sageserve.io", None),
     ("list", "workloadtiers.sageserve.io", None),
     ("watch", "workloadtiers.sageserve.io", None),
+    ("list", "scalingpolicies.sageserve.io", None),
+    ("watch", "scalingpolicies.sageserve.io", None),
     ("get", "secrets", None),
 ]
 ROUTER_DENIED = [
@@ -164,6 +166,7 @@ ROUTER_DENIED = [
     ("patch", "modeldeployments.sageserve.io", None),
     ("patch", "modeldeployments.sageserve.io", "status"),
     ("update", "workloadtiers.sageserve.io", None),
+    ("patch", "scalingpolicies.sageserve.io", "status"),
     ("patch", "deployments.apps", None),
     ("update", "leases.coordination.k8s.io", None),
     ("create", "events", None),

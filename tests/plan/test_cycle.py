@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
-from sageserve.api.scaling_policy import ScalingPolicySpec
+from sageserve.api.scaling_policy import ScalingPolicySpec, spill_from_status
+from sageserve.controller.plan_loop import plan_status
 from sageserve.core.types import EndpointKey
 from sageserve.plan.cycle import run_plan_cycle
 
@@ -109,3 +111,37 @@ def test_tokens_per_instance_are_the_planned_variants_capacities_weighted_by_tar
     assert per[EndpointKey("llama-2-70b", "us-east")] == pytest.approx((3 * 308 + 180) / 4)
     # no target: the first planned variant's θ, so LT-UA can still size from traffic
     assert per[EndpointKey("llama-2-70b", "us-west")] == 308
+
+
+def test_regions_that_share_capacity_get_spill_over_weights_the_router_can_follow() -> None:
+    md = _llama()
+    history = {("llama-2-70b", r): [3000.0] * 288 for r in REGIONS}
+    history[("llama-2-70b", "us-west")] = [6000.0] * 288
+    gpus = [v.gpu_type for v in md.spec.variants]
+    capacity = {(r, g): 200 for r in REGIONS for g in gpus}
+    sharing = _policy().model_copy(
+        update={"optimizer": _policy().optimizer.model_copy(update={"local_serve_fraction": 0.5})}
+    )
+    cycle = run_plan_cycle([md], sharing, history, {}, {}, capacity)
+    assert cycle.result.status == "optimal"
+    spill = cycle.spill["llama-2-70b"]
+    theta = {v.name: v.capacity_tokens_per_second for v in md.spec.variants}
+    served = {
+        r: sum(n * theta[v] for (m, rr, v), n in cycle.targets.items() if rr == r) for r in REGIONS
+    }
+    for home, shares in spill.items():
+        # each region keeps at least ε of its own demand, the rest goes where capacity is
+        assert sum(shares.values()) <= 0.5 + 1e-9
+        local = min(served[home], cycle.demand_tps[("llama-2-70b", home)])
+        assert local + sum(shares.values()) * cycle.demand_tps[("llama-2-70b", home)] == (
+            pytest.approx(cycle.demand_tps[("llama-2-70b", home)], rel=1e-3)
+        )
+    # the whole plan, the default ε = 1: every region serves itself, nothing to bound
+    alone = run_plan_cycle([md], _policy(), history, {}, {}, capacity)
+    assert alone.spill == {}
+    # what the status publishes, the operator and the router read back
+    status = plan_status(cycle, [md], {}, "lt-utilization-arima", datetime.now(UTC))
+    read_back = spill_from_status(status)
+    assert read_back["llama-2-70b"].keys() == spill.keys()
+    for home, shares in spill.items():
+        assert read_back["llama-2-70b"][home] == pytest.approx(shares, abs=1e-4)

@@ -11,6 +11,7 @@ from sageserve.route import (
     release_count,
     scheduler_priority,
 )
+from sageserve.route.region_router import SpillLedger, route_region
 
 
 def test_router_takes_the_first_preferred_region_under_70_percent() -> None:
@@ -77,3 +78,47 @@ def test_batch_requests_get_priority_1_until_10_hours_then_0() -> None:
     assert scheduler_priority(NIW, 0.0) == 1
     assert scheduler_priority(NIW, 10 * 3600.0 - 1) == 1
     assert scheduler_priority(NIW, 10 * 3600.0 + 1) == 0
+
+
+# ---- spill-over bounds from the plan (route_region) -------------------------------------
+
+REGIONS = ("east", "west")
+
+
+def _route_many(bounds: dict[str, dict[str, float]] | None, n: int = 200) -> dict[str, int]:
+    """`n` requests of 100 tokens from east, with east above 70 % and west idle."""
+    ledger = SpillLedger()
+    sent = {"east": 0, "west": 0}
+    for i in range(n):
+        chosen = route_region(
+            "m", "east", [("east", 0.9), ("west", 0.1)], str, 100.0, float(i), ledger, bounds
+        )
+        sent[chosen] += 1
+    return sent
+
+
+def test_without_plan_weights_an_overloaded_region_sends_everything_away() -> None:
+    assert _route_many(None) == {"east": 0, "west": 200}
+
+
+def test_plan_weights_bound_the_share_a_region_sends_elsewhere() -> None:
+    sent = _route_many({"east": {"west": 0.25}})
+    assert 0.23 <= sent["west"] / 200 <= 0.26
+
+
+def test_a_region_the_plan_expects_to_serve_itself_keeps_its_requests() -> None:
+    # the plan bounds west's spill only; east has no planned excess
+    assert _route_many({"west": {"east": 0.5}}) == {"east": 200, "west": 0}
+
+
+def test_a_home_region_without_a_ready_instance_is_not_bounded() -> None:
+    ledger = SpillLedger()
+    chosen = route_region("m", "east", [("west", 0.1)], str, 1.0, 0.0, ledger, {"east": {}})
+    assert chosen == "west"
+
+
+def test_the_ledger_forgets_old_traffic() -> None:
+    ledger = SpillLedger(memory_s=60.0)
+    ledger.record("m", "east", "west", 100.0, 0.0)
+    ledger.record("m", "east", "east", 100.0, 600.0)
+    assert ledger.share("m", "east", "west", 600.0) < 0.01

@@ -8,9 +8,10 @@ shows forecast, targets, objective, solver time and unmet demand.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -481,6 +482,16 @@ class ShortfallEntry(ApiModel):
     tokens_per_second: float = Field(ge=0)
 
 
+class SpillEntry(ApiModel):
+    """Share of one region's planned demand that another region is planned to serve: the
+    bound `sageserve router` keeps when it sends a region's requests elsewhere."""
+
+    model: str = Field(max_length=253)
+    from_region: str = Field(max_length=63, alias="from")
+    to_region: str = Field(max_length=63, alias="to")
+    share: float = Field(ge=0, le=1)
+
+
 class PlanStatus(ApiModel):
     """The plan in force: forecast, targets, objective, solver outcome, unmet demand."""
 
@@ -492,6 +503,11 @@ class PlanStatus(ApiModel):
     forecasts: list[ForecastEntry] = Field(default_factory=list, max_length=4096)
     targets: list[TargetEntry] = Field(default_factory=list, max_length=8192)
     shortfalls: list[ShortfallEntry] = Field(default_factory=list, max_length=4096)
+    spillover: list[SpillEntry] = Field(
+        default_factory=list,
+        max_length=4096,
+        description="Planned cross-region spill-over (empty when every region serves itself).",
+    )
 
 
 class ScalingPolicyStatus(ApiModel):
@@ -513,3 +529,17 @@ class ScalingPolicy(ApiModel):
     metadata: ObjectMeta
     spec: ScalingPolicySpec = sub_object(ScalingPolicySpec)
     status: ScalingPolicyStatus | None = None
+
+
+def spill_from_status(plan: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """`status.plan.spillover` as `Plan.spill` (model → home → region → share); the operator and the
+    router read it alike."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for e in plan.get("spillover") or []:
+        try:
+            out.setdefault(str(e["model"]), {}).setdefault(str(e["from"]), {})[str(e["to"])] = (
+                float(e["share"])
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
-from sageserve.api.scaling_policy import ScalingPolicy
+from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.controller.kube import Kube
 from sageserve.controller.status import set_condition
 from sageserve.core.labels import NodeLabels
@@ -126,6 +126,12 @@ def plan_status(
         "forecasts": forecasts,
         "targets": targets,
         "shortfalls": shortfalls,
+        "spillover": [
+            {"model": m, "from": home, "to": to, "share": round(min(share, 1.0), 4)}
+            for m, per_home in sorted(cycle.spill.items())
+            for home, per_to in sorted(per_home.items())
+            for to, share in sorted(per_to.items())
+        ],
     }
     if result.objective is not None:
         status["objective"] = round(result.objective, 4)
@@ -265,7 +271,7 @@ def recorded_plan(body: Mapping[str, Any]) -> Plan | None:
         for f in plan.get("forecasts", [])
         if f.get("instanceTokensPerSecond")
     }
-    return Plan(at, targets, forecasts, per_instance)
+    return Plan(at, targets, forecasts, per_instance, spill_from_status(plan))
 
 
 def prometheus_reader() -> PrometheusReader:

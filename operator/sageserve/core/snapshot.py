@@ -141,6 +141,9 @@ class Plan:
     variant_targets: Mapping[tuple[EndpointKey, str], int]
     forecasts: Mapping[EndpointKey, float] = field(default_factory=dict)
     instance_tps: Mapping[EndpointKey, float] = field(default_factory=dict)
+    #: Spill-over weights per model: share of a home region's demand planned to be served
+    #: in each other region (`plan.flow`); empty for a model whose regions serve themselves.
+    spill: Mapping[str, Mapping[str, Mapping[str, float]]] = field(default_factory=dict)
     #: Planned instances per endpoint over all its variants (derived).
     targets: Mapping[EndpointKey, int] = field(init=False, compare=False, repr=False)
 

@@ -35,6 +35,7 @@ from sageserve.plan.fleet import (
     planned_variants,
     variant_targets,
 )
+from sageserve.plan.flow import spillover
 from sageserve.plan.ilp import PlanOptions, solve_plan
 from sageserve.plan.result import PlanResult
 
@@ -55,6 +56,8 @@ class PlanCycle:
     endpoint_targets: dict[EndpointKey, int]
     #: tokens/s one planned instance of each endpoint serves (θ, averaged over its variants)
     instance_tps: dict[EndpointKey, float]
+    #: per model: share of each home region's demand planned to be served elsewhere
+    spill: dict[str, dict[str, dict[str, float]]]
 
     def in_force(self, computed_at: float) -> Plan:
         """This cycle as the plan the decision step follows (targets per variant)."""
@@ -63,6 +66,7 @@ class PlanCycle:
             {(EndpointKey(m, r), v): n for (m, r, v), n in self.targets.items()},
             self.forecast_tps,
             self.instance_tps,
+            self.spill,
         )
 
     @property
@@ -160,7 +164,40 @@ def run_plan_cycle(
         targets=targets,
         endpoint_targets=endpoint_targets(targets),
         instance_tps=instance_capacity(mds, targets),
+        spill=spill_shares(mds, targets, demand),
     )
+
+
+def spill_shares(
+    mds: Sequence[ModelDeployment],
+    targets: VariantCounts,
+    demand: Mapping[tuple[str, str], float],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per model, the share of each home region's planned demand the plan expects another
+    region to serve (`plan.flow.spillover` on the targets' capacity), for the router's
+    bounds. A model whose every region covers its own demand gets no entry: nothing to
+    bound, the paper's unbounded rule applies (SageServe §5 C2, §6.1)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for md in mds:
+        name = md.metadata.name
+        variants = planned_variants(md).values()
+        capacity = {
+            r.name: sum(
+                targets.get((name, r.name, v.name), 0) * v.capacity_tokens_per_second
+                for v in variants
+            )
+            for r in md.spec.regions
+        }
+        wanted = {r.name: demand.get((name, r.name), 0.0) for r in md.spec.regions}
+        routes = spillover(wanted, capacity).routes
+        shares = {
+            home: {to: tps / wanted[home] for to, tps in sorted(sent.items())}
+            for home, sent in sorted(routes.items())
+            if wanted.get(home, 0.0) > 0
+        }
+        if shares:
+            out[name] = shares
+    return out
 
 
 def instance_capacity(

@@ -159,7 +159,8 @@ class Router:
         except TierError as exc:
             return openai_error(400, str(exc), "invalid_request_error", TIER_HEADER)
         home = request.headers.get(REGION_HEADER) or self.config.home_region
-        region = await self._region_or_hold(model, home)
+        tokens = estimated_tokens(body)
+        region = await self._region_or_hold(model, home, tokens)
         if region is None:
             self.metrics.count(model, home or "", tier, 503)
             return web.json_response(
@@ -175,11 +176,13 @@ class Router:
                 status=503,
                 headers={"Retry-After": str(self.config.retry_after_seconds)},
             )
-        return await self._send(request, body, model, region, tier, started)
+        return await self._send(request, body, model, region, tier, started, tokens)
 
-    async def _region_or_hold(self, model: ModelRoute, home: str | None) -> str | None:
+    async def _region_or_hold(
+        self, model: ModelRoute, home: str | None, tokens: float
+    ) -> str | None:
         """A region with a ready pod, waiting (bounded) while the model comes from zero."""
-        region = self.fleet.choose_region(model, home)
+        region = self.fleet.choose_region(model, home, tokens)
         if region is not None:
             return region
         held = home if home in model.regions else model.regions[0]
@@ -191,7 +194,7 @@ class Router:
                     await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
                 except TimeoutError:
                     break
-                region = self.fleet.choose_region(model, home)
+                region = self.fleet.choose_region(model, home, tokens)
         return region
 
     async def _send(
@@ -202,8 +205,8 @@ class Router:
         region: str,
         tier: str,
         started: float,
+        tokens: float,
     ) -> web.StreamResponse:
-        tokens = estimated_tokens(body)
         tried: frozenset[str] = frozenset()
         failures: list[str] = []
         for attempt in range(2):

@@ -1,4 +1,5 @@
-"""What the router learns from the cluster: ready pods, ModelDeployments, WorkloadTiers.
+"""What the router learns from the cluster: ready pods, ModelDeployments, WorkloadTiers and
+the plans' spill-over weights (ScalingPolicy status).
 
 One thread per kind runs a Kubernetes list + watch (no polling loop) and hands the whole
 current set to the event loop after every change; an expired watch (410 Gone) or a broken
@@ -21,6 +22,7 @@ from kubernetes import client, watch
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import spill_from_status
 from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.route.tiers import TierMatch
@@ -103,6 +105,9 @@ class Discovery:
                 f"models/{ns}", self._custom_call(ns, "modeldeployments"), self._models_for(ns)
             )
             self._thread(f"tiers/{ns}", self._custom_call(ns, "workloadtiers"), self._tiers_for(ns))
+            self._thread(
+                f"policies/{ns}", self._custom_call(ns, "scalingpolicies"), self._spill_for(ns)
+            )
 
     def stop(self) -> None:
         self.stopped.set()
@@ -165,6 +170,16 @@ class Discovery:
             self.loop.call_soon_threadsafe(self.fleet.set_tiers, ns, tiers)
 
         return on_tiers
+
+    def _spill_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
+        def on_policies(objs: list[dict[str, Any]]) -> None:
+            spill: dict[str, dict[str, dict[str, float]]] = {}
+            for obj in objs:
+                plan = (obj.get("status") or {}).get("plan") or {}
+                spill.update(spill_from_status(plan))
+            self.loop.call_soon_threadsafe(self.fleet.set_spill, ns, spill)
+
+        return on_policies
 
     def _api_keys(self, ns: str, wt: WorkloadTier) -> tuple[str, ...]:
         ref = wt.spec.match.api_keys_secret_ref

@@ -6,17 +6,26 @@ simulator calls: the tier (`route.tiers`), the region (`route.region_router`, Sa
 §6.1's global router on EMU) and the instance (`route.instance_picker`, fewest remaining
 tokens). The router corrects Prometheus' EMU, which is seconds old, with the tokens it
 sent since the last reading, so a burst does not pile onto one region between scrapes.
+When the plan publishes spill-over weights (ScalingPolicy `status.plan.spillover`), they bound
+how much of a region's traffic goes elsewhere (`route.region_router.route_region`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sageserve.core.snapshot import emu
 from sageserve.route.instance_picker import pick_instance
-from sageserve.route.region_router import DEFAULT_ROUTE_THRESHOLD, pick_region, preference
+from sageserve.route.region_router import (
+    DEFAULT_ROUTE_THRESHOLD,
+    SpillBounds,
+    SpillLedger,
+    preference,
+    route_region,
+)
 from sageserve.route.tiers import TierMatch
 
 #: (namespace, model deployment, region): the unit the operator sizes.
@@ -66,6 +75,9 @@ class Fleet:
     sent: dict[EndpointId, float] = field(default_factory=dict)
     #: tokens still to process per backend pod (prompt + max output of requests in flight)
     remaining: dict[str, float] = field(default_factory=dict)
+    #: the plan's spill-over weights per (namespace, model deployment), by home region
+    spill: dict[tuple[str, str], Mapping[str, SpillBounds]] = field(default_factory=dict)
+    ledger: SpillLedger = field(default_factory=SpillLedger)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ---- written by discovery and the load refresher ----------------------------------
@@ -76,6 +88,11 @@ class Fleet:
 
     def set_tiers(self, namespace: str, tiers: Mapping[str, TierMatch]) -> None:
         self.tiers[namespace] = dict(tiers)
+
+    def set_spill(self, namespace: str, spill: Mapping[str, Mapping[str, SpillBounds]]) -> None:
+        """This namespace's plans' spill-over weights, by model deployment."""
+        self.spill = {k: v for k, v in self.spill.items() if k[0] != namespace}
+        self.spill.update({(namespace, md): bounds for md, bounds in spill.items()})
 
     def set_backends(self, backends: Iterable[Backend]) -> None:
         by_endpoint: dict[EndpointId, list[Backend]] = {}
@@ -102,14 +119,26 @@ class Fleet:
         extra = self.sent.get(endpoint, 0.0) / cap if cap > 0 else 0.0
         return self.emu.get(endpoint, 0.0) + extra
 
-    def choose_region(self, model: ModelRoute, home: str | None) -> str | None:
-        """The region to serve a request from (None: no region has a ready pod)."""
+    def choose_region(
+        self, model: ModelRoute, home: str | None, tokens: float = 0.0, now: float | None = None
+    ) -> str | None:
+        """The region to serve a request of `tokens` from (None: no region has a ready pod)."""
         order = preference(home, model.regions, str)
         ready = [r for r in order if self.backends.get((model.namespace, model.name, r))]
         if not ready:
             return None
         candidates = [(r, self.estimated_emu((model.namespace, model.name, r))) for r in ready]
-        return pick_region(candidates, model.route_threshold)
+        return route_region(
+            (model.namespace, model.name),
+            home,
+            candidates,
+            str,
+            tokens,
+            time.monotonic() if now is None else now,
+            self.ledger,
+            self.spill.get((model.namespace, model.name)),
+            model.route_threshold,
+        )
 
     def choose_backend(
         self, model: ModelRoute, region: str, exclude: frozenset[str] = frozenset()

@@ -26,7 +26,7 @@ from sageserve.perf.model import VariantPerf
 from sageserve.route.instance_picker import pick_instance
 from sageserve.route.priorities import scheduler_priority
 from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, BatchQueueManager
-from sageserve.route.region_router import pick_region, preference
+from sageserve.route.region_router import SpillLedger, preference, route_region
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
@@ -160,6 +160,8 @@ class Simulation(InstanceHooks):
         self.plans = 0
         #: the decision step's state (plan in force, cooldowns), as the operator keeps it
         self.step_state = StepState()
+        #: what each home region sent where, checked against the plan's spill-over bounds
+        self.spill_ledger = SpillLedger()
         # per (model, served region): tokens/s per minute, interactive and batch
         self._iw_hist: dict[tuple[str, str], deque[float]] = defaultdict(
             lambda: deque(maxlen=config.history_minutes)
@@ -368,7 +370,18 @@ class Simulation(InstanceHooks):
             return None
         if len(eps) == 1:
             return eps[0]
-        return pick_region([(ep, ep.emu(t)) for ep in eps], self.cfg.route_threshold)
+        plan = self.step_state.plan
+        return route_region(
+            req.model,
+            req.region,
+            [(ep, ep.emu(t)) for ep in eps],
+            lambda ep: ep.key.region,
+            req.prompt_tokens + req.output_tokens,
+            t,
+            self.spill_ledger,
+            plan.spill.get(req.model) if plan is not None else None,
+            self.cfg.route_threshold,
+        )
 
     def _dispatch(self, job: Job, ep: Endpoint, t: float, check_scaling: bool) -> None:
         req = job.req
