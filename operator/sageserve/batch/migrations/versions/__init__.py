@@ -1,0 +1,1 @@
+"""Revision scripts, one per schema change, applied in order up to head."""

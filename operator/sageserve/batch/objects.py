@@ -1,0 +1,153 @@
+"""What the batch store hands out: OpenAI file and batch objects, claimed requests, errors.
+
+Plain frozen dataclasses, so that callers on the event loop never hold a database row or
+session; ``to_openai()`` gives the JSON the OpenAI Batch API returns for the object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+class BatchStoreError(Exception):
+    """Base of the errors a caller can show to a user."""
+
+
+class NotFound(BatchStoreError):
+    """No such file or batch (or a file whose purpose does not fit the operation)."""
+
+    def __init__(self, kind: str, object_id: str, param: str | None = None) -> None:
+        super().__init__(f"no such {kind}: {object_id!r}")
+        self.kind = kind
+        self.object_id = object_id
+        self.param = param
+
+
+class InvalidInput(BatchStoreError):
+    """A request to the store that cannot be honoured; the message names the field and fix."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class Conflict(BatchStoreError):
+    """The object is in a state that does not allow the operation (e.g. cancel a finished
+    batch)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class FileObject:
+    """An uploaded input file or a results/errors file the store wrote."""
+
+    id: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: float
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": int(self.created_at),
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+        }
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """OpenAI's ``request_counts``: every input line is counted once in ``total``."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+    def to_openai(self) -> dict[str, int]:
+        return {"total": self.total, "completed": self.completed, "failed": self.failed}
+
+
+@dataclass(frozen=True)
+class BatchObject:
+    """One batch with its status, deadline, counts and result files."""
+
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    created_at: float
+    deadline: float
+    tier: str | None
+    metadata: dict[str, str] | None
+    errors: list[dict[str, Any]] | None
+    output_file_id: str | None
+    error_file_id: str | None
+    request_counts: RequestCounts
+    timestamps: dict[str, float | None] = field(default_factory=dict)
+
+    def to_openai(self) -> dict[str, Any]:
+        def ts(name: str) -> int | None:
+            value = self.timestamps.get(name)
+            return None if value is None else int(value)
+
+        return {
+            "id": self.id,
+            "object": "batch",
+            "endpoint": self.endpoint,
+            "errors": None if self.errors is None else {"object": "list", "data": self.errors},
+            "input_file_id": self.input_file_id,
+            "completion_window": self.completion_window,
+            "status": self.status,
+            "output_file_id": self.output_file_id,
+            "error_file_id": self.error_file_id,
+            "created_at": int(self.created_at),
+            "in_progress_at": ts("in_progress_at"),
+            "expires_at": int(self.deadline),
+            "finalizing_at": ts("finalizing_at"),
+            "completed_at": ts("completed_at"),
+            "failed_at": ts("failed_at"),
+            "expired_at": ts("expired_at"),
+            "cancelling_at": ts("cancelling_at"),
+            "cancelled_at": ts("cancelled_at"),
+            "request_counts": self.request_counts.to_openai(),
+            "metadata": self.metadata,
+        }
+
+
+@dataclass(frozen=True)
+class ClaimedRequest:
+    """A request leased to one router replica until ``lease_until``: send ``body`` to
+    ``url`` on a pod of ``model``, then ``complete`` (or ``retry``) it by ``id``."""
+
+    id: str
+    batch_id: str
+    custom_id: str
+    model: str
+    tier: str | None
+    url: str
+    body: dict[str, Any]
+    arrival: float
+    deadline: float
+    attempts: int
+    lease_until: float
+
+
+class QueueDepth(NamedTuple):
+    """Queued (not yet released) requests of one model and tier: the queue's signal to
+    the plan (SageServe's batch buffer β) and to the metrics."""
+
+    model: str
+    tier: str | None
+    queued: int
+    oldest_arrival: float

@@ -1,0 +1,238 @@
+"""Taking requests off the queue and putting results back: claims, leases, completion.
+
+Why leases: a router replica that claims a request may die before it answers; its lease
+runs out and another replica claims the request again (at-least-once). A completion is
+one conditional UPDATE (``state`` still unfinished), so it counts once whoever sends it
+first, and every later completion of the same request id changes nothing.
+
+Why two steps per claim: the requests whose lease ran out come first (they were claimed
+before anything still queued), then the oldest queued ones; each step is a range scan on
+an index, so a claim stays cheap however long the queue is. On PostgreSQL both steps
+lock their rows ``FOR UPDATE SKIP LOCKED`` (replicas claiming at once take different
+rows, no one waits); on SQLite the caller's ``BEGIN IMMEDIATE`` makes the claim one
+serialised step.
+
+Released requests follow SageServe §6.2: ``claim(model, n)`` is what the Queue Manager
+releases to an endpoint whose EMU fell (1 under 60 %, 2 under 50 %), and ``claim_aged``
+takes the requests older than the promotion age (10 h), of any model, regardless of load.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy.engine import Connection
+
+from sageserve.batch.objects import ClaimedRequest, QueueDepth
+from sageserve.batch.schema import (
+    DONE,
+    EXPIRED,
+    FAILED,
+    IN_PROGRESS,
+    QUEUED,
+    RUNNING,
+    UNFINISHED,
+    batches,
+    requests,
+)
+
+r = requests
+b = batches
+
+
+def claim(
+    conn: Connection,
+    filters: Sequence[ColumnElement[bool]],
+    n: int,
+    owner: str,
+    lease_s: float,
+    now: float,
+    max_attempts: int,
+) -> list[ClaimedRequest]:
+    """Lease up to ``n`` requests matching ``filters`` to ``owner``, oldest first."""
+    if n <= 0:
+        return []
+    live = [*filters, b.c.status == IN_PROGRESS, b.c.deadline > now]
+    lapsed = _candidates(conn, [r.c.state == RUNNING, r.c.lease_until < now, *live], n)
+    rest = n - len(lapsed)
+    fresh = _candidates(conn, [r.c.state == QUEUED, *live], rest) if rest > 0 else []
+    worn = [rid for rid, attempts in lapsed if attempts >= max_attempts]
+    if worn:
+        _give_up(conn, worn, max_attempts, now)
+    ids = [rid for rid, attempts in [*lapsed, *fresh] if attempts < max_attempts]
+    if not ids:
+        return []
+    conn.execute(
+        update(r)
+        .where(r.c.id.in_(ids))
+        .values(
+            state=RUNNING,
+            lease_owner=owner,
+            lease_until=now + lease_s,
+            attempts=r.c.attempts + 1,
+        )
+    )
+    rows = conn.execute(
+        select(r, b.c.deadline)
+        .join(b, b.c.id == r.c.batch_id)
+        .where(r.c.id.in_(ids))
+        .order_by(r.c.arrival, r.c.batch_id, r.c.line)
+    ).all()
+    return [
+        ClaimedRequest(
+            id=row.id,
+            batch_id=row.batch_id,
+            custom_id=row.custom_id,
+            model=row.model,
+            tier=row.tier,
+            url=row.url,
+            body=json.loads(row.body),
+            arrival=row.arrival,
+            deadline=row.deadline,
+            attempts=row.attempts,
+            lease_until=row.lease_until,
+        )
+        for row in rows
+    ]
+
+
+def _candidates(
+    conn: Connection, where: Sequence[ColumnElement[bool]], n: int
+) -> list[tuple[str, int]]:
+    stmt = (
+        select(r.c.id, r.c.attempts)
+        .join(b, b.c.id == r.c.batch_id)
+        .where(*where)
+        .order_by(r.c.arrival, r.c.batch_id, r.c.line)
+        .limit(n)
+        .with_for_update(skip_locked=True, of=r)
+    )
+    return [(row.id, row.attempts) for row in conn.execute(stmt)]
+
+
+def _give_up(conn: Connection, ids: Sequence[str], max_attempts: int, now: float) -> None:
+    """A request whose runs keep ending without an answer (each time the router running
+    it stopped) fails rather than taking the fleet down again and again."""
+    conn.execute(
+        update(r)
+        .where(r.c.id.in_(ids))
+        .values(
+            state=FAILED,
+            lease_owner=None,
+            lease_until=None,
+            finished_at=now,
+            error_code="too_many_attempts",
+            error_message=f"the request was started {max_attempts} times and never "
+            "answered (the router running it stopped each time); check the request and "
+            "submit it again",
+        )
+    )
+
+
+def model_filter(model: str) -> list[ColumnElement[bool]]:
+    return [r.c.model == model]
+
+
+def aged_filter(before: float, tier: str | None) -> list[ColumnElement[bool]]:
+    where: list[ColumnElement[bool]] = [r.c.arrival <= before]
+    if tier is not None:
+        where.append(r.c.tier == tier)
+    return where
+
+
+def complete(
+    conn: Connection,
+    request_id: str,
+    owner: str,
+    status_code: int,
+    body: Any,
+    upstream_request_id: str | None,
+    now: float,
+) -> bool:
+    """Record the answer unless the request already finished; True if this call did."""
+    result = conn.execute(
+        update(r)
+        .where(r.c.id == request_id, r.c.state.in_(UNFINISHED))
+        .values(
+            state=DONE,
+            lease_owner=owner,
+            lease_until=None,
+            status_code=status_code,
+            response_body=json.dumps(body),
+            response_request_id=upstream_request_id,
+            finished_at=now,
+        )
+    )
+    return result.rowcount == 1
+
+
+def fail(
+    conn: Connection, request_id: str, owner: str, code: str, message: str, now: float
+) -> bool:
+    """Finish the request with an error (no answer will come); True if this call did."""
+    result = conn.execute(
+        update(r)
+        .where(r.c.id == request_id, r.c.state.in_(UNFINISHED))
+        .values(
+            state=FAILED,
+            lease_owner=owner,
+            lease_until=None,
+            error_code=code,
+            error_message=message,
+            finished_at=now,
+        )
+    )
+    return result.rowcount == 1
+
+
+def retry(conn: Connection, request_id: str, owner: str, max_attempts: int, now: float) -> bool:
+    """Give a request ``owner`` holds back to the queue (or fail it after
+    ``max_attempts``); False if ``owner`` no longer holds it."""
+    held = and_(r.c.id == request_id, r.c.state == RUNNING, r.c.lease_owner == owner)
+    attempts = conn.execute(select(r.c.attempts).where(held).with_for_update()).scalar()
+    if attempts is None:
+        return False
+    if attempts >= max_attempts:
+        _give_up(conn, [request_id], max_attempts, now)
+        return True
+    conn.execute(update(r).where(held).values(state=QUEUED, lease_owner=None, lease_until=None))
+    return True
+
+
+def renew(
+    conn: Connection, owner: str, ids: Sequence[str], lease_s: float, now: float
+) -> list[str]:
+    """Extend the leases ``owner`` still holds among ``ids``; return those ids."""
+    if not ids:
+        return []
+    held = and_(r.c.id.in_(list(ids)), r.c.state == RUNNING, r.c.lease_owner == owner)
+    kept = list(conn.execute(select(r.c.id).where(held).with_for_update()).scalars())
+    if kept:
+        conn.execute(update(r).where(r.c.id.in_(kept)).values(lease_until=now + lease_s))
+    return kept
+
+
+def depth(conn: Connection, now: float) -> list[QueueDepth]:
+    """Requests waiting per (model, tier): queued, or claimed by a replica whose lease ran
+    out (they will be claimed again)."""
+    waiting = or_(r.c.state == QUEUED, and_(r.c.state == RUNNING, r.c.lease_until < now))
+    rows = conn.execute(
+        select(r.c.model, r.c.tier, func.count(), func.min(r.c.arrival))
+        .where(waiting)
+        .group_by(r.c.model, r.c.tier)
+        .order_by(r.c.model, r.c.tier)
+    ).all()
+    return [
+        QueueDepth(model, tier, int(count), float(oldest)) for model, tier, count, oldest in rows
+    ]
+
+
+def state_counts(conn: Connection) -> dict[str, int]:
+    """Requests per state over the whole queue (``expired`` ones missed their deadline)."""
+    rows = conn.execute(select(r.c.state, func.count()).group_by(r.c.state)).all()
+    counts = {state: 0 for state in (QUEUED, RUNNING, DONE, FAILED, EXPIRED)}
+    counts.update({state: int(count) for state, count in rows})
+    return counts
