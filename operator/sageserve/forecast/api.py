@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from sageserve.forecast.methods import gaussian_z, get_forecaster
+from sageserve.forecast.gaps import gap_mask, recent_level
+from sageserve.forecast.methods import DAY_SECONDS, gaussian_z, get_forecaster
 from sageserve.forecast.types import FloatArray, Forecast, ForecastSpec, PeakModel
 
 MIN_CALIBRATION = 8
@@ -33,15 +35,60 @@ def forecast_peak(
     method: str = "ensemble",
     fallback: str = "persistence",
     calibration_origins: int = CALIBRATION_ORIGINS,
+    quantiles: Sequence[float] = (),
 ) -> Forecast:
     """Forecast the peak tokens/s over [now + lead, now + horizon] from ``history_tps``.
 
     Pure: "now" is the end of the history. Any failure of ``method`` (too little history, too
     many gaps, an exception or non-convergence in the fit, a non-finite result) falls back to
-    ``fallback`` and the result says which method ran and why.
+    ``fallback`` and the result says which method ran and why. ``quantiles`` adds the upper
+    forecast at each of those quantiles (``Forecast.uppers``) from the same fit.
+
+    Gaps are missing data, never demand (issue 15): NaN, negative values and partial
+    collection gaps (``forecast.gaps.partial_gaps``: a short drop by an order of magnitude,
+    also at the very end of the history) are treated as missing before anything is fitted,
+    and while a gap is within the model's reach (a day and a horizon back: the seasonal lags
+    and peak features of SageServe §6.3's predictor) no number comes out below
+    ``spec.gaps.floor_fraction`` of the recent level.
     """
     spec = spec or ForecastSpec()
-    raw = np.asarray(history_tps, dtype=np.float64)
+    values = np.asarray(history_tps, dtype=np.float64)
+    mask = gap_mask(values, spec.step_seconds, spec.gaps)
+    raw = np.where(mask, np.nan, values)
+    fc = _forecast(raw, spec, method, fallback, calibration_origins, tuple(quantiles))
+    fc = replace(fc, gaps=int(mask.sum()))
+    _, last = spec.steps()
+    reach = round(DAY_SECONDS / spec.step_seconds) + last
+    if not fc.reliable or not spec.gaps.enabled or not mask[-reach:].any():
+        return fc
+    level = recent_level(values, mask, max(last, 1))
+    return _floor(fc, spec.gaps.floor_fraction * level) if level is not None else fc
+
+
+def _floor(fc: Forecast, floor: float) -> Forecast:
+    """``fc`` with no number below ``floor`` (the gap floor), saying so when it bound."""
+    if floor <= 0 or (fc.upper_tps >= floor and fc.peak_tps >= floor):
+        return fc
+    return replace(
+        fc,
+        peak_tps=max(fc.peak_tps, floor),
+        upper_tps=max(fc.upper_tps, floor),
+        uppers=tuple((q, max(u, floor)) for q, u in fc.uppers),
+        path_tps=tuple(max(v, floor) for v in fc.path_tps),
+        floored=True,
+        notes=(*fc.notes, f"gap floor: raised to {floor:.4g} tokens/s (half the recent level)"),
+    )
+
+
+def _forecast(
+    raw: FloatArray,
+    spec: ForecastSpec,
+    method: str,
+    fallback: str,
+    calibration_origins: int,
+    quantiles: tuple[float, ...],
+) -> Forecast:
+    """``forecast_peak`` on a history whose gaps are NaN already."""
     observed = np.isfinite(raw)
     if raw.size == 0 or not observed.any():
         return Forecast(
@@ -65,11 +112,11 @@ def forecast_peak(
         elif gaps > spec.max_gap_fraction:
             reason = f"too many gaps: {gaps:.0%} of the last {need} points are missing"
         else:
-            return _run(forecaster.name, method, x, spec, calibration_origins, None)
+            return _run(forecaster.name, method, x, spec, calibration_origins, None, quantiles)
     except Exception as exc:  # the contract: never raise into the caller
         reason = f"{method} failed: {type(exc).__name__}: {exc}"
     try:
-        return _run(fallback, method, x, spec, calibration_origins, reason)
+        return _run(fallback, method, x, spec, calibration_origins, reason, quantiles)
     except Exception as exc:
         last = float(np.expm1(x[-1]))
         return Forecast(
@@ -79,11 +126,18 @@ def forecast_peak(
             "last-value",
             method,
             f"{reason}; fallback {fallback} failed too: {exc}",
+            uppers=tuple((q, last) for q in quantiles),
         )
 
 
 def _run(
-    name: str, requested: str, x: FloatArray, spec: ForecastSpec, origins: int, reason: str | None
+    name: str,
+    requested: str,
+    x: FloatArray,
+    spec: ForecastSpec,
+    origins: int,
+    reason: str | None,
+    quantiles: tuple[float, ...] = (),
 ) -> Forecast:
     forecaster = get_forecaster(name)
     if x.size < forecaster.min_points(spec) and name != requested:
@@ -100,31 +154,36 @@ def _run(
     notes: list[str] = []
     errors = _calibration_errors(model, x, first, last, origins)
     upper_path = getattr(model, "upper_path", None)
+    wanted = (spec.quantile, *quantiles)
     if upper_path is not None:
-        upper = float(np.max(np.asarray(upper_path)[first - 1 : last]))
+        # A Gaussian interval at spec.quantile: other quantiles scale with z.
+        top = float(np.max(np.asarray(upper_path)[first - 1 : last]))
+        z = gaussian_z(spec.quantile)
         point = peak
+        highs = [peak + (top - peak) * gaussian_z(q) / z if z > 0 else top for q in wanted]
         notes.append("upper from the model's prediction interval")
     elif errors.size >= MIN_CALIBRATION:
         point = peak + float(np.quantile(errors, POINT_QUANTILE))
-        upper = peak + float(np.quantile(errors, spec.quantile))
+        highs = [peak + float(np.quantile(errors, q)) for q in wanted]
     else:
         vol = float(np.std(np.diff(x[-max(last * 6, 12) :]))) if x.size > 2 else 0.0
         point = peak
-        upper = peak + gaussian_z(spec.quantile) * vol * math.sqrt(last)
+        highs = [peak + gaussian_z(q) * vol * math.sqrt(last) for q in wanted]
         notes.append(f"only {errors.size} calibration origins: Gaussian upper quantile")
-    upper = max(upper, point)
-    point_tps, upper_tps = float(np.expm1(point)), float(np.expm1(upper))
-    if not (math.isfinite(point_tps) and math.isfinite(upper_tps)):
+    point_tps = float(np.expm1(point))
+    upper_all = [float(np.expm1(max(h, point))) for h in highs]
+    if not all(math.isfinite(v) for v in (point_tps, *upper_all)):
         raise FloatingPointError(f"{name} produced a non-finite forecast")
     return Forecast(
         peak_tps=max(point_tps, 0.0),
-        upper_tps=max(upper_tps, 0.0),
+        upper_tps=max(upper_all[0], 0.0),
         quantile=spec.quantile,
         method=forecaster.name,
         requested=requested,
         fallback_reason=reason,
         path_tps=tuple(float(v) for v in np.maximum(np.expm1(path), 0.0)),
         notes=tuple(notes),
+        uppers=tuple((q, max(u, 0.0)) for q, u in zip(quantiles, upper_all[1:], strict=True)),
     )
 
 

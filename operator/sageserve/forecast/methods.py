@@ -20,6 +20,7 @@ produce negative demand.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -191,8 +192,9 @@ class _MeanPeak:
 class Ensemble:
     """Weighted mean (in log space) of the seasonal ARIMA path and the direct peak regression:
     their errors are only partly correlated, so the mean is more accurate than either. Weight
-    1 : 2 was chosen on the ServeGen backtest (the same data it is reported on; 1 : 1 is within
-    0.1 point of MAPE)."""
+    1 : 2 was chosen on the ServeGen backtest over all 14 days; ``sageserve forecast backtest
+    --choose-days 1-7 --report-days 8-14`` chooses the weights (``ensemble[a:b]``) on days it
+    does not report (docs/forecast.md, out of sample)."""
 
     name: str = "ensemble"
     weights: tuple[float, float] = (1.0, 2.0)
@@ -201,7 +203,9 @@ class Ensemble:
         return max(SeasonalAR().min_points(spec), PeakRegression().min_points(spec))
 
     def fit(self, x: FloatArray, spec: ForecastSpec) -> PeakModel:
-        return _MeanPeak((SeasonalAR().fit(x, spec), PeakRegression().fit(x, spec)), self.weights)
+        parts: tuple[Forecaster, Forecaster] = (SeasonalAR(), PeakRegression())
+        used = [(p, w) for p, w in zip(parts, self.weights, strict=True) if w > 0]
+        return _MeanPeak(tuple(p.fit(x, spec) for p, _ in used), tuple(w for _, w in used))
 
 
 @dataclass
@@ -324,13 +328,26 @@ FORECASTERS: dict[str, Callable[[], Forecaster]] = {
 }
 
 
+#: ``ensemble[a:b]``: the ensemble with weights a (arima) : b (peak-regression).
+_WEIGHTED = re.compile(r"ensemble\[(\d+(?:\.\d+)?):(\d+(?:\.\d+)?)\]")
+
+
 def get_forecaster(name: str) -> Forecaster:
-    """The strategy registered under ``name``; KeyError lists the known names."""
+    """The strategy registered under ``name``; KeyError lists the known names.
+
+    ``ensemble[a:b]`` is the ensemble with its weights spelt out (arima : peak-regression),
+    so that a backtest can choose the weights on some days and report them on others."""
+    weighted = _WEIGHTED.fullmatch(name)
+    if weighted is not None:
+        weights = (float(weighted.group(1)), float(weighted.group(2)))
+        if sum(weights) <= 0:
+            raise KeyError(f"forecaster {name!r}: the weights must not both be 0")
+        return Ensemble(name=name, weights=weights)
     try:
         return FORECASTERS[name]()
     except KeyError:
         known = ", ".join(sorted(FORECASTERS))
-        raise KeyError(f"unknown forecaster {name!r}; known: {known}") from None
+        raise KeyError(f"unknown forecaster {name!r}; known: {known}, ensemble[a:b]") from None
 
 
 def gaussian_z(q: float) -> float:

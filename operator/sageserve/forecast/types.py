@@ -15,6 +15,37 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class GapRule:
+    """When a recorded drop is a *collection gap* (missing data) rather than a lull in demand.
+
+    A partial gap is a short run (at most ``max_seconds``) of points at least ``drop_factor``
+    times below the level on *both* sides (the rate comes back), where that level is steady
+    (the drop is at least ``min_sigmas`` robust standard deviations of the surrounding log
+    values) and no other drop crowds the context (a series full of dips is sparse, not
+    gappy). Exact zeros in a busy series qualify; NaN is a gap already. See
+    ``sageserve.forecast.gaps``.
+    """
+
+    drop_factor: float = 10.0
+    """An order of magnitude: what ServeGen's and a half-scraped Prometheus' gaps look like."""
+    max_seconds: float = 1200.0
+    """Longest partial gap: "one or two points" of a 10-minute series."""
+    context_seconds: float = 3600.0
+    """The level on each side is the median of this much history (an hour)."""
+    min_context: int = 3
+    """Fewest observed points a side needs to define its level."""
+    max_neighbours: int = 1
+    """Other drops allowed in the context; more means a sparse series whose dips are real."""
+    min_sigmas: float = 3.0
+    """The drop must exceed this many robust (MAD) standard deviations of the context's log."""
+    floor_fraction: float = 0.5
+    """No forecast below this share of the recent level when a gap is within the model's reach
+    (issue 15: "no forecast provisions less than half of the recent level because of a gap")."""
+    enabled: bool = True
 
 
 @dataclass(frozen=True)
@@ -35,6 +66,8 @@ class ForecastSpec:
     """Less history than this makes the model-based methods fall back to a baseline."""
     max_gap_fraction: float = 0.2
     """A fit window with more gaps than this falls back to a baseline."""
+    gaps: GapRule = field(default_factory=GapRule)
+    """Partial collection gaps: detected, treated as missing, floored (``forecast.gaps``)."""
 
     def steps(self) -> tuple[int, int]:
         """1-based first and last forecast step covering [now + lead, now + horizon]."""
@@ -61,6 +94,13 @@ class Forecast:
     path_tps: tuple[float, ...] = field(default_factory=tuple)
     """Point forecast per step 1..last (for the plan's per-window ρ)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    uppers: tuple[tuple[float, float], ...] = field(default_factory=tuple)
+    """(quantile, upper tokens/s) for each extra quantile asked of ``forecast_peak`` (the
+    backtest's quantile grid: one fit, every quantile)."""
+    gaps: int = 0
+    """History points treated as missing: NaN, negative, or partial gaps (``forecast.gaps``)."""
+    floored: bool = False
+    """True when the gap floor (``GapRule.floor_fraction`` of the recent level) raised it."""
 
 
 class PeakModel(Protocol):
