@@ -11,7 +11,13 @@ import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import PlanStatus, ScalingPolicySpec
-from sageserve.controller.plan_loop import gpu_capacity, plan_status, recorded_plan, split_batch
+from sageserve.controller.plan_loop import (
+    gpu_capacity,
+    plan_status,
+    recorded_plan,
+    router_batch_query,
+    split_batch,
+)
 from sageserve.core.labels import NodeLabels
 from sageserve.core.types import EndpointKey
 from sageserve.plan.cycle import run_plan_cycle
@@ -90,3 +96,17 @@ def test_batch_traffic_is_taken_out_of_the_forecast_series_and_feeds_beta() -> N
     hist = {("llama-2-70b", "us-east"): interactive[key]}
     cycle = run_plan_cycle([md], spec, hist, {("llama-2-70b", "us-east"): last_hour[key]}, {})
     assert cycle.batch_buffer_tps[("llama-2-70b", "us-east")] == 0.1 * (50 * 300 + 10 * 1500) / 60
+
+
+def test_without_a_batch_query_the_batch_share_is_what_the_router_counted_for_batch_tiers() -> None:
+    tiers = [
+        {"metadata": {"name": "iw-f"}, "spec": {"type": "interactive"}},
+        {"metadata": {"name": "niw"}, "spec": {"type": "batch"}},
+        {"metadata": {"name": "bulk"}, "spec": {"type": "batch"}},
+    ]
+    query = router_batch_query("1m", "llm", tiers)
+    assert query is not None
+    assert 'namespace="llm"' in query and 'tier=~"bulk|niw"' in query
+    assert "sageserve_router_tokens_total" in query
+    # a namespace without batch tiers: no batch series, all traffic is interactive
+    assert router_batch_query("1m", "llm", tiers[:1]) is None

@@ -35,6 +35,7 @@ from operator_kit import (
 )
 
 from sageserve.metrics.prometheus import PrometheusReader
+from sageserve.metrics.queries import router_tokens
 
 TRACE = REPO / "data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"
 MODEL = "bloom"
@@ -127,6 +128,24 @@ def test_requests_go_by_tier_to_the_home_region_and_spill_over_above_70_percent(
             )
             events = [e for e in body.decode().split("\n\n") if e]
             assert status == 200 and events[-1] == "data: [DONE]" and len(events) > 2
+
+            # tokens per tier, the pod's usage when it reports one: the plan loop's batch
+            # share comes from them through Prometheus (no PromQL from the user)
+            status, body = router.post(
+                "/v1/completions", request(), {**east, "x-sageserve-tier": "niw"}
+            )
+            usage = json.loads(body)["usage"]
+            assert router.metric("sageserve_router_tokens_total", region="us-east", tier="niw") == (
+                usage["prompt_tokens"] + usage["completion_tokens"]
+            )
+            batch_query = router_tokens("5m", namespace, ["niw"])
+
+            def batch_rate() -> float:  # a rate needs two scrapes of a counter that grew
+                router.post("/v1/completions", request(), {**east, "x-sageserve-tier": "niw"})
+                found = PrometheusReader(prometheus_url).instant(batch_query)
+                return found.get((namespace, MODEL, "us-east"), 0.0)
+
+            eventually(lambda: batch_rate() > 0, 90, "the batch tier's tokens/s in Prometheus")
 
             # bad input, each with its error, none reaching a pod
             for data, headers, code in [

@@ -286,9 +286,9 @@ class Forecast(ApiModel):
         min_length=1,
         max_length=4096,
         description="PromQL giving batch (NIW) tokens/s by namespace, model_deployment and "
-        "region, e.g. from the gateway or queue that labels batch work. vLLM's metrics do not "
-        "tell batch from interactive tokens, so without it the operator forecasts all "
-        "traffic as interactive and β is 0.",
+        "region. Unset: the tokens `sageserve router` answered for the namespace's batch "
+        "tiers (sageserve_router_tokens_total); with neither, vLLM's metrics do not tell "
+        "batch from interactive tokens, all traffic is forecast as interactive and β is 0.",
     )
 
 

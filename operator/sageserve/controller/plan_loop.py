@@ -21,6 +21,7 @@ from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
+from sageserve.api.workload_tier import TierType
 from sageserve.controller.kube import Kube
 from sageserve.controller.status import set_condition
 from sageserve.core.labels import NodeLabels
@@ -138,6 +139,19 @@ def plan_status(
     return status
 
 
+def router_batch_query(
+    window: str, namespace: str, tiers: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Batch tokens/s as `sageserve router` counted them for the namespace's batch tiers:
+    β with no PromQL from the user (None: the namespace has no batch tier)."""
+    batch = sorted(
+        str(o["metadata"]["name"])
+        for o in tiers
+        if (o.get("spec") or {}).get("type") == TierType.BATCH.value
+    )
+    return queries.router_tokens(window, namespace, batch) if batch else None
+
+
 class PlanPass:
     """One planning pass for one policy."""
 
@@ -176,7 +190,9 @@ class PlanPass:
 
         try:
             per_endpoint = read(queries.tokens_per_second(window, self.namespace))
-            batch_query = spec.forecast.batch_tokens_query
+            batch_query = spec.forecast.batch_tokens_query or router_batch_query(
+                window, self.namespace, self.kube.objects(self.namespace, "workloadtiers")
+            )
             batch = read(batch_query) if batch_query else {}
         except MetricsUnavailable as exc:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")

@@ -6,6 +6,9 @@ and shared by the operator and the documentation.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 from sageserve.metrics import vllm
 
 GROUP_BY = f"{vllm.LABEL_NAMESPACE}, {vllm.LABEL_MODEL_DEPLOYMENT}, {vllm.LABEL_REGION}"
@@ -76,3 +79,15 @@ def held_requests(namespace: str | None = None) -> str:
     """Requests held by the router per (model, region): demand for an endpoint at zero."""
     matcher = f'{{{vllm.LABEL_NAMESPACE}="{namespace}"}}' if namespace else ""
     return f"sum by ({GROUP_BY}) ({HELD_REQUESTS}{matcher})"
+
+
+#: The router's counter of tokens answered per endpoint and tier.
+ROUTER_TOKENS = "sageserve_router_tokens"
+
+
+def router_tokens(window: str, namespace: str, tiers: Sequence[str]) -> str:
+    """Tokens/s the router answered per (model, region) for `tiers` over `window`: the
+    batch share of load when the tiers are the batch ones, with no PromQL from the user."""
+    names = "|".join(re.escape(t) for t in sorted(tiers))
+    matchers = f'{vllm.LABEL_NAMESPACE}="{namespace}", tier=~"{names}"'
+    return f"sum by ({GROUP_BY}) (rate({ROUTER_TOKENS}_total{{{matchers}}}[{window}]))"

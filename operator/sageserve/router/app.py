@@ -31,6 +31,7 @@ from aiohttp import web
 from sageserve.route.tiers import TIER_HEADER, TierError, resolve_tier
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
+from sageserve.router.usage import TAIL_BYTES, answered_tokens
 
 log = logging.getLogger("sageserve.router")
 
@@ -56,15 +57,17 @@ def openai_error(status: int, message: str, type_: str, param: str | None = None
     return web.json_response(body, status=status)
 
 
-def estimated_tokens(body: dict[str, Any]) -> float:
-    """Prompt characters ÷ 4 plus the output budget: the router's estimate of the work."""
+def estimated_tokens(body: dict[str, Any]) -> tuple[float, float]:
+    """(prompt, prompt + output budget) in tokens: prompt characters ÷ 4 and `max_tokens`,
+    the router's estimate of a request's work before the pod reports it."""
     prompt = body.get("prompt") or body.get("messages") or ""
     chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
     try:
-        return chars / 4.0 + float(max_tokens)
+        budget = float(max_tokens)
     except (TypeError, ValueError):
-        return chars / 4.0 + DEFAULT_MAX_TOKENS
+        budget = DEFAULT_MAX_TOKENS
+    return chars / 4.0, chars / 4.0 + budget
 
 
 class Router:
@@ -159,7 +162,7 @@ class Router:
         except TierError as exc:
             return openai_error(400, str(exc), "invalid_request_error", TIER_HEADER)
         home = request.headers.get(REGION_HEADER) or self.config.home_region
-        tokens = estimated_tokens(body)
+        _, tokens = estimated_tokens(body)
         region = await self._region_or_hold(model, home, tokens)
         if region is None:
             self.metrics.count(model, home or "", tier, 503)
@@ -220,7 +223,8 @@ class Router:
                 self.metrics.retries.labels(model.namespace, model.name, backend.region).inc()
             self.fleet.start(backend, tokens)
             try:
-                response = await self._proxy(request, body, backend, model, tier, started)
+                with self.metrics.flying(model, backend.region, tier):
+                    response = await self._proxy(request, body, backend, model, tier, started)
             except _BeforeFirstByte as exc:
                 log.warning("pod %s failed before the first byte: %s", backend.pod, exc)
                 failures.append(f"{backend.pod}: {exc}")
@@ -263,6 +267,7 @@ class Router:
             response = web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
             first = True
+            tail, events = b"", 0
             try:
                 async for chunk in upstream.content.iter_any():
                     if first:
@@ -270,6 +275,8 @@ class Router:
                         self.metrics.ttft(model, backend.region, tier, time.monotonic() - started)
                         first = False
                     await response.write(chunk)
+                    tail = (tail + chunk)[-TAIL_BYTES:]
+                    events += chunk.count(b"data: ") if stream else 0
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if first:
                     raise _BeforeFirstByte(str(exc)) from exc
@@ -281,6 +288,12 @@ class Router:
             await response.write_eof()
         self.metrics.count(model, backend.region, tier, upstream.status)
         self.metrics.e2e(model, backend.region, tier, time.monotonic() - started)
+        if upstream.status < 400:
+            prompt, total = estimated_tokens(body)
+            done = max(events - 1, 0)  # the last event of a stream is [DONE]
+            self.metrics.served(
+                model, backend.region, tier, answered_tokens(tail, done, prompt, total)
+            )
         return response
 
 

@@ -2,8 +2,11 @@
 
 `sageserve_router_held_requests{namespace, model_deployment, region}` is the demand signal
 of an endpoint with nothing serving: the operator reads it (`metrics.queries
-.held_requests`) and scales that endpoint from zero. Its labels name the endpoint, so the
-scrape must keep them (`honor_labels`, as the chart's ServiceMonitor sets).
+.held_requests`) and scales that endpoint from zero. `sageserve_router_tokens_total` per
+tier is the plan loop's split of load into interactive and batch (`metrics.queries
+.router_tokens`; SageServe §6.3 forecasts interactive load and adds β of batch). Their labels
+name the endpoint, so the scrape must keep them (`honor_labels`, as the chart's
+ServiceMonitor sets).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from sageserve.metrics.queries import HELD_REQUESTS
+from sageserve.metrics.queries import HELD_REQUESTS, ROUTER_TOKENS
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.router.fleet import ModelRoute
 
@@ -50,6 +53,19 @@ class RouterMetrics:
             list(ENDPOINT),
             registry=r,
         )
+        self.tokens = Counter(
+            ROUTER_TOKENS,
+            "Prompt and completion tokens of answered requests (the pod's usage when it "
+            "reports one, else estimated)",
+            [*ENDPOINT, "tier"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "sageserve_router_in_flight_requests",
+            "Requests sent to a pod and not answered yet",
+            [*ENDPOINT, "tier"],
+            registry=r,
+        )
         self.retries = Counter(
             "sageserve_router_retries",
             "Requests retried on another pod",
@@ -65,6 +81,18 @@ class RouterMetrics:
 
     def e2e(self, m: ModelRoute, region: str, tier: str, seconds: float) -> None:
         self.end_to_end.labels(m.namespace, m.name, region, tier).observe(seconds)
+
+    def served(self, m: ModelRoute, region: str, tier: str, tokens: float) -> None:
+        self.tokens.labels(m.namespace, m.name, region, tier).inc(max(tokens, 0.0))
+
+    @contextmanager
+    def flying(self, m: ModelRoute, region: str, tier: str) -> Iterator[None]:
+        gauge = self.in_flight.labels(m.namespace, m.name, region, tier)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
 
     @contextmanager
     def holding(self, m: ModelRoute, region: str) -> Iterator[None]:
