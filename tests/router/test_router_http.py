@@ -84,7 +84,9 @@ def run(
             )
         fleet = Fleet()
         fleet.set_models([MODEL])
-        fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f", ("fast",)), "niw": TierMatch("niw")})
+        fleet.set_tiers(
+            "llm", {"iw-f": TierMatch("iw-f", ("fast",)), "niw": TierMatch("niw", batch=True)}
+        )
         fleet.set_backends(backends)
         metrics = RouterMetrics()
         router = Router(fleet, RouterConfig(**{"hold_seconds": 5.0, **config}), metrics)
@@ -280,3 +282,36 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_pods_request() -> None:
             await pod_runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_a_batch_tier_request_waits_for_the_trough_and_an_interactive_one_does_not() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        fleet.set_load({("llm", "llama", "us-east"): (0.8, 1000.0)})  # above 60 %: no release
+        niw = {"x-sageserve-tier": "niw", "x-sageserve-region": "us-east"}
+        batch = asyncio.create_task(client.post(f"{url}/v1/completions", json=body(), headers=niw))
+        await asyncio.sleep(0.3)
+        labels = dict(namespace="llm", model_deployment="llama", region="us-east", tier="niw")
+        assert sample(metrics, "sageserve_router_deferred_requests", **labels) == 1
+        assert pods["east-0"].got == []
+        interactive = {"x-sageserve-region": "us-east"}
+        async with client.post(f"{url}/v1/completions", json=body(), headers=interactive) as r:
+            assert r.status == 200  # the interactive request is not held behind it
+        assert len(pods["east-0"].got) == 1
+        fleet.set_load({("llm", "llama", "us-east"): (0.4, 1000.0)})  # the trough
+        async with await batch as r:
+            assert r.status == 200
+        assert len(pods["east-0"].got) == 2
+        assert sample(metrics, "sageserve_router_deferred_requests", **labels) == 0
+
+    run(scenario, {"east-0": ("us-east", False)})
+
+
+def test_a_deferred_batch_request_is_served_when_the_hold_time_runs_out() -> None:
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        fleet.set_load({("llm", "llama", "us-east"): (0.95, 1000.0)})  # never a trough
+        niw = {"x-sageserve-tier": "niw", "x-sageserve-region": "us-east"}
+        async with client.post(f"{url}/v1/completions", json=body(), headers=niw) as r:
+            assert r.status == 200  # late, never dropped
+        assert len(pods["east-0"].got) == 1
+
+    run(scenario, {"east-0": ("us-east", False)}, hold_seconds=0.5)

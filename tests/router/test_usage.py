@@ -6,7 +6,10 @@ import pytest
 
 from sageserve.router.usage import answered_tokens, reported_usage
 
-PLAIN = b'{"id":"c1","choices":[{"text":"hi"}],"usage":{"prompt_tokens":12,"completion_tokens":8,"total_tokens":20}}'
+PLAIN = (
+    b'{"id":"c1","choices":[{"text":"hi"}],'
+    b'"usage":{"prompt_tokens":12,"completion_tokens":8,"total_tokens":20}}'
+)
 STREAM_WITH_USAGE = (
     b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
     b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}\n\n'
@@ -29,5 +32,8 @@ def test_answered_tokens(tail: bytes, events: int, expected: float) -> None:
 
 
 def test_the_last_usage_of_a_tail_counts() -> None:
-    tail = b'"usage":{"prompt_tokens":1,"completion_tokens":1} ... "usage":{"prompt_tokens":3,"completion_tokens":4}'
+    tail = (
+        b'"usage":{"prompt_tokens":1,"completion_tokens":1} ... '
+        b'"usage":{"prompt_tokens":3,"completion_tokens":4}'
+    )
     assert reported_usage(tail) == 7.0

@@ -27,6 +27,8 @@ class TierMatch:
     name: str
     header_values: tuple[str, ...] = ()
     api_keys: tuple[str, ...] = ()
+    #: a batch (NIW) tier: its requests yield to interactive ones (SageServe §6.2)
+    batch: bool = False
 
     def matches_header(self, value: str) -> bool:
         return value == self.name or value in self.header_values

@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from sageserve.route.queue_manager import release_count
 from sageserve.route.tiers import TIER_HEADER, TierError, resolve_tier
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
@@ -179,7 +180,25 @@ class Router:
                 status=503,
                 headers={"Retry-After": str(self.config.retry_after_seconds)},
             )
+        if self.fleet.is_batch(model, tier):
+            await self._until_trough(model, region, tier)
         return await self._send(request, body, model, region, tier, started, tokens)
+
+    async def _until_trough(self, model: ModelRoute, region: str, tier: str) -> None:
+        """A batch-tier request sent synchronously yields to interactive work: it waits
+        (bounded by the hold time, then is served anyway, never dropped) until its region's
+        EMU is low enough for the Queue Manager to release batch work (SageServe §6.2)."""
+        endpoint = (model.namespace, model.name, region)
+        deadline = time.monotonic() + self.config.hold_seconds
+        if release_count(self.fleet.estimated_emu(endpoint)) > 0:
+            return
+        with self.metrics.deferring(model, region, tier):
+            while release_count(self.fleet.estimated_emu(endpoint)) == 0:
+                waiter = self.fleet.changed
+                try:
+                    await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
+                except TimeoutError:
+                    return
 
     async def _region_or_hold(
         self, model: ModelRoute, home: str | None, tokens: float

@@ -23,7 +23,7 @@ from kubernetes import client, watch
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import spill_from_status
-from sageserve.api.workload_tier import WorkloadTier
+from sageserve.api.workload_tier import TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.route.tiers import TierMatch
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
@@ -166,6 +166,7 @@ class Discovery:
                     wt.metadata.name,
                     tuple(wt.spec.match.header_values),
                     self._api_keys(ns, wt),
+                    batch=wt.spec.type == TierType.BATCH,
                 )
             self.loop.call_soon_threadsafe(self.fleet.set_tiers, ns, tiers)
 

@@ -106,6 +106,11 @@ class Fleet:
         self.emu = {k: v[0] for k, v in emu_by_endpoint.items()}
         self.capacity = {k: v[1] for k, v in emu_by_endpoint.items()}
         self.sent.clear()
+        self._wake()
+
+    def is_batch(self, model: ModelRoute, tier: str) -> bool:
+        match = self.tiers.get(model.namespace, {}).get(tier)
+        return match is not None and match.batch
 
     def _wake(self) -> None:
         self.changed.set()

@@ -66,6 +66,13 @@ class RouterMetrics:
             [*ENDPOINT, "tier"],
             registry=r,
         )
+        self.deferred = Gauge(
+            "sageserve_router_deferred_requests",
+            "Batch-tier requests waiting for their region's EMU to fall under the Queue "
+            "Manager's release threshold",
+            [*ENDPOINT, "tier"],
+            registry=r,
+        )
         self.retries = Counter(
             "sageserve_router_retries",
             "Requests retried on another pod",
@@ -88,6 +95,15 @@ class RouterMetrics:
     @contextmanager
     def flying(self, m: ModelRoute, region: str, tier: str) -> Iterator[None]:
         gauge = self.in_flight.labels(m.namespace, m.name, region, tier)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+    @contextmanager
+    def deferring(self, m: ModelRoute, region: str, tier: str) -> Iterator[None]:
+        gauge = self.deferred.labels(m.namespace, m.name, region, tier)
         gauge.inc()
         try:
             yield
