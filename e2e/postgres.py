@@ -206,10 +206,7 @@ def running(durable: bool = True) -> Iterator[PostgresServer]:
 
 
 def _run(server: PostgresServer, argv: Sequence[str], timeout: float) -> None:
-    user: dict[str, object] = {}
-    if server.account is not None:
-        uid, gid = server.account
-        user = {"user": uid, "group": gid, "extra_groups": []}
+    uid, gid = server.account if server.account is not None else (None, None)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "HOME": str(server.root)}
     done = subprocess.run(
         list(argv),
@@ -219,7 +216,9 @@ def _run(server: PostgresServer, argv: Sequence[str], timeout: float) -> None:
         text=True,
         timeout=timeout,
         check=False,
-        **user,  # type: ignore[arg-type]
+        user=uid,
+        group=gid,
+        extra_groups=None if uid is None else [],
     )
     if done.returncode != 0:
         raise PostgresError(

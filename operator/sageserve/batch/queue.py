@@ -57,12 +57,13 @@ def claim(
         return []
     live = [*filters, b.c.status == IN_PROGRESS, b.c.deadline > now]
     lapsed = _candidates(conn, [r.c.state == RUNNING, r.c.lease_until < now, *live], n)
-    rest = n - len(lapsed)
-    fresh = _candidates(conn, [r.c.state == QUEUED, *live], rest) if rest > 0 else []
     worn = [rid for rid, attempts in lapsed if attempts >= max_attempts]
     if worn:
         _give_up(conn, worn, max_attempts, now)
-    ids = [rid for rid, attempts in [*lapsed, *fresh] if attempts < max_attempts]
+    ids = [rid for rid, attempts in lapsed if attempts < max_attempts]
+    if len(ids) < n:
+        fresh = _candidates(conn, [r.c.state == QUEUED, *live], n - len(ids))
+        ids += [rid for rid, _ in fresh]
     if not ids:
         return []
     conn.execute(
