@@ -1,0 +1,368 @@
+"""The OpenAI Batch API's HTTP handlers: ``/v1/files`` and ``/v1/batches`` over the store.
+
+Why here and not in ``router/app.py``: the handlers need only the store, the router's
+view of which model is served for batch work and in which tier, and an upload limit; the
+router adds them to its application with ``BatchApi(...).add_routes(app)``. Objects and
+errors are shaped as OpenAI's (``{"error": {"message", "type", "param", "code"}}``), so
+the OpenAI SDKs and tools built for the Batch API work unchanged.
+
+An upload is read part by part and refused with 413 as soon as it passes
+``max_upload_bytes``, before anything is stored (issue 14, bad input). Store calls are
+blocking database transactions and run in ``asyncio.to_thread``; ``models`` and
+``deadlines`` are called from that worker thread while a batch is created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aiohttp import BodyPartReader, web
+from sqlalchemy.exc import SQLAlchemyError
+
+from sageserve.batch.jsonl import ENDPOINTS, KnownModels
+from sageserve.batch.objects import BatchObject, Conflict, FileObject, InvalidInput, NotFound
+from sageserve.batch.store import DEFAULT_WINDOW, BatchStore, TierDeadlines
+
+log = logging.getLogger("sageserve.batch")
+
+#: The default upload limit: large enough for OpenAI's 50,000 requests of a few KB each
+#: at most; a router replica holds one upload in memory while reading it.
+DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024
+#: Multipart framing (boundaries, part headers, the purpose field) on top of the file.
+MULTIPART_SLACK = 64 * 1024
+MAX_FILE_LIST = 10_000
+MAX_BATCH_LIST = 100
+MAX_METADATA_PAIRS = 16
+T = TypeVar("T")
+
+
+def openai_error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An error shaped as the OpenAI API shapes them."""
+    type_ = "server_error" if status >= 500 else "invalid_request_error"
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class _Refused(Exception):
+    """An error response to send instead of the object."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.text)
+        self.response = response
+
+
+class BatchApi:
+    """``/v1/files`` and ``/v1/batches`` on one ``BatchStore``.
+
+    ``models`` maps a served model name to its batch tier (None: not served for batch
+    work); ``deadlines`` maps a tier to its deadline in seconds (None: the completion
+    window alone); uploads over ``max_upload_bytes`` get 413.
+    """
+
+    def __init__(
+        self,
+        store: BatchStore,
+        models: KnownModels,
+        *,
+        deadlines: TierDeadlines = lambda _: None,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    ) -> None:
+        self.store = store
+        self.models = models
+        self.deadlines = deadlines
+        self.max_upload_bytes = max_upload_bytes
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/files", self.upload_file)
+        app.router.add_get("/v1/files", self.list_files)
+        app.router.add_get("/v1/files/{file_id}", self.get_file)
+        app.router.add_get("/v1/files/{file_id}/content", self.file_content)
+        app.router.add_delete("/v1/files/{file_id}", self.delete_file)
+        app.router.add_post("/v1/batches", self.create_batch)
+        app.router.add_get("/v1/batches", self.list_batches)
+        app.router.add_get("/v1/batches/{batch_id}", self.get_batch)
+        app.router.add_post("/v1/batches/{batch_id}/cancel", self.cancel_batch)
+
+    # ---- files ---------------------------------------------------------------------
+
+    async def upload_file(self, request: web.Request) -> web.Response:
+        try:
+            purpose, filename, content = await self._read_upload(request)
+            obj = await self._call(self.store.create_file, content, filename, purpose)
+        except _Refused as refused:
+            return refused.response
+        return web.json_response(obj.to_openai())
+
+    async def list_files(self, request: web.Request) -> web.Response:
+        try:
+            limit = _limit(request, MAX_FILE_LIST, MAX_FILE_LIST)
+            purpose = request.query.get("purpose")
+            found, more = await self._call(
+                self.store.list_files, purpose, limit, request.query.get("after")
+            )
+        except _Refused as refused:
+            return refused.response
+        return web.json_response(_page(found, more))
+
+    async def get_file(self, request: web.Request) -> web.Response:
+        try:
+            obj = await self._call(self.store.get_file, request.match_info["file_id"])
+        except _Refused as refused:
+            return refused.response
+        return web.json_response(obj.to_openai())
+
+    async def file_content(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["file_id"]
+        try:
+            obj = await self._call(self.store.get_file, file_id)
+            content = await self._call(self.store.file_content, file_id)
+        except _Refused as refused:
+            return refused.response
+        disposition = f'attachment; filename="{obj.filename.replace(chr(34), "")}"'
+        return web.Response(
+            body=content,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Disposition": disposition,
+            },
+        )
+
+    async def delete_file(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["file_id"]
+        try:
+            await self._call(self.store.delete_file, file_id)
+        except _Refused as refused:
+            return refused.response
+        return web.json_response({"id": file_id, "object": "file", "deleted": True})
+
+    # ---- batches -------------------------------------------------------------------
+
+    async def create_batch(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_object(request)
+            input_file_id = _string(body, "input_file_id", "the id of an uploaded file")
+            endpoint = _string(body, "endpoint", " or ".join(ENDPOINTS))
+            if endpoint not in ENDPOINTS:
+                raise _Refused(
+                    openai_error(
+                        400,
+                        f"endpoint {endpoint!r} is not supported: use {' or '.join(ENDPOINTS)}",
+                        "endpoint",
+                    )
+                )
+            window = body.get("completion_window", DEFAULT_WINDOW)
+            if not isinstance(window, str):
+                raise _Refused(
+                    openai_error(
+                        400,
+                        f"completion_window must be a string such as {DEFAULT_WINDOW!r}",
+                        "completion_window",
+                    )
+                )
+            metadata = _metadata(body.get("metadata"))
+            batch = await self._call(
+                self.store.create_batch,
+                input_file_id,
+                endpoint,
+                window,
+                metadata,
+                self.models,
+                self.deadlines,
+            )
+        except _Refused as refused:
+            return refused.response
+        return web.json_response(batch.to_openai())
+
+    async def list_batches(self, request: web.Request) -> web.Response:
+        try:
+            limit = _limit(request, 20, MAX_BATCH_LIST)
+            found, more = await self._call(
+                self.store.list_batches, limit, request.query.get("after")
+            )
+        except _Refused as refused:
+            return refused.response
+        return web.json_response(_page(found, more))
+
+    async def get_batch(self, request: web.Request) -> web.Response:
+        try:
+            batch = await self._call(self.store.get_batch, request.match_info["batch_id"])
+        except _Refused as refused:
+            return refused.response
+        return web.json_response(batch.to_openai())
+
+    async def cancel_batch(self, request: web.Request) -> web.Response:
+        try:
+            batch = await self._call(self.store.cancel, request.match_info["batch_id"])
+        except _Refused as refused:
+            return refused.response
+        return web.json_response(batch.to_openai())
+
+    # ---- helpers -------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a store call in a worker thread; its errors become OpenAI error responses."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except NotFound as exc:
+            # a missing object named in the body or query is a bad request, in the path 404
+            status = 400 if exc.param else 404
+            raise _Refused(
+                openai_error(
+                    status,
+                    f"no such {exc.kind}: {exc.object_id!r}; list them with GET /v1/{exc.kind}s",
+                    exc.param,
+                    "not_found",
+                )
+            ) from None
+        except InvalidInput as exc:
+            raise _Refused(openai_error(400, str(exc), exc.param, exc.code)) from None
+        except Conflict as exc:
+            raise _Refused(openai_error(409, str(exc), None, exc.code)) from None
+        except SQLAlchemyError as exc:
+            log.warning("batch queue database error: %s", exc)
+            raise _Refused(
+                openai_error(
+                    503,
+                    "the batch queue's database is unavailable; retry later",
+                    headers={"Retry-After": "5"},
+                )
+            ) from None
+
+    async def _read_upload(self, request: web.Request) -> tuple[str, str, bytes]:
+        """(purpose, filename, content) of a multipart upload, refused past the limit."""
+        if not request.content_type.startswith("multipart/"):
+            raise _Refused(
+                openai_error(
+                    400,
+                    "upload a file as multipart/form-data with the fields purpose=batch and "
+                    "file=@requests.jsonl",
+                    "file",
+                )
+            )
+        if (request.content_length or 0) > self.max_upload_bytes + MULTIPART_SLACK:
+            raise _Refused(self._too_large())
+        purpose: str | None = None
+        filename = "upload.jsonl"
+        content: bytes | None = None
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                raise _Refused(openai_error(400, "nested multipart bodies are not supported"))
+            if part.name == "purpose":
+                purpose = (await _read_limited(part, 256) or b"").decode(errors="replace")
+            elif part.name == "file":
+                filename = part.filename or filename
+                content = await _read_limited(part, self.max_upload_bytes)
+                if content is None:
+                    raise _Refused(self._too_large())
+            else:
+                await part.release()
+        if content is None:
+            raise _Refused(openai_error(400, "file: required, the JSONL file of requests", "file"))
+        if purpose != "batch":
+            raise _Refused(
+                openai_error(
+                    400,
+                    f"purpose {purpose!r} is not supported here: send purpose=batch",
+                    "purpose",
+                )
+            )
+        return purpose, filename, content
+
+    def _too_large(self) -> web.Response:
+        return openai_error(
+            413,
+            f"file is larger than {self.max_upload_bytes} bytes, the router's upload limit: "
+            "split the requests into several files and batches",
+            "file",
+            "file_too_large",
+        )
+
+
+async def _read_limited(part: BodyPartReader, limit: int) -> bytes | None:
+    """The part's bytes, or None as soon as it passes ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await part.read_chunk(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _Refused(openai_error(400, f"the body is not JSON: {exc}")) from None
+    if not isinstance(body, dict):
+        raise _Refused(openai_error(400, "the body must be a JSON object"))
+    return body
+
+
+def _string(body: dict[str, Any], field: str, what: str) -> str:
+    value = body.get(field)
+    if not isinstance(value, str) or not value:
+        raise _Refused(openai_error(400, f"{field}: required, {what}", field))
+    return value
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    ok = (
+        isinstance(value, dict)
+        and len(value) <= MAX_METADATA_PAIRS
+        and all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+            for k, v in value.items()
+        )
+    )
+    if not ok:
+        raise _Refused(
+            openai_error(
+                400,
+                f"metadata must be an object of at most {MAX_METADATA_PAIRS} string pairs, "
+                "keys up to 64 and values up to 512 characters",
+                "metadata",
+            )
+        )
+    return dict(value)
+
+
+def _limit(request: web.Request, default: int, most: int) -> int:
+    raw = request.query.get("limit")
+    try:
+        limit = default if raw is None else int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= most:
+        raise _Refused(
+            openai_error(400, f"limit must be an integer from 1 to {most}, got {raw!r}", "limit")
+        )
+    return limit
+
+
+def _page(found: list[FileObject] | list[BatchObject], more: bool) -> dict[str, Any]:
+    data = [obj.to_openai() for obj in found]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
+
+
+__all__ = ["DEFAULT_MAX_UPLOAD_BYTES", "BatchApi", "openai_error"]
