@@ -252,6 +252,37 @@ def bench_router(
     bench_router_command(rates, seconds, pods, console)
 
 
+@bench_app.command("batch")
+def bench_batch(
+    requests: Annotated[
+        int, typer.Option(help="Requests per batch (one run per worker count).")
+    ] = 10_000,
+    workers: Annotated[
+        str, typer.Option(help="Release worker threads per run, comma-separated.")
+    ] = "1,4",
+    claim_size: Annotated[
+        int, typer.Option(help="Requests per claim (the Queue Manager releases 1 or 2).")
+    ] = 2,
+    postgres_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Also measure on this PostgreSQL database, e.g. "
+            "postgresql+psycopg://user@host/db (tables are created if missing).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """The batch queue: requests accepted into it and released from it per second.
+
+    SQLite on a temporary file, and PostgreSQL with --postgres-url;
+    `python -m e2e.bench_batch` starts a throwaway PostgreSQL and runs both.
+    """
+    from sageserve.commands.bench_batch import bench_batch_command
+
+    counts = [int(w) for w in workers.split(",") if w.strip()]
+    bench_batch_command(requests, counts, claim_size, postgres_url, console)
+
+
 @bench_app.command("operator")
 def bench_operator(
     models: Annotated[int, typer.Option(help="ModelDeployments.")] = 200,

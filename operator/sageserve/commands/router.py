@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from typing import Annotated
 
 import typer
@@ -49,16 +50,36 @@ def router_command(
     event_loop: Annotated[
         str, typer.Option(help="asyncio, or uvloop when it is installed.")
     ] = "asyncio",
+    batch_db: Annotated[
+        str,
+        typer.Option(
+            envvar="SAGESERVE_BATCH_DB_URL",
+            help="The Batch API's queue: sqlite:///PATH (one replica) or "
+            "postgresql+psycopg://... (several); 'off' disables /v1/files and /v1/batches.",
+        ),
+    ] = "sqlite:///sageserve-batch.db",
+    max_upload_bytes: Annotated[
+        int, typer.Option(help="Larger Batch API input files are refused with 413.")
+    ] = 100 * 1024 * 1024,
+    replica: Annotated[
+        str,
+        typer.Option(envvar="POD_NAME", help="This replica's name: the owner of its queue leases."),
+    ] = "",
 ) -> None:
-    """Serve the OpenAI API in front of the pod sets: tiers, regions, scale from zero."""
+    """Serve the OpenAI API in front of the pod sets: tiers, regions, scale from zero, and
+    the Batch API on a durable queue released into the troughs."""
     from kubernetes import config as kube_config
 
+    from sageserve.batch.api import BatchApi
+    from sageserve.batch.store import BatchStore
     from sageserve.metrics.prometheus import PrometheusReader
+    from sageserve.route.tiers import TierMatch
     from sageserve.router.app import Router, RouterConfig, run_loop, serve
     from sageserve.router.discovery import Discovery
     from sageserve.router.fleet import Fleet
     from sageserve.router.load import refresh_load
     from sageserve.router.metrics import RouterMetrics
+    from sageserve.router.release import BatchReleaser
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
@@ -70,23 +91,41 @@ def router_command(
         max_body_bytes=max_body_bytes, hold_seconds=hold_seconds, home_region=region
     )
 
+    store = None if batch_db == "off" else BatchStore.open(batch_db)
+    owner = replica or f"{socket.gethostname()}-{os.getpid()}"
+
     async def main() -> None:
         fleet = Fleet()
+        metrics = RouterMetrics()
         discovery = Discovery(fleet, asyncio.get_running_loop(), namespace, backend_url)
         discovery.start()
         reader = PrometheusReader(url, timeout_s=max(1.0, load_refresh_seconds))
-        refresher = asyncio.create_task(
-            refresh_load(fleet, reader, namespace, load_refresh_seconds)
-        )
+        tasks = [asyncio.create_task(refresh_load(fleet, reader, namespace, load_refresh_seconds))]
+        api = None
+        if store is not None:
+            api = BatchApi(
+                store,
+                fleet.batch_tier,
+                deadlines=lambda tier: (fleet.batch_tiers().get(tier) or TierMatch("")).deadline_s,
+                max_upload_bytes=max_upload_bytes,
+            )
+        router = Router(fleet, config, metrics, api.add_routes if api else None)
 
         async def ready(bound: int) -> None:
+            if store is not None:
+                tasks.append(
+                    asyncio.create_task(BatchReleaser(store, router, metrics, owner).run())
+                )
             print(f"sageserve router listening on {host}:{bound}", flush=True)
 
         try:
-            await serve(Router(fleet, config, RouterMetrics()), host, port, ready)
+            await serve(router, host, port, ready)
         finally:
-            refresher.cancel()
+            for task in tasks:
+                task.cancel()
             discovery.stop()
+            if store is not None:
+                store.close()
 
     with contextlib.suppress(KeyboardInterrupt):
         run_loop(main(), event_loop)

@@ -29,6 +29,9 @@ class TierMatch:
     api_keys: tuple[str, ...] = ()
     #: a batch (NIW) tier: its requests yield to interactive ones (SageServe §6.2)
     batch: bool = False
+    #: a batch tier's deadline and promotion age (WorkloadTier `spec.batch`), seconds
+    deadline_s: float | None = None
+    promotion_age_s: float | None = None
 
     def matches_header(self, value: str) -> bool:
         return value == self.name or value in self.header_values

@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,14 +74,23 @@ def estimated_tokens(body: dict[str, Any]) -> tuple[float, float]:
 class Router:
     """The request handlers over one `Fleet`."""
 
-    def __init__(self, fleet: Fleet, config: RouterConfig, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        config: RouterConfig,
+        metrics: RouterMetrics,
+        extra_routes: Callable[[web.Application], None] | None = None,
+    ) -> None:
         self.fleet = fleet
         self.config = config
         self.metrics = metrics
+        self.extra_routes = extra_routes  # the Batch API's, when the router has a queue
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
+        if self.extra_routes is not None:
+            self.extra_routes(app)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.forward)
         app.router.add_post("/v1/chat/completions", self.forward)
@@ -229,17 +238,8 @@ class Router:
         started: float,
         tokens: float,
     ) -> web.StreamResponse:
-        tried: frozenset[str] = frozenset()
         failures: list[str] = []
-        for attempt in range(2):
-            backend = self.fleet.choose_backend(model, region, tried) or self._elsewhere(
-                model, tried
-            )
-            if backend is None:
-                break
-            tried |= {backend.pod}
-            if attempt:
-                self.metrics.retries.labels(model.namespace, model.name, backend.region).inc()
+        for backend in self._backends(model, region):
             self.fleet.start(backend, tokens)
             try:
                 with self.metrics.flying(model, backend.region, tier):
@@ -256,6 +256,56 @@ class Router:
         return openai_error(
             502, f"every pod tried failed before answering ({reasons})", "server_error"
         )
+
+    def _backends(self, model: ModelRoute, region: str) -> Iterator[Backend]:
+        """The pod to try, then (after a failure before the first byte) one other pod: in
+        `region` first, then any region of the model."""
+        tried: frozenset[str] = frozenset()
+        for attempt in range(2):
+            backend = self.fleet.choose_backend(model, region, tried) or self._elsewhere(
+                model, tried
+            )
+            if backend is None:
+                return
+            tried |= {backend.pod}
+            if attempt:
+                self.metrics.retries.labels(model.namespace, model.name, backend.region).inc()
+            yield backend
+
+    async def execute(
+        self, path: str, body: dict[str, Any], model: ModelRoute, region: str, tier: str
+    ) -> tuple[int, Any] | None:
+        """Run one request without a client (a Batch API line the Queue Manager released):
+        the same pods, accounting, retry and metrics as a client's request, the answer read
+        whole. None when every pod tried failed before answering (the caller requeues)."""
+        assert self.session is not None
+        started = time.monotonic()
+        prompt, tokens = estimated_tokens(body)
+        body = {**body, "stream": False}
+        for backend in self._backends(model, region):
+            self.fleet.start(backend, tokens)
+            try:
+                with self.metrics.flying(model, backend.region, tier):
+                    async with self.session.post(backend.url.rstrip("/") + path, json=body) as r:
+                        status, payload = r.status, await r.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("pod %s failed a batch request: %s", backend.pod, exc)
+                continue
+            finally:
+                self.fleet.finish(backend, tokens)
+            if status >= 500:
+                log.warning("pod %s answered a batch request with HTTP %d", backend.pod, status)
+                continue
+            self.metrics.count(model, backend.region, tier, status)
+            self.metrics.e2e(model, backend.region, tier, time.monotonic() - started)
+            if status < 400:
+                used = answered_tokens(payload[-TAIL_BYTES:], 0, prompt, tokens)
+                self.metrics.served(model, backend.region, tier, used)
+            try:
+                return status, json.loads(payload)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return status, payload.decode(errors="replace")
+        return None
 
     def _elsewhere(self, model: ModelRoute, tried: frozenset[str]) -> Backend | None:
         for region in model.regions:

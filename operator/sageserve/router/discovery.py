@@ -167,6 +167,10 @@ class Discovery:
                     tuple(wt.spec.match.header_values),
                     self._api_keys(ns, wt),
                     batch=wt.spec.type == TierType.BATCH,
+                    deadline_s=float(wt.spec.batch.deadline_seconds) if wt.spec.batch else None,
+                    promotion_age_s=float(wt.spec.batch.promotion_age_seconds)
+                    if wt.spec.batch
+                    else None,
                 )
             self.loop.call_soon_threadsafe(self.fleet.set_tiers, ns, tiers)
 

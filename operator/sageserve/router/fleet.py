@@ -112,6 +112,24 @@ class Fleet:
         match = self.tiers.get(model.namespace, {}).get(tier)
         return match is not None and match.batch
 
+    def batch_tier(self, served_name: str) -> str | None:
+        """The tier a Batch API request for `served_name` runs in: the model's first batch
+        tier (None: the model is not served, or serves no batch tier)."""
+        model = self.models.get(served_name)
+        if model is None:
+            return None
+        known = self.tiers.get(model.namespace, {})
+        return next((t for t in model.tiers if t in known and known[t].batch), None)
+
+    def batch_tiers(self) -> dict[str, TierMatch]:
+        """Every batch tier the router knows, by name (the first namespace's on a clash)."""
+        out: dict[str, TierMatch] = {}
+        for ns in sorted(self.tiers):
+            for name, match in self.tiers[ns].items():
+                if match.batch:
+                    out.setdefault(name, match)
+        return out
+
     def _wake(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()

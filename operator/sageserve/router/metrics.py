@@ -11,12 +11,13 @@ ServiceMonitor sets).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from sageserve.batch.objects import QueueDepth
 from sageserve.metrics.queries import HELD_REQUESTS, ROUTER_TOKENS
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.router.fleet import ModelRoute
@@ -73,6 +74,25 @@ class RouterMetrics:
             [*ENDPOINT, "tier"],
             registry=r,
         )
+        self.queued = Gauge(
+            "sageserve_batch_queued_requests",
+            "Batch API requests waiting in the queue for a trough",
+            ["namespace", "model_deployment", "tier"],
+            registry=r,
+        )
+        self.queued_age = Gauge(
+            "sageserve_batch_oldest_queued_seconds",
+            "Age of the oldest waiting Batch API request",
+            ["namespace", "model_deployment", "tier"],
+            registry=r,
+        )
+        self.batches_closed = Counter(
+            "sageserve_batch_batches_closed",
+            "Batches closed by this replica, by final status (expired: past its deadline, "
+            "its unfinished requests listed in the error file)",
+            ["status"],
+            registry=r,
+        )
         self.retries = Counter(
             "sageserve_router_retries",
             "Requests retried on another pod",
@@ -118,6 +138,21 @@ class RouterMetrics:
             yield
         finally:
             gauge.dec()
+
+    def queue_depth(
+        self, depth: Iterable[QueueDepth], models: Mapping[str, ModelRoute], now: float
+    ) -> None:
+        """The queue as last read: depth and age per (model deployment, tier)."""
+        self.queued.clear()
+        self.queued_age.clear()
+        for d in depth:
+            m = models.get(d.model)
+            labels = (m.namespace, m.name) if m else ("", d.model)
+            self.queued.labels(*labels, d.tier or "").set(d.queued)
+            self.queued_age.labels(*labels, d.tier or "").set(max(0.0, now - d.oldest_arrival))
+
+    def batch_closed(self, status: str) -> None:
+        self.batches_closed.labels(status).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

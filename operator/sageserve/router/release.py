@@ -1,0 +1,174 @@
+"""The Queue Manager on the durable queue: batch work released into the troughs.
+
+SageServe §6.2: batch (NIW) requests wait in one global queue per model; an endpoint whose
+EMU is low *signals* and receives work: **1 request under 60 % EMU, 2 under 50 %**
+(`route.queue_manager.release_count`, the function the simulator calls). A request older
+than its tier's promotion age (10 h) is released regardless of load, routed like an
+interactive request, so that it finishes by its deadline (24 h).
+
+Here the queue is the `BatchStore` (SQLite or PostgreSQL) and each router replica runs one
+`BatchReleaser`. Every `signal_s` (and whenever a released request completes, as the
+paper signals on completions) each endpoint of a model with queued work signals with the
+router's own EMU estimate (Prometheus' reading corrected by what was sent since, so a
+release raises the estimate at once and the rule limits itself). A claim is a lease
+renewed while the request runs; a replica killed mid-request loses nothing: its leases
+lapse and another replica (or its restart) claims the requests again; `complete` counts
+each request once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from sageserve.batch.objects import ClaimedRequest
+from sageserve.batch.store import BatchStore
+from sageserve.route.queue_manager import DEFAULT_PROMOTION_AGE_S, release_count
+from sageserve.router.app import Router
+from sageserve.router.fleet import ModelRoute
+from sageserve.router.metrics import RouterMetrics
+
+log = logging.getLogger("sageserve.router")
+
+
+@dataclass(frozen=True)
+class ReleaseConfig:
+    #: how often every endpoint with queued work signals (the paper: on completions and
+    #: once a minute; seconds here, since the router's EMU estimate follows each release)
+    signal_s: float = 1.0
+    #: a claim's lease; renewed every third of it while the request runs
+    lease_s: float = 120.0
+    #: how often batches are closed (output and error files written, deadlines applied)
+    finalize_s: float = 5.0
+    #: at most this many promoted (aged) requests released per signal
+    aged_per_signal: int = 16
+
+
+class BatchReleaser:
+    """One replica's Queue Manager over the shared queue (`owner` names the replica)."""
+
+    def __init__(
+        self,
+        store: BatchStore,
+        router: Router,
+        metrics: RouterMetrics,
+        owner: str,
+        config: ReleaseConfig = ReleaseConfig(),
+    ) -> None:
+        self.store = store
+        self.router = router
+        self.fleet = router.fleet
+        self.metrics = metrics
+        self.owner = owner
+        self.config = config
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self._signal = asyncio.Event()
+
+    async def run(self) -> None:
+        """Signal, release, renew and finalize until cancelled."""
+        renewer = asyncio.create_task(self._renew_forever())
+        finalizer = asyncio.create_task(self._finalize_forever())
+        try:
+            while True:
+                try:
+                    await self.signal_once()
+                except Exception:  # the database away: try again at the next signal
+                    log.exception("batch release failed; retrying")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._signal.wait(), self.config.signal_s)
+                self._signal.clear()
+        finally:
+            renewer.cancel()
+            finalizer.cancel()
+            for task in self.running.values():
+                task.cancel()
+
+    async def signal_once(self, now: float | None = None) -> int:
+        """One round of signals: promoted requests first, then each endpoint's release by
+        its EMU. Returns how many requests were released."""
+        at = time.time() if now is None else now
+        released = await self._release_aged(at)
+        depth = await asyncio.to_thread(self.store.depth, at)
+        self.metrics.queue_depth(depth, self.fleet.models, at)
+        for served in sorted({d.model for d in depth if d.queued > 0}):
+            model = self.fleet.models.get(served)
+            if model is None:
+                continue  # not served now: its requests wait (and expire if never served)
+            for region in model.regions:
+                endpoint = (model.namespace, model.name, region)
+                if not self.fleet.backends.get(endpoint):
+                    continue  # nothing ready to signal from
+                n = release_count(self.fleet.estimated_emu(endpoint))
+                if n == 0:
+                    continue
+                claimed = await asyncio.to_thread(
+                    self.store.claim, served, n, self.owner, self.config.lease_s, at
+                )
+                for item in claimed:
+                    self._start(item, model, region)
+                released += len(claimed)
+        return released
+
+    async def _release_aged(self, at: float) -> int:
+        released = 0
+        ages: dict[str | None, float | None] = {
+            name: t.promotion_age_s for name, t in self.fleet.batch_tiers().items()
+        } or {None: None}  # no tier known yet: every request ages by the paper's 10 h
+        for tier, age in ages.items():
+            promotion = DEFAULT_PROMOTION_AGE_S if age is None else age
+            claimed = await asyncio.to_thread(
+                self.store.claim_aged,
+                at,
+                promotion,
+                self.owner,
+                self.config.lease_s,
+                self.config.aged_per_signal,
+                tier,
+            )
+            for item in claimed:
+                model = self.fleet.models.get(item.model)
+                region = self.fleet.choose_region(model, None) if model else None
+                if model is None or region is None:
+                    await asyncio.to_thread(self.store.retry, item.id, self.owner)
+                    continue
+                self._start(item, model, region)
+            released += len(claimed)
+        return released
+
+    def _start(self, item: ClaimedRequest, model: ModelRoute, region: str) -> None:
+        task = asyncio.create_task(self._run_one(item, model, region))
+        self.running[item.id] = task
+        task.add_done_callback(lambda _: self.running.pop(item.id, None))
+
+    async def _run_one(self, item: ClaimedRequest, model: ModelRoute, region: str) -> None:
+        tier = item.tier or "batch"
+        answer = await self.router.execute(item.url, item.body, model, region, tier)
+        if answer is None:
+            await asyncio.to_thread(self.store.retry, item.id, self.owner)
+        else:
+            status, body = answer
+            await asyncio.to_thread(self.store.complete, item.id, self.owner, status, body)
+        self._signal.set()  # a completion is a signal (SageServe §6.2)
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_s / 3)
+            ids = list(self.running)
+            if ids:
+                try:
+                    await asyncio.to_thread(self.store.renew, self.owner, ids, self.config.lease_s)
+                except Exception:
+                    log.exception("lease renewal failed")
+
+    async def _finalize_forever(self) -> None:
+        while True:
+            try:
+                for batch_id, status in await asyncio.to_thread(self.store.finalize):
+                    log.info("batch %s %s", batch_id, status)
+                    self.metrics.batch_closed(status)
+            except Exception:
+                log.exception("finalizing batches failed")
+            await asyncio.sleep(self.config.finalize_s)

@@ -1,0 +1,163 @@
+"""The Batch API through the router, released into the troughs by the Queue Manager.
+
+Real HTTP on loopback: a client uploads a JSONL file and creates a batch on the router;
+stand-in pods answer; the router's `BatchReleaser` runs SageServe §6.2's rule on the
+router's EMU estimate. What the user sees is asserted: nothing reaches a pod while the
+region is busy, the work runs once the region's EMU falls, the output and error files,
+queue depth in the metrics, and promotion of old requests regardless of load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from sageserve.batch import BatchStore
+from sageserve.batch.api import BatchApi
+from sageserve.route.tiers import TierMatch
+from sageserve.router.app import Router, RouterConfig
+from sageserve.router.fleet import Backend, Fleet, ModelRoute
+from sageserve.router.metrics import RouterMetrics
+from sageserve.router.release import BatchReleaser, ReleaseConfig
+from tests.router.test_router_http import Pod, start
+
+MODEL = ModelRoute("llm", "llama", "llama-8b", ("us-east",), ("iw-f", "niw"))
+EAST = ("llm", "llama", "us-east")
+
+Scenario = Callable[
+    [aiohttp.ClientSession, str, Fleet, Pod, RouterMetrics, BatchStore], Awaitable[None]
+]
+
+
+def run(tmp_path: Path, scenario: Scenario, promotion_age_s: float = 36000.0) -> None:
+    """A router with the Batch API on SQLite and its releaser, one stand-in pod."""
+
+    async def main() -> None:
+        pod = Pod("east-0")
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", pod.completions)
+        pod_runner, pod_port = await start(app)
+        fleet = Fleet()
+        fleet.set_models([MODEL])
+        niw = TierMatch("niw", batch=True, deadline_s=86400.0, promotion_age_s=promotion_age_s)
+        fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f"), "niw": niw})
+        fleet.set_backends(
+            [Backend("llm", "east-0", "llama", "us-east", "a100", f"http://127.0.0.1:{pod_port}")]
+        )
+        fleet.set_load({EAST: (0.8, 1000.0)})  # busy: above the 60 % release threshold
+        store = BatchStore.open(f"sqlite:///{tmp_path}/queue.db")
+        api = BatchApi(store, fleet.batch_tier)
+        metrics = RouterMetrics()
+        router = Router(fleet, RouterConfig(), metrics, api.add_routes)
+        runner, port = await start(router.app())
+        releaser = BatchReleaser(
+            store, router, metrics, "replica-a", ReleaseConfig(signal_s=0.05, finalize_s=0.1)
+        )
+        task = asyncio.create_task(releaser.run())
+        try:
+            async with aiohttp.ClientSession() as client:
+                await scenario(client, f"http://127.0.0.1:{port}", fleet, pod, metrics, store)
+        finally:
+            task.cancel()
+            await runner.cleanup()
+            await pod_runner.cleanup()
+            store.close()
+
+    asyncio.run(main())
+
+
+def request_line(custom_id: str, model: str = MODEL.served_name) -> str:
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": custom_id}]},
+        }
+    )
+
+
+async def submit(client: aiohttp.ClientSession, url: str, lines: list[str]) -> dict[str, Any]:
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", ("\n".join(lines) + "\n").encode(), filename="in.jsonl")
+    async with client.post(f"{url}/v1/files", data=form) as r:
+        assert r.status == 200, await r.text()
+        file_id = (await r.json())["id"]
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    async with client.post(f"{url}/v1/batches", json=body) as r:
+        assert r.status == 200, await r.text()
+        batch: dict[str, Any] = await r.json()
+        return batch
+
+
+async def until_closed(
+    client: aiohttp.ClientSession, url: str, batch_id: str, seconds: float = 20.0
+) -> dict[str, Any]:
+    for _ in range(int(seconds / 0.05)):
+        async with client.get(f"{url}/v1/batches/{batch_id}") as r:
+            batch: dict[str, Any] = await r.json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"batch {batch_id} still {batch['status']}")
+
+
+async def lines_of(client: aiohttp.ClientSession, url: str, file_id: str) -> list[dict[str, Any]]:
+    async with client.get(f"{url}/v1/files/{file_id}/content") as r:
+        assert r.status == 200
+        return [json.loads(x) for x in (await r.text()).splitlines() if x.strip()]
+
+
+def sample(metrics: RouterMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_batch_waits_while_the_region_is_busy_and_runs_in_the_trough(tmp_path: Path) -> None:
+    async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
+        lines = [request_line("a"), "{not json", request_line("b"), request_line("c", "gpt-9")]
+        batch = await submit(client, url, lines)
+        assert batch["request_counts"]["total"] == 4
+        await asyncio.sleep(0.5)  # ten signals at 80 % EMU: nothing released
+        assert pod.got == []
+        queued = dict(namespace="llm", model_deployment="llama", tier="niw")
+        assert sample(metrics, "sageserve_batch_queued_requests", **queued) == 2
+
+        fleet.set_load({EAST: (0.3, 1000.0)})  # the trough
+        done = await until_closed(client, url, batch["id"])
+        assert done["status"] == "completed"
+        assert sorted(b["messages"][0]["content"] for b in pod.got) == ["a", "b"]
+        assert all(b.get("stream") is False for b in pod.got)  # read whole, never streamed
+        output = await lines_of(client, url, done["output_file_id"])
+        assert sorted(o["custom_id"] for o in output) == ["a", "b"]
+        assert all(o["response"]["status_code"] == 200 for o in output)
+        assert output[0]["response"]["body"]["pod"] == "east-0"
+        errors = await lines_of(client, url, done["error_file_id"])
+        messages = " ".join(e["error"]["message"] for e in errors)
+        assert "line 2" in messages and "gpt-9" in messages
+        served = dict(namespace="llm", model_deployment="llama", region="us-east", tier="niw")
+        assert sample(metrics, "sageserve_router_requests_total", code="200", **served) == 2
+        assert sample(metrics, "sageserve_batch_batches_closed_total", status="completed") == 1
+
+    run(tmp_path, scenario)
+
+
+def test_a_request_older_than_its_promotion_age_runs_regardless_of_load(tmp_path: Path) -> None:
+    async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
+        fleet.set_load({EAST: (0.95, 1000.0)})  # never a trough
+        batch = await submit(client, url, [request_line("old")])
+        done = await until_closed(client, url, batch["id"])
+        assert done["status"] == "completed"
+        assert [b["messages"][0]["content"] for b in pod.got] == ["old"]
+
+    run(tmp_path, scenario, promotion_age_s=0.3)
