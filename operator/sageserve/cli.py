@@ -358,9 +358,21 @@ def forecast_backtest(
     lead_minutes: Annotated[float, typer.Option(help="Window start after now.")] = 0.0,
     horizon_minutes: Annotated[float, typer.Option(help="Window end after now.")] = 60.0,
     start_hours: Annotated[float, typer.Option(help="First decision (hours into trace).")] = 24.0,
+    choose_days: Annotated[
+        str | None,
+        typer.Option(
+            help="Out of sample: choose method, ensemble weights and quantile on these days "
+            "only (e.g. 1-7; --method gives the candidates) and report them on --report-days "
+            "and on the other traces (docs/forecast.md)."
+        ),
+    ] = None,
+    report_days: Annotated[
+        str | None, typer.Option(help="Days the out-of-sample choice is reported on (8-14).")
+    ] = None,
 ) -> None:
     """Rolling hourly backtest: MAPE of the next-hour peak, coverage, mean over-forecast."""
-    from sageserve.commands.forecast import DEFAULT_METHODS, backtest_command
+    from sageserve.commands.forecast import DEFAULT_METHODS, backtest_command, protocol_command
+    from sageserve.forecast.protocol import parse_days
     from sageserve.forecast.types import ForecastSpec
 
     methods = [m.strip() for m in method.split(",")] if method else DEFAULT_METHODS
@@ -368,7 +380,11 @@ def forecast_backtest(
         quantile=quantile, lead_seconds=lead_minutes * 60, horizon_seconds=horizon_minutes * 60
     )
     try:
-        backtest_command(trace, methods, signal, spec, start_hours, console)
+        if choose_days is not None or report_days is not None:
+            pick, rep = parse_days(choose_days or "1-7"), parse_days(report_days or "8-14")
+            protocol_command(trace, methods if method else None, signal, spec, pick, rep, console)
+        else:
+            backtest_command(trace, methods, signal, spec, start_hours, console)
     except (OSError, ValueError, KeyError) as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

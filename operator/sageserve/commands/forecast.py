@@ -13,6 +13,14 @@ from rich.table import Table
 
 from sageserve.forecast.api import forecast_peak
 from sageserve.forecast.backtest import backtest, load_servegen_aggregate
+from sageserve.forecast.protocol import (
+    CANDIDATES,
+    GOALS,
+    DayRange,
+    ProtocolResult,
+    Report,
+    run_protocol,
+)
 from sageserve.forecast.types import FloatArray, ForecastSpec
 
 # arima-classic (plain ARIMA(3,1,2), SageServe §6.3) takes ~0.5 s a fit: add it with --method.
@@ -45,12 +53,21 @@ def backtest_command(
                 f"provisioned = q{spec.quantile:g})"
             )
         )
-        for col in ("method", "hours", "MAPE peak", "coverage", "mean over", "fallbacks", "fits/s"):
-            table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
+        cols = ("method", "hours", "skipped", "MAPE peak", "coverage", "mean over")
+        widest = max(len(m) for m in methods)
+        for col in (*cols, "fallbacks", "fits/s"):
+            left = col == "method"  # never cut a method's name on a narrow terminal
+            table.add_column(
+                col,
+                justify="left" if left else "right",
+                no_wrap=True,
+                min_width=widest if left else None,
+            )
         for r in rows:
             table.add_row(
                 r.method,
                 str(r.hours),
+                str(r.skipped),
                 f"{r.mape:.1%}",
                 f"{r.coverage:.0%}",
                 f"{r.mean_over:.1%}",
@@ -58,6 +75,155 @@ def backtest_command(
                 f"{r.fits_per_second:.0f}",
             )
         console.print(table)
+
+
+def protocol_command(
+    traces: list[Path],
+    methods: list[str] | None,
+    signal: str,
+    spec: ForecastSpec,
+    choose_days: DayRange,
+    report_days: DayRange,
+    console: Console,
+) -> ProtocolResult:
+    """``sageserve forecast backtest --choose-days 1-7 --report-days 8-14``: choose the method,
+    the ensemble weights and the quantile on some days, report them on others and on the
+    other traces (``forecast.protocol``), and print the tables."""
+    series = {_short(t): load_servegen_aggregate(t, signal) for t in traces}
+    candidates = tuple(methods) if methods else CANDIDATES
+    with console.status("scoring") as status:
+        result = run_protocol(
+            series,
+            spec,
+            choose_days,
+            report_days,
+            candidates,
+            progress=lambda what: status.update(f"scoring {escape(what)}"),
+        )
+    pick, rep = result.choose_days, result.report_days
+    what = (
+        f"{signal}/s, hourly decisions from h24, peak of [now+{spec.lead_seconds / 60:g} min, "
+        f"now+{spec.horizon_seconds / 60:g} min]"
+    )
+    for name, rows in result.candidates.items():
+        table = Table(title=escape(f"{name}: candidates ({what}), median point forecast"))
+        for col in (
+            "method",
+            f"MAPE days {pick[0]}–{pick[1]}",
+            f"MAPE days {rep[0]}–{rep[1]}",
+            "hours",
+            "gaps skipped",
+        ):
+            left = col == "method"
+            table.add_column(
+                col,
+                justify="left" if left else "right",
+                no_wrap=True,
+                min_width=max(len(r.method) for r in rows) if left else None,
+            )
+        for row in rows:
+            table.add_row(
+                row.method,
+                f"{row.choose.mape:.1%}",
+                f"{row.report.mape:.1%}",
+                f"{row.choose.hours} / {row.report.hours}",
+                f"{row.choose.skipped} / {row.report.skipped}",
+            )
+        console.print(table)
+    for name, qrows in result.quantiles.items():
+        method = result.within[name][1].choice.method
+        table = Table(
+            title=escape(
+                f"{name}: {method} (the out-of-sample choice) at each quantile — shown, not "
+                "chosen from"
+            )
+        )
+        for col in (
+            "q",
+            f"coverage days {pick[0]}–{pick[1]}",
+            f"mean over days {pick[0]}–{pick[1]}",
+            f"coverage days {rep[0]}–{rep[1]}",
+            f"mean over days {rep[0]}–{rep[1]}",
+        ):
+            table.add_column(col, justify="right", no_wrap=True)
+        for q in qrows:
+            table.add_row(
+                f"{q.quantile:g}",
+                f"{q.choose.coverage:.0%}",
+                f"{q.choose.mean_over:.1%}",
+                f"{q.report.coverage:.0%}",
+                f"{q.report.mean_over:.1%}",
+            )
+        console.print(table)
+    within = [r for rows in result.within.values() for r in rows]
+    console.print(_report_table(f"Within each trace, reported on days {rep[0]}–{rep[1]}", within))
+    if result.cross:
+        console.print(
+            _report_table(
+                f"Across traces: chosen on one trace's days {pick[0]}–{pick[1]}, reported on "
+                f"another's days {rep[0]}–{rep[1]}",
+                result.cross,
+            )
+        )
+    goals = GOALS
+    console.print(
+        f"Rule (fixed in advance): lowest MAPE on the chosen-on days, then the smallest "
+        f"quantile whose coverage there reaches {goals.coverage:.0%}. Goals on the reported "
+        f"days: MAPE ≥ {goals.mape_gain:.0%} below persistence, coverage ≥ "
+        f"{goals.coverage:.0%}, mean over-forecast ≤ {goals.mean_over:.0%}.",
+        highlight=False,
+    )
+    for note in result.notes:
+        console.print(f"note: {escape(note)}", highlight=False)
+    return result
+
+
+def _short(trace: Path) -> str:
+    """``language_m-small_aggregate_10min.csv`` → ``m-small``."""
+    name = trace.name.removesuffix("_aggregate_10min.csv")
+    return name.split("_", 1)[1] if "_" in name else name
+
+
+def _report_table(title: str, reports: list[Report]) -> Table:
+    table = Table(title=escape(title))
+    widest = max((len(r.choice.method) for r in reports), default=6)
+    for col, left, wrap in (
+        ("reading", True, False),
+        ("chosen on", True, True),
+        ("reported on", True, True),
+        ("method", True, False),
+        ("q", False, False),
+        ("MAPE", False, False),
+        ("persistence", False, False),
+        ("vs persistence", False, False),
+        ("coverage", False, False),
+        ("mean over", False, False),
+        ("hours (gaps skipped)", False, False),
+        ("goals missed", True, True),
+    ):
+        table.add_column(
+            col,
+            justify="left" if left else "right",
+            no_wrap=not wrap,
+            min_width=widest if col == "method" else None,
+        )
+    for r in reports:
+        missed = [k for k, ok in r.met().items() if not ok]
+        table.add_row(
+            r.protocol,
+            escape(r.choice.on),
+            escape(r.on),
+            escape(r.choice.method),
+            f"{r.choice.quantile:g}",
+            f"{r.row.mape:.1%}",
+            f"{r.baseline.mape:.1%}",
+            f"{-r.gain:+.0%}",
+            f"{r.row.coverage:.0%}",
+            f"{r.row.mean_over:.1%}",
+            f"{r.row.hours} ({r.row.skipped})",
+            ", ".join(missed) or "none",
+        )
+    return table
 
 
 def synthetic_series(days: int, step_seconds: float, seed: int) -> FloatArray:
