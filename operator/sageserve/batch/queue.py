@@ -20,10 +20,10 @@ takes the requests older than the promotion age (10 h), of any model, regardless
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, select, update
 from sqlalchemy.engine import Connection
 
 from sageserve.batch.objects import ClaimedRequest, QueueDepth
@@ -137,10 +137,14 @@ def model_filter(model: str) -> list[ColumnElement[bool]]:
     return [r.c.model == model]
 
 
-def aged_filter(before: float, tier: str | None) -> list[ColumnElement[bool]]:
+def aged_filter(
+    before: float, tier: str | None, models: Collection[str] | None
+) -> list[ColumnElement[bool]]:
     where: list[ColumnElement[bool]] = [r.c.arrival <= before]
     if tier is not None:
         where.append(r.c.tier == tier)
+    if models is not None:
+        where.append(r.c.model.in_(sorted(models)))
     return where
 
 
@@ -189,17 +193,34 @@ def fail(
     return result.rowcount == 1
 
 
-def retry(conn: Connection, request_id: str, owner: str, max_attempts: int, now: float) -> bool:
+def retry(
+    conn: Connection,
+    request_id: str,
+    owner: str,
+    max_attempts: int,
+    now: float,
+    started: bool = True,
+) -> bool:
     """Give a request ``owner`` holds back to the queue (or fail it after
-    ``max_attempts``); False if ``owner`` no longer holds it."""
+    ``max_attempts``); False if ``owner`` no longer holds it. ``started=False``: it was
+    never sent (nowhere to send it), so the claim does not count as an attempt."""
     held = and_(r.c.id == request_id, r.c.state == RUNNING, r.c.lease_owner == owner)
     attempts = conn.execute(select(r.c.attempts).where(held).with_for_update()).scalar()
     if attempts is None:
         return False
-    if attempts >= max_attempts:
+    if started and attempts >= max_attempts:
         _give_up(conn, [request_id], max_attempts, now)
         return True
-    conn.execute(update(r).where(held).values(state=QUEUED, lease_owner=None, lease_until=None))
+    conn.execute(
+        update(r)
+        .where(held)
+        .values(
+            state=QUEUED,
+            lease_owner=None,
+            lease_until=None,
+            attempts=attempts if started else max(attempts - 1, 0),
+        )
+    )
     return True
 
 
@@ -218,16 +239,25 @@ def renew(
 
 def depth(conn: Connection, now: float) -> list[QueueDepth]:
     """Requests waiting per (model, tier): queued, or claimed by a replica whose lease ran
-    out (they will be claimed again)."""
-    waiting = or_(r.c.state == QUEUED, and_(r.c.state == RUNNING, r.c.lease_until < now))
-    rows = conn.execute(
-        select(r.c.model, r.c.tier, func.count(), func.min(r.c.arrival))
-        .where(waiting)
-        .group_by(r.c.model, r.c.tier)
-        .order_by(r.c.model, r.c.tier)
-    ).all()
+    out (they will be claimed again). Both are read from indexes."""
+    totals: dict[tuple[str, str | None], tuple[int, float]] = {}
+    for waiting in (
+        [r.c.state == QUEUED],
+        [r.c.state == RUNNING, r.c.lease_until < now],
+    ):
+        rows = conn.execute(
+            select(r.c.model, r.c.tier, func.count(), func.min(r.c.arrival))
+            .where(*waiting)
+            .group_by(r.c.model, r.c.tier)
+        ).all()
+        for model, tier, count, oldest in rows:
+            seen, first = totals.get((model, tier), (0, float(oldest)))
+            totals[(model, tier)] = (seen + int(count), min(first, float(oldest)))
     return [
-        QueueDepth(model, tier, int(count), float(oldest)) for model, tier, count, oldest in rows
+        QueueDepth(model, tier, count, oldest)
+        for (model, tier), (count, oldest) in sorted(
+            totals.items(), key=lambda item: (item[0][0], item[0][1] or "")
+        )
     ]
 
 

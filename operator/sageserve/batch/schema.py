@@ -124,12 +124,15 @@ requests = Table(
     Column("error_code", String(64), nullable=True),
     Column("error_message", Text, nullable=True),
     Column("finished_at", Float, nullable=True),
-    # claim(model): the oldest queued requests of one model, a range scan
-    Index("ix_requests_model_state_arrival", "model", "state", "arrival"),
+    # claim(model): the oldest queued requests of one model, in claim order (a batch's
+    # requests share one arrival: batch and line break the tie without a sort)
+    Index("ix_requests_model_state_arrival", "model", "state", "arrival", "batch_id", "line"),
     # claim_aged / depth: the oldest queued requests of any model
-    Index("ix_requests_state_arrival", "state", "arrival"),
+    Index("ix_requests_state_arrival", "state", "arrival", "batch_id", "line"),
     # running requests whose lease ran out (a router died holding them)
     Index("ix_requests_state_lease", "state", "lease_until"),
-    # finalize / counts: a batch's requests by state
-    Index("ix_requests_batch_state", "batch_id", "state"),
+    # finalize / counts: a batch's requests by state (covering the counts)
+    Index("ix_requests_batch_state", "batch_id", "state", "status_code"),
+    # depth: waiting requests per model and tier, from the index alone
+    Index("ix_requests_state_model_tier", "state", "model", "tier", "arrival"),
 )

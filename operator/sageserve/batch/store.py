@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import and_, delete, or_, select
@@ -349,11 +349,14 @@ class BatchStore:
         lease_s: float,
         limit: int,
         tier: str | None = None,
+        models: Collection[str] | None = None,
     ) -> list[ClaimedRequest]:
-        """Lease up to ``limit`` requests (any model; of ``tier`` if given) that waited
-        longer than ``promotion_age_s``: they are released regardless of load, with
-        interactive priority, so that they finish by their deadline (SageServe §6.2)."""
-        where = queue.aged_filter(now - promotion_age_s, tier)
+        """Lease up to ``limit`` requests (any model, or one of ``models``; of ``tier`` if
+        given) that waited longer than ``promotion_age_s``: they are released regardless
+        of load, with interactive priority, so that they finish by their deadline
+        (SageServe §6.2). Pass the models served now in ``models`` so that requests of a
+        model with nowhere to run are not taken (they wait, and expire if never served)."""
+        where = queue.aged_filter(now - promotion_age_s, tier, models)
         with db.writing(self.engine) as conn:
             return queue.claim(conn, where, limit, owner, lease_s, now, self.max_attempts)
 
@@ -382,11 +385,17 @@ class BatchStore:
         with db.writing(self.engine) as conn:
             return queue.fail(conn, request_id, owner, code, message, _now(now))
 
-    def retry(self, request_id: str, owner: str, now: float | None = None) -> bool:
+    def retry(
+        self, request_id: str, owner: str, now: float | None = None, started: bool = True
+    ) -> bool:
         """Put a request ``owner`` holds back in the queue (e.g. its pod failed); after
-        ``max_attempts`` it fails instead. False if ``owner`` does not hold it any more."""
+        ``max_attempts`` it fails instead. ``started=False`` when it was never sent
+        (nowhere to send it): that claim does not count as an attempt. False if ``owner``
+        does not hold it any more."""
         with db.writing(self.engine) as conn:
-            return queue.retry(conn, request_id, owner, self.max_attempts, _now(now))
+            return queue.retry(
+                conn, request_id, owner, self.max_attempts, _now(now), started=started
+            )
 
     def renew(
         self, owner: str, ids: Sequence[str], lease_s: float, now: float | None = None

@@ -78,10 +78,19 @@ def upgrade() -> None:
         sa.Column("error_message", sa.Text, nullable=True),
         sa.Column("finished_at", sa.Float, nullable=True),
     )
-    op.create_index("ix_requests_model_state_arrival", "requests", ["model", "state", "arrival"])
-    op.create_index("ix_requests_state_arrival", "requests", ["state", "arrival"])
+    op.create_index(
+        "ix_requests_model_state_arrival",
+        "requests",
+        ["model", "state", "arrival", "batch_id", "line"],
+    )
+    op.create_index(
+        "ix_requests_state_arrival", "requests", ["state", "arrival", "batch_id", "line"]
+    )
     op.create_index("ix_requests_state_lease", "requests", ["state", "lease_until"])
-    op.create_index("ix_requests_batch_state", "requests", ["batch_id", "state"])
+    op.create_index("ix_requests_batch_state", "requests", ["batch_id", "state", "status_code"])
+    op.create_index(
+        "ix_requests_state_model_tier", "requests", ["state", "model", "tier", "arrival"]
+    )
 
 
 def downgrade() -> None:
