@@ -134,7 +134,17 @@ def _render(conn: Connection, batch_id: str) -> tuple[bytes, bytes, RequestCount
     """The output and error files' JSONL, in input line order, and the final counts."""
     output: list[str] = []
     errors: list[str] = []
-    rows = conn.execute(select(r).where(r.c.batch_id == batch_id).order_by(r.c.line))
+    columns = (
+        r.c.id,
+        r.c.custom_id,
+        r.c.state,
+        r.c.status_code,
+        r.c.response_body,
+        r.c.response_request_id,
+        r.c.error_code,
+        r.c.error_message,
+    )  # not the request bodies: a batch's results are written without reading them
+    rows = conn.execute(select(*columns).where(r.c.batch_id == batch_id).order_by(r.c.line))
     for row in rows:
         response = None
         if row.status_code is not None:
