@@ -76,17 +76,26 @@ def partial_gaps(
     pad = np.concatenate([np.full(context, np.nan), clean, np.full(context, np.nan)])
     windows = sliding_window_view(pad, context)
     before, after = windows[:n], windows[context + 1 : context + 1 + n]
-    n_before = np.isfinite(before).sum(axis=1)
-    n_after = np.isfinite(after).sum(axis=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN sides: no vote
-        med_before = np.nanmedian(before, axis=1)
-        med_after = np.nanmedian(after, axis=1)
-    votes_before = n_before >= rule.min_context
-    votes_after = n_after >= rule.min_context
-    level = np.fmin(
-        np.where(votes_before, med_before, np.nan), np.where(votes_after, med_after, np.nan)
-    )
+    # Cheap necessary condition first (a median is at most its side's max): only the few
+    # points this leaves need the medians, so a long 1-minute history stays fast.
+    highs = sliding_window_view(np.nan_to_num(pad, nan=-np.inf), context).max(axis=1)
+    around = np.maximum(highs[:n], highs[context + 1 : context + 1 + n])
+    with np.errstate(invalid="ignore"):
+        maybe = np.flatnonzero(observed & (clean * rule.drop_factor <= around))
+    level = np.full(n, np.nan)
+    votes_after = np.zeros(n, dtype=np.bool_)
+    if maybe.size:
+        sides = before[maybe], after[maybe]
+        votes_before = np.isfinite(sides[0]).sum(axis=1) >= rule.min_context
+        votes_after[maybe] = np.isfinite(sides[1]).sum(axis=1) >= rule.min_context
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN sides: no vote
+            med_before = np.nanmedian(sides[0], axis=1)
+            med_after = np.nanmedian(sides[1], axis=1)
+        level[maybe] = np.fmin(
+            np.where(votes_before, med_before, np.nan),
+            np.where(votes_after[maybe], med_after, np.nan),
+        )
     with np.errstate(invalid="ignore"):
         deep = observed & (level > 0) & (clean * rule.drop_factor <= level)
     ratio = deep.copy()  # deep by the level test alone: what crowds a context
@@ -99,8 +108,8 @@ def partial_gaps(
         drop = math.log(level[i]) - math.log(max(float(clean[i]), level[i] * LOG_FLOOR))
         deep[i] = drop >= rule.min_sigmas * sigma
     events = np.zeros(n + 1, dtype=np.int64)  # events[k]: drop runs starting before k
-    for a, _ in _runs(ratio, observed):
-        events[a + 1] += 1
+    for first, _ in _runs(ratio, observed):
+        events[first + 1] += 1
     events = np.cumsum(events)
     for start, end in _runs(deep, observed):
         count = int(deep[start : end + 1].sum())
