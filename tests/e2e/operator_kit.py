@@ -427,12 +427,19 @@ class RouterProcess:
         targets_dir: Path,
         *args: str,
         timeout: float = 60,
+        batch_db: str | None = None,
     ) -> None:
         import os
+        import tempfile
 
+        if batch_db is None:  # a queue of its own, gone with the test
+            self._queue_dir = tempfile.TemporaryDirectory(prefix="sageserve-router-")
+            batch_db = f"sqlite:///{self._queue_dir.name}/batch.db"
         command = CommandProcess(
             [
                 "router",
+                "--batch-db",
+                batch_db,
                 "-n",
                 namespace,
                 "--host",
@@ -497,4 +504,12 @@ class RouterProcess:
 
     def close(self) -> None:
         self.command.stop()
+        self.targets_file.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as when a node dies."""
+        import signal
+
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
         self.targets_file.unlink(missing_ok=True)

@@ -61,6 +61,13 @@ def router_command(
     max_upload_bytes: Annotated[
         int, typer.Option(help="Larger Batch API input files are refused with 413.")
     ] = 100 * 1024 * 1024,
+    batch_lease_seconds: Annotated[
+        float,
+        typer.Option(
+            help="How long a released batch request stays this replica's; a replica that "
+            "dies leaves it to another after this long."
+        ),
+    ] = 120.0,
     replica: Annotated[
         str,
         typer.Option(envvar="POD_NAME", help="This replica's name: the owner of its queue leases."),
@@ -79,7 +86,7 @@ def router_command(
     from sageserve.router.fleet import Fleet
     from sageserve.router.load import refresh_load
     from sageserve.router.metrics import RouterMetrics
-    from sageserve.router.release import BatchReleaser
+    from sageserve.router.release import BatchReleaser, ReleaseConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

@@ -127,12 +127,15 @@ class BatchReleaser:
                 self.config.lease_s,
                 self.config.aged_per_signal,
                 tier,
+                list(self.fleet.models),  # a model not served now: its requests wait
             )
             for item in claimed:
                 model = self.fleet.models.get(item.model)
                 region = self.fleet.choose_region(model, None) if model else None
-                if model is None or region is None:
-                    await asyncio.to_thread(self.store.retry, item.id, self.owner)
+                if model is None or region is None:  # no pod ready: back, not an attempt
+                    await asyncio.to_thread(
+                        self.store.retry, item.id, self.owner, None, started=False
+                    )
                     continue
                 self._start(item, model, region)
             released += len(claimed)
