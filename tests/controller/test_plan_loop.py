@@ -15,7 +15,7 @@ from sageserve.controller.plan_loop import (
     gpu_capacity,
     plan_status,
     recorded_plan,
-    router_batch_query,
+    router_batch_queries,
     split_batch,
 )
 from sageserve.core.labels import NodeLabels
@@ -104,9 +104,27 @@ def test_without_a_batch_query_the_batch_share_is_what_the_router_counted_for_ba
         {"metadata": {"name": "niw"}, "spec": {"type": "batch"}},
         {"metadata": {"name": "bulk"}, "spec": {"type": "batch"}},
     ]
-    query = router_batch_query("1m", "llm", tiers)
-    assert query is not None
-    assert 'namespace="llm"' in query and 'tier=~"bulk|niw"' in query
-    assert "sageserve_router_tokens_total" in query
+    found = router_batch_queries("1m", "llm", tiers)
+    assert found is not None
+    served, received = found
+    for query in found:
+        assert 'namespace="llm"' in query and 'tier=~"bulk|niw"' in query
+    assert "sageserve_router_tokens_total" in served
+    # β: what the Batch API accepted, else what the router served of batch tiers
+    assert received.index("sageserve_batch_accepted_tokens_total") < received.index(
+        "sageserve_router_tokens_total"
+    )
     # a namespace without batch tiers: no batch series, all traffic is interactive
-    assert router_batch_query("1m", "llm", tiers[:1]) is None
+    assert router_batch_queries("1m", "llm", tiers[:1]) is None
+
+
+def test_beta_comes_from_the_batch_load_received_not_what_the_troughs_let_through() -> None:
+    md = _llama()
+    spec = ScalingPolicySpec.model_validate({"forecast": {"method": "persistence"}})
+    key = ("llama-2-70b", "us-east")
+    hist = {key: [1000.0] * 120}
+    served = {key: [100.0] * 60}  # the queue lets 100 tokens/s through
+    received = {key: [900.0] * 60}  # while 900 tokens/s arrive
+    cycle = run_plan_cycle([md], spec, hist, served, {}, batch_received=received)
+    assert cycle.batch_buffer_tps[key] == pytest.approx(90.0)
+    assert run_plan_cycle([md], spec, hist, served, {}).batch_buffer_tps[key] == 10.0

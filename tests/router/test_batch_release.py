@@ -52,13 +52,15 @@ def run(tmp_path: Path, scenario: Scenario, promotion_age_s: float = 36000.0) ->
         )
         fleet.set_load({EAST: (0.8, 1000.0)})  # busy: above the 60 % release threshold
         store = BatchStore.open(f"sqlite:///{tmp_path}/queue.db")
-        api = BatchApi(store, fleet.batch_tier)
         metrics = RouterMetrics()
-        router = Router(fleet, RouterConfig(), metrics, api.add_routes)
-        runner, port = await start(router.app())
+        router = Router(fleet, RouterConfig(), metrics)
         releaser = BatchReleaser(
             store, router, metrics, "replica-a", ReleaseConfig(signal_s=0.05, finalize_s=0.1)
         )
+        router.extra_routes = BatchApi(
+            store, fleet.batch_tier, accepted=releaser.accepted
+        ).add_routes
+        runner, port = await start(router.app())
         task = asyncio.create_task(releaser.run())
         try:
             async with aiohttp.ClientSession() as client:
@@ -132,6 +134,11 @@ def test_a_batch_waits_while_the_region_is_busy_and_runs_in_the_trough(tmp_path:
         assert pod.got == []
         queued = dict(namespace="llm", model_deployment="llama", tier="niw")
         assert sample(metrics, "sageserve_batch_queued_requests", **queued) == 2
+        # the load received, for β: the two runnable lines' estimate (prompt ÷ 4 + budget)
+        received = dict(namespace="llm", model_deployment="llama", region="us-east", tier="niw")
+        per_line = len(json.dumps([{"role": "user", "content": "a"}])) / 4 + 256
+        accepted = sample(metrics, "sageserve_batch_accepted_tokens_total", **received)
+        assert accepted == 2 * per_line
 
         fleet.set_load({EAST: (0.3, 1000.0)})  # the trough
         done = await until_closed(client, url, batch["id"])

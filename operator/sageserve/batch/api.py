@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import BodyPartReader, web
@@ -76,11 +76,14 @@ class BatchApi:
         *,
         deadlines: TierDeadlines = lambda _: None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        accepted: Callable[[BatchObject], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.models = models
         self.deadlines = deadlines
         self.max_upload_bytes = max_upload_bytes
+        #: told of every batch accepted into the queue (the router counts its load: β)
+        self.accepted = accepted
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/files", self.upload_file)
@@ -181,6 +184,8 @@ class BatchApi:
             )
         except _Refused as refused:
             return refused.response
+        if self.accepted is not None:
+            await self.accepted(batch)
         return web.json_response(batch.to_openai())
 
     async def list_batches(self, request: web.Request) -> web.Response:

@@ -108,21 +108,22 @@ def router_command(
         discovery.start()
         reader = PrometheusReader(url, timeout_s=max(1.0, load_refresh_seconds))
         tasks = [asyncio.create_task(refresh_load(fleet, reader, namespace, load_refresh_seconds))]
-        api = None
+        router = Router(fleet, config, metrics)
+        releaser = None
         if store is not None:
-            api = BatchApi(
+            release = ReleaseConfig(lease_s=batch_lease_seconds)
+            releaser = BatchReleaser(store, router, metrics, owner, release)
+            router.extra_routes = BatchApi(
                 store,
                 fleet.batch_tier,
                 deadlines=lambda tier: (fleet.batch_tiers().get(tier) or TierMatch("")).deadline_s,
                 max_upload_bytes=max_upload_bytes,
-            )
-        router = Router(fleet, config, metrics, api.add_routes if api else None)
+                accepted=releaser.accepted,
+            ).add_routes
 
         async def ready(bound: int) -> None:
-            if store is not None:
-                tasks.append(
-                    asyncio.create_task(BatchReleaser(store, router, metrics, owner).run())
-                )
+            if releaser is not None:
+                tasks.append(asyncio.create_task(releaser.run()))
             print(f"sageserve router listening on {host}:{bound}", flush=True)
 
         try:

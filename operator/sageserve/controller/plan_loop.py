@@ -139,17 +139,24 @@ def plan_status(
     return status
 
 
-def router_batch_query(
+def router_batch_queries(
     window: str, namespace: str, tiers: Sequence[Mapping[str, Any]]
-) -> str | None:
-    """Batch tokens/s as `sageserve router` counted them for the namespace's batch tiers:
-    β with no PromQL from the user (None: the namespace has no batch tier)."""
+) -> tuple[str, str] | None:
+    """(batch tokens/s served, batch tokens/s received) as `sageserve router` counts them
+    for the namespace's batch tiers: the split of served load and β (10 % of the batch load
+    received in the last hour, SageServe §6.3) with no PromQL from the user. None: the
+    namespace has no batch tier."""
     batch = sorted(
         str(o["metadata"]["name"])
         for o in tiers
         if (o.get("spec") or {}).get("type") == TierType.BATCH.value
     )
-    return queries.router_tokens(window, namespace, batch) if batch else None
+    if not batch:
+        return None
+    return (
+        queries.router_tokens(window, namespace, batch),
+        queries.batch_received(window, namespace, batch),
+    )
 
 
 class PlanPass:
@@ -190,15 +197,22 @@ class PlanPass:
 
         try:
             per_endpoint = read(queries.tokens_per_second(window, self.namespace))
-            batch_query = spec.forecast.batch_tokens_query or router_batch_query(
+            from_router = router_batch_queries(
                 window, self.namespace, self.kube.objects(self.namespace, "workloadtiers")
             )
+            batch_query, received_query = (
+                (spec.forecast.batch_tokens_query, None)
+                if spec.forecast.batch_tokens_query
+                else from_router or (None, None)
+            )
             batch = read(batch_query) if batch_query else {}
+            received = read(received_query) if received_query else {}
         except MetricsUnavailable as exc:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")
             return None
         if batch:
             per_endpoint, batch = split_batch(per_endpoint, batch, step)
+        received = split_batch({}, received, step)[1]
         current: dict[tuple[str, str, str], int] = {}
         pod_sets = self.kube.deployments_by_owner(self.namespace)
         for md in mds:
@@ -211,7 +225,13 @@ class PlanPass:
                             d["spec"].get("replicas") or 0
                         )
         cycle = run_plan_cycle(
-            mds, spec, per_endpoint, batch, current, gpu_capacity(self.kube.nodes(), labels)
+            mds,
+            spec,
+            per_endpoint,
+            batch,
+            current,
+            gpu_capacity(self.kube.nodes(), labels),
+            batch_received=received or None,
         )
         status = plan_status(cycle, mds, current, spec.strategy.value, datetime.now(UTC))
         self.kube.patch_status(

@@ -87,7 +87,28 @@ ROUTER_TOKENS = "sageserve_router_tokens"
 
 def router_tokens(window: str, namespace: str, tiers: Sequence[str]) -> str:
     """Tokens/s the router answered per (model, region) for `tiers` over `window`: the
-    batch share of load when the tiers are the batch ones, with no PromQL from the user."""
+    batch share of served load when the tiers are the batch ones, with no PromQL from the
+    user."""
+    return (
+        f"sum by ({GROUP_BY}) (rate({ROUTER_TOKENS}_total{{{_tiers(namespace, tiers)}}}[{window}]))"
+    )
+
+
+#: Tokens of Batch API requests accepted into the router's queue.
+BATCH_ACCEPTED_TOKENS = "sageserve_batch_accepted_tokens"
+
+
+def batch_received(window: str, namespace: str, tiers: Sequence[str]) -> str:
+    """Batch load *received* per (model, region): what the Batch API accepted into the
+    queue, else (no queue series) what the router served of batch tiers synchronously.
+    SageServe's β is 10 % of the batch load received in the last hour (§6.3)."""
+    queued = (
+        f"sum by ({GROUP_BY}) "
+        f"(rate({BATCH_ACCEPTED_TOKENS}_total{{{_tiers(namespace, tiers)}}}[{window}]))"
+    )
+    return f"({queued}) or ({router_tokens(window, namespace, tiers)})"
+
+
+def _tiers(namespace: str, tiers: Sequence[str]) -> str:
     names = "|".join(re.escape(t) for t in sorted(tiers))
-    matchers = f'{vllm.LABEL_NAMESPACE}="{namespace}", tier=~"{names}"'
-    return f"sum by ({GROUP_BY}) (rate({ROUTER_TOKENS}_total{{{matchers}}}[{window}]))"
+    return f'{vllm.LABEL_NAMESPACE}="{namespace}", tier=~"{names}"'

@@ -119,11 +119,15 @@ def run_plan_cycle(
     batch_tps_last_hour: PerEndpoint,
     current: Mapping[tuple[str, str, str], int],
     gpu_capacity: Mapping[tuple[str, str], int] | None = None,
+    batch_received: PerEndpoint | None = None,
 ) -> PlanCycle:
     """Forecast, plan and derive targets for `mds` under `policy`.
 
     `history_tps[(md, region)]` is the interactive tokens/s per `granularitySeconds` step
-    ending now (NaN for gaps); `batch_tps_last_hour` the batch tokens/s over the last hour.
+    ending now (NaN for gaps); `batch_tps_last_hour` the batch tokens/s served over the last
+    hour; `batch_received` the batch tokens/s received (accepted into a queue) over the last
+    hour, which β is taken from when given (it differs from what was served while a queue
+    waits for the troughs).
     """
     spec = forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
@@ -140,7 +144,8 @@ def run_plan_cycle(
             fc = forecast_peak(history_tps.get(key, []), spec, method=method, fallback=fallback)
             forecasts[key] = fc
             batch = batch_tps_last_hour.get(key, [])
-            beta = batch_buffer_tps(batch, policy.forecast.batch_buffer_fraction)
+            arrived = (batch_received or {}).get(key, batch)
+            beta = batch_buffer_tps(arrived, policy.forecast.batch_buffer_fraction)
             buffers[key] = beta
             batch_rate = batch_buffer_tps(batch, 1.0)  # the whole last-hour batch rate
             expected[key] = expected_in_window(fc, spec, gap_start, interval) + batch_rate

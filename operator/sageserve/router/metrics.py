@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sageserve.batch.objects import QueueDepth
-from sageserve.metrics.queries import HELD_REQUESTS, ROUTER_TOKENS
+from sageserve.metrics.queries import BATCH_ACCEPTED_TOKENS, HELD_REQUESTS, ROUTER_TOKENS
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.router.fleet import ModelRoute
 
@@ -71,6 +71,13 @@ class RouterMetrics:
             "sageserve_router_deferred_requests",
             "Batch-tier requests waiting for their region's EMU to fall under the Queue "
             "Manager's release threshold",
+            [*ENDPOINT, "tier"],
+            registry=r,
+        )
+        self.accepted_tokens = Counter(
+            BATCH_ACCEPTED_TOKENS,
+            "Estimated tokens of Batch API requests accepted into the queue (batch load "
+            "received: the plan's β)",
             [*ENDPOINT, "tier"],
             registry=r,
         )
@@ -150,6 +157,9 @@ class RouterMetrics:
             labels = (m.namespace, m.name) if m else ("", d.model)
             self.queued.labels(*labels, d.tier or "").set(d.queued)
             self.queued_age.labels(*labels, d.tier or "").set(max(0.0, now - d.oldest_arrival))
+
+    def accepted(self, m: ModelRoute, region: str, tier: str, tokens: float) -> None:
+        self.accepted_tokens.labels(m.namespace, m.name, region, tier).inc(max(tokens, 0.0))
 
     def batch_closed(self, status: str) -> None:
         self.batches_closed.labels(status).inc()

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sageserve.batch.objects import ClaimedRequest
+from sageserve.batch.objects import BatchObject, ClaimedRequest
 from sageserve.batch.store import BatchStore
 from sageserve.route.queue_manager import DEFAULT_PROMOTION_AGE_S, release_count
-from sageserve.router.app import Router
+from sageserve.router.app import Router, estimated_tokens
 from sageserve.router.fleet import ModelRoute
 from sageserve.router.metrics import RouterMetrics
 
@@ -141,6 +143,18 @@ class BatchReleaser:
             released += len(claimed)
         return released
 
+    async def accepted(self, batch: BatchObject) -> None:
+        """Count a new batch's tokens as batch load received, per model deployment and tier
+        (`sageserve_batch_accepted_tokens_total`): the plan's β is 10 % of the batch load
+        received in the last hour (SageServe §6.3), not of what the troughs let through."""
+        content = await asyncio.to_thread(self.store.file_content, batch.input_file_id)
+        for (model, tier), tokens in accepted_tokens(content, self.fleet.batch_tier).items():
+            route = self.fleet.models.get(model)
+            if route is not None:
+                home = self.router.config.home_region
+                region = home if home in route.regions else route.regions[0]
+                self.metrics.accepted(route, region, tier, tokens)
+
     def _start(self, item: ClaimedRequest, model: ModelRoute, region: str) -> None:
         task = asyncio.create_task(self._run_one(item, model, region))
         self.running[item.id] = task
@@ -175,3 +189,24 @@ class BatchReleaser:
             except Exception:
                 log.exception("finalizing batches failed")
             await asyncio.sleep(self.config.finalize_s)
+
+
+def accepted_tokens(
+    content: bytes, batch_tier: Callable[[str], str | None]
+) -> dict[tuple[str, str], float]:
+    """Estimated tokens (prompt + output budget, as for a client's request) per (served
+    model, batch tier) of a Batch API input file's runnable lines."""
+    out: dict[tuple[str, str], float] = {}
+    for raw in content.splitlines():
+        try:
+            body = json.loads(raw).get("body")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            continue
+        model = body.get("model") if isinstance(body, dict) else None
+        tier = batch_tier(model) if isinstance(model, str) else None
+        if model is None or tier is None:
+            continue
+        assert isinstance(body, dict)
+        key = (str(model), tier)
+        out[key] = out.get(key, 0.0) + estimated_tokens(body)[1]
+    return out
