@@ -253,9 +253,10 @@ def test_the_router_renders_hardened_like_the_operator(
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
     port = 9000 if "router.port=9000" in sets else 8080
     assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["SAGESERVE_PROMETHEUS_URL"].startswith("http")
     params = router_cli_params(container["args"])
+    assert params["batch_db"] == "off"  # the Batch API needs a storage decision: off
     assert params["namespace"] == namespaces
     assert params["port"] == port and params["host"] == "0.0.0.0"
     if "router.region=us-east" in sets:
@@ -317,6 +318,7 @@ def test_router_rbac_is_read_only_and_scoped_to_the_namespaces_it_serves(
         ("", "pods"): {"list", "watch"},
         ("sageserve.io", "modeldeployments"): {"list", "watch"},
         ("sageserve.io", "workloadtiers"): {"list", "watch"},
+        ("sageserve.io", "scalingpolicies"): {"list", "watch"},  # the plan's spill-over
         ("", "secrets"): {"get"},
     }
     for binding in bindings:
@@ -376,6 +378,51 @@ def test_router_service_account_can_be_an_existing_one() -> None:
     )
 
 
+def test_the_batch_queue_on_sqlite_is_one_replica_on_a_kept_volume() -> None:
+    docs = router_docs(render("router.batch.enabled=true", "router.replicaCount=1"))
+    [router] = by_kind(docs, "Deployment")
+    [claim] = by_kind(docs, "PersistentVolumeClaim")
+    assert router["spec"]["strategy"] == {"type": "Recreate"}
+    pod = router["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    params = router_cli_params(container["args"])
+    assert params["batch_db"] == "sqlite:////var/lib/sageserve/batch.db"
+    assert params["batch_lease_seconds"] == 120.0
+    assert {"name": "queue", "mountPath": "/var/lib/sageserve"} in container["volumeMounts"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "queue")
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    owner = next(e for e in container["env"] if e["name"] == "POD_NAME")
+    assert owner["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_several_router_replicas_share_a_postgresql_queue_from_a_secret() -> None:
+    docs = router_docs(
+        render("router.batch.enabled=true", "router.batch.database.existingSecret=queue-db")
+    )
+    [router] = by_kind(docs, "Deployment")
+    assert router["spec"]["replicas"] == 2 and not by_kind(docs, "PersistentVolumeClaim")
+    [container] = router["spec"]["template"]["spec"]["containers"]
+    url = next(e for e in container["env"] if e["name"] == "SAGESERVE_BATCH_DB_URL")
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "queue-db", "key": "url"}
+    assert not any(a.startswith("--batch-db") for a in container["args"])  # the env's URL
+
+
+def test_sqlite_with_several_router_replicas_is_refused_with_the_fix() -> None:
+    result = helm(
+        "template",
+        "x",
+        str(CHART),
+        "--kube-version",
+        "1.36.0",
+        "--set",
+        "router.batch.enabled=true",
+    )
+    assert result.returncode != 0
+    assert "router.batch.database.existingSecret" in result.stderr
+    assert "router.replicaCount=1" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("setting", "field"),
     [
@@ -384,6 +431,8 @@ def test_router_service_account_can_be_an_existing_one() -> None:
         ("router.backendUrl=10.0.0.1:8000", "backendUrl"),
         ("router.namespaces={Bad_NS}", "namespaces"),
         ("router.replicas=2", "replicas"),
+        ("router.batch.sqlite.size=lots", "size"),
+        ("router.batch.leaseSeconds=forever", "leaseSeconds"),
     ],
 )
 def test_bad_router_values_are_refused_naming_the_key(setting: str, field: str) -> None:
