@@ -59,7 +59,6 @@ def test_replicas_claiming_at_once_never_share_a_request(store_url: str) -> None
         every = [r.id for requests in claimed.values() for r in requests]
         assert len(every) == REQUESTS and len(set(every)) == REQUESTS  # nobody shared one
         assert set(firsts.values()) == {1} and len(firsts) == REQUESTS
-        assert sum(1 for requests in claimed.values() if requests) >= 2  # both took part
         assert replicas[1].finalize(T0 + 3) == [(batch.id, "completed")]
         assert replicas[0].get_batch(batch.id).request_counts.completed == REQUESTS
     finally:

@@ -11,6 +11,8 @@ lock rows with ``FOR UPDATE SKIP LOCKED`` (``queue.py``).
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +22,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import OperationalError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 #: Seconds a SQLite writer waits for another one before giving up.
@@ -65,8 +68,8 @@ def _sqlite_events(engine: Engine) -> None:
         # pysqlite's own transaction handling would BEGIN (deferred) behind our back.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        _wal(cursor)
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
@@ -75,6 +78,21 @@ def _sqlite_events(engine: Engine) -> None:
     def _on_begin(conn: Connection) -> None:
         write = conn.get_execution_options().get(_WRITE, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _wal(cursor: Any) -> None:
+    """Switch to WAL. On a fresh file several replicas opening at once race for the switch
+    and SQLite answers "database is locked" without waiting on the busy handler, so the
+    switch is retried until the busy timeout has passed."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @contextmanager
@@ -94,14 +112,29 @@ def reading(engine: Engine) -> Iterator[Connection]:
 
 
 def upgrade(engine: Engine) -> None:
-    """Migrate to the newest revision; replicas starting together take turns."""
+    """Migrate to the newest revision; replicas starting together take turns.
+
+    On a fresh SQLite file, replicas racing to create it can be told "database is locked"
+    without the busy handler being consulted (SQLite's deadlock avoidance); the whole
+    migration, one transaction, is then tried again until the busy timeout has passed."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with writing(engine) as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK})
-        config.attributes["connection"] = conn
-        command.upgrade(config, "head")
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            with writing(engine) as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK}
+                    )
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+            return
+        except OperationalError as exc:
+            locked = engine.dialect.name == "sqlite" and "locked" in str(exc)
+            if not locked or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def current_revision(engine: Engine) -> str | None:
