@@ -145,3 +145,40 @@ def test_regions_that_share_capacity_get_spill_over_weights_the_router_can_follo
     assert read_back["llama-2-70b"].keys() == spill.keys()
     for home, shares in spill.items():
         assert read_back["llama-2-70b"][home] == pytest.approx(shares, abs=1e-4)
+
+
+def test_regions_peaking_at_different_times_share_capacity_when_epsilon_allows() -> None:
+    """C2 over the forecast path: two regions in anti-phase need together the peak of their
+    sum, less than the sum of their peaks (SageServe §5); ε = 1 keeps each at its own."""
+    md = _llama()
+    md = md.model_copy(update={"spec": md.spec.model_copy(update={"regions": md.spec.regions[:2]})})
+    east, central = (r.name for r in md.spec.regions)
+    day = 144  # 10-minute steps
+    wave = [math.sin(2 * math.pi * i / day) for i in range(3 * day)]
+    history = {
+        ("llama-2-70b", east): [3000.0 + 2000.0 * w for w in wave],
+        ("llama-2-70b", central): [3000.0 - 2000.0 * w for w in wave],
+    }
+
+    def planned(epsilon: float) -> tuple[float, dict[str, float]]:
+        spec = _policy(
+            method="arima", horizonSeconds=12 * 3600, trainingWindowSeconds=3 * 86400
+        )
+        spec = spec.model_copy(
+            update={
+                "optimizer": spec.optimizer.model_copy(update={"local_serve_fraction": epsilon})
+            }
+        )
+        cycle = run_plan_cycle([md], spec, history, {}, {})
+        assert cycle.result.status == "optimal"
+        theta = {v.name: v.capacity_tokens_per_second for v in md.spec.variants}
+        per_region = {
+            r: sum(n * theta[v] for (_, rr, v), n in cycle.targets.items() if rr == r)
+            for r in (east, central)
+        }
+        return sum(cycle.demand_tps.values()), per_region
+
+    peaks, shared = planned(0.5)
+    assert sum(shared.values()) < 0.8 * peaks  # the sum's peak, not the sum of peaks
+    _, alone = planned(1.0)
+    assert sum(alone.values()) >= 0.99 * peaks  # ε = 1: every region covers its own peak

@@ -5,6 +5,9 @@ operator's plan loop and the simulator run exactly the same decision:
 
     ρ(m, r) = provisioned forecast of the next-hour peak + β (10 % of last hour's batch load)
 
+per forecast step of the planned hour (the path scaled to that peak), so that C2 covers the
+peak of the model's summed demand rather than the sum of its regional peaks.
+
 LT-UA compares observed tokens/s with what the forecast expects *at that time*, not with the
 provisioned peak: `expected_tps` is the point forecast averaged over the gap window (the
 last `forecastGap.windowSeconds` of the plan interval) plus the last hour's whole batch rate,
@@ -112,6 +115,27 @@ def expected_in_window(
     return float(np.mean(window))
 
 
+def provisioned_path(fc: Forecast, spec: ForecastSpec, provisioned: float) -> list[float]:
+    """The forecast path over the planned window [now + lead, now + horizon], scaled so that
+    its peak is what is provisioned (the upper quantile of the peak).
+
+    Why a path and not one number per region: C2 asks the model's capacity to cover the
+    peak of the *summed* demand (SageServe §5); regions whose peaks fall at different times
+    need less together than the sum of their peaks, which matters once ε < 1 lets them
+    share capacity. With ε = 1 each region still covers its own peak (C1), unchanged.
+    """
+    times = [(i + 1) * spec.step_seconds for i in range(len(fc.path_tps))]
+    window = [
+        v
+        for t, v in zip(times, fc.path_tps, strict=True)
+        if spec.lead_seconds - 1e-9 <= t <= spec.horizon_seconds + 1e-9
+    ]
+    top = max(window, default=0.0)
+    if top <= 0:
+        return [provisioned]
+    return [v * provisioned / top for v in window]
+
+
 def run_plan_cycle(
     mds: Sequence[ModelDeployment],
     policy: ScalingPolicySpec,
@@ -135,6 +159,7 @@ def run_plan_cycle(
     buffers: dict[tuple[str, str], float] = {}
     demand: dict[tuple[str, str], float] = {}
     expected: dict[tuple[str, str], float] = {}
+    paths: dict[tuple[str, str], list[float]] = {}
     interval = float(policy.intervals.plan_seconds)
     gap_start = max(0.0, interval - float(policy.forecast_gap.window_seconds))
     for md in mds:
@@ -152,12 +177,15 @@ def run_plan_cycle(
             if fc.reliable:
                 provisioned = fc.upper_tps if policy.forecast.quantile > 0.5 else fc.peak_tps
                 demand[key] = provisioned + beta
+                paths[key] = [v + beta for v in provisioned_path(fc, spec, provisioned)]
             else:  # hold: ask for what the current instances serve
                 demand[key] = sum(
                     current.get((key[0], key[1], v.name), 0) * v.capacity_tokens_per_second
                     for v in variants.values()
                 )
-    problem = build_problem(mds, policy, current, {k: [v] for k, v in demand.items()}, gpu_capacity)
+    windows = max((len(v) for v in paths.values()), default=1)
+    per_window = {k: paths.get(k) or [v] * windows for k, v in demand.items()}
+    problem = build_problem(mds, policy, current, per_window, gpu_capacity)
     result = solve_plan(problem, plan_options(policy))
     targets = variant_targets(mds, result) if result.target else {}
     return PlanCycle(
