@@ -44,6 +44,26 @@ def router_command(
     load_refresh_seconds: Annotated[
         float, typer.Option(help="How often per-pod KV usage is read from Prometheus.")
     ] = 2.0,
+    idle_timeout_seconds: Annotated[
+        float,
+        typer.Option(
+            help="A connection with no request under way (or unfinished headers) "
+            "is closed after this long."
+        ),
+    ] = 75.0,
+    body_timeout_seconds: Annotated[
+        float, typer.Option(help="A request body must arrive within this long (else 408).")
+    ] = 30.0,
+    stall_timeout_seconds: Annotated[
+        float,
+        typer.Option(
+            help="A streamed answer's pod silent this long has failed (retried "
+            "elsewhere before its first byte)."
+        ),
+    ] = 60.0,
+    upstream_timeout_seconds: Annotated[
+        float, typer.Option(help="No answer from a pod may take longer than this.")
+    ] = 600.0,
     prometheus_url: Annotated[
         str | None, typer.Option(help="Prometheus (default: SAGESERVE_PROMETHEUS_URL).")
     ] = None,
@@ -95,7 +115,13 @@ def router_command(
         kube_config.load_kube_config()
     url = prometheus_url or os.environ.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090")
     config = RouterConfig(
-        max_body_bytes=max_body_bytes, hold_seconds=hold_seconds, home_region=region
+        max_body_bytes=max_body_bytes,
+        hold_seconds=hold_seconds,
+        home_region=region,
+        idle_timeout_seconds=idle_timeout_seconds,
+        body_timeout_seconds=body_timeout_seconds,
+        stall_timeout_seconds=stall_timeout_seconds,
+        upstream_timeout_seconds=upstream_timeout_seconds,
     )
 
     store = None if batch_db == "off" else BatchStore.open(batch_db)

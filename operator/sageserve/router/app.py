@@ -11,8 +11,16 @@ from `Fleet` (the `route/` functions). A model with no ready pod anywhere is *he
 request waits (bounded) while `sageserve_router_held_requests` tells the operator that
 demand waits, and the decision step scales that endpoint from zero; when the wait runs out
 the client gets 503 with Retry-After. A pod that fails before the first byte is retried
-once on another pod; after it, a streaming client gets an error event. Requests go only to
-pods discovered in the cluster, never to a host taken from the request.
+once on another pod (and gets no new request for `eject_seconds`); after it, a streaming
+client gets an error event. Requests go only to pods discovered in the cluster, never to a
+host taken from the request.
+
+Hostile or broken clients (docs/reliability.md): a connection with no request under way is
+closed after `idle_timeout_seconds`, also one that never finishes its headers (slowloris);
+a body must arrive within `body_timeout_seconds` (408); a declared body over the limit is
+refused before a byte of it is read (413, with `Expect: 100-continue` before it is even
+sent); an API key of another tenant is refused (403, `router.tenancy`); a streamed answer
+whose pod stays silent `stall_timeout_seconds` counts as a failure before the first byte.
 """
 
 from __future__ import annotations
@@ -27,11 +35,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 
 from sageserve.route.queue_manager import release_count
 from sageserve.route.tiers import TIER_HEADER, TierError, resolve_tier
+from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
+from sageserve.router.tenancy import key_refusal
 from sageserve.router.usage import TAIL_BYTES, answered_tokens
 
 log = logging.getLogger("sageserve.router")
@@ -41,6 +52,14 @@ REGION_HEADER = "x-sageserve-region"
 #: Token budget assumed for a request without `max_tokens` (vLLM's default is up to the
 #: context; a fixed estimate keeps the in-flight accounting bounded).
 DEFAULT_MAX_TOKENS = 256
+#: A refused body is read and thrown away this long at most, so that the client sees the
+#: answer rather than a reset connection; then the connection is closed.
+LINGER_SECONDS = 2.0
+#: A pod that does not accept a connection in this long is down (fail over at once).
+CONNECT_TIMEOUT_SECONDS = 5.0
+#: Pending connections the kernel queues while the loop is busy (a burst of connections
+#: must not be dropped at the door; capped by net.core.somaxconn).
+BACKLOG = 4096
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,19 @@ class RouterConfig:
     retry_after_seconds: int = 30
     upstream_timeout_seconds: float = 600.0
     home_region: str | None = None
+    #: A connection with no request under way is closed after this long, counted from
+    #: the connection or the last answer: an idle or slowloris client holds ~6 KB of
+    #: memory and a file descriptor until then (docs/reliability.md).
+    idle_timeout_seconds: float = 75.0
+    #: The whole request body must arrive in this long, else 408.
+    body_timeout_seconds: float = 30.0
+    #: A streamed answer whose pod sends nothing for this long (before the headers or
+    #: between chunks) has failed; before the first byte it is retried elsewhere.
+    #: Non-streamed answers come whole at the end, so only `upstream_timeout_seconds`
+    #: bounds them.
+    stall_timeout_seconds: float = 60.0
+    #: A pod that failed before the first byte gets no new request for this long.
+    eject_seconds: float = 30.0
 
 
 def openai_error(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
@@ -86,14 +118,15 @@ class Router:
         self.metrics = metrics
         self.extra_routes = extra_routes  # the Batch API's, when the router has a queue
         self.session: aiohttp.ClientSession | None = None
+        self.ejected = Ejections(config.eject_seconds)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         if self.extra_routes is not None:
             self.extra_routes(app)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/completions", self.forward)
-        app.router.add_post("/v1/chat/completions", self.forward)
+        app.router.add_post("/v1/completions", self.forward, expect_handler=self._expect)
+        app.router.add_post("/v1/chat/completions", self.forward, expect_handler=self._expect)
         app.router.add_get("/metrics", self.own_metrics)
         app.router.add_get("/healthz", self.healthz)
         app.on_startup.append(self._open)
@@ -124,16 +157,47 @@ class Router:
 
     # ---- one request ------------------------------------------------------------------
 
+    def _too_large(self) -> web.Response:
+        response = openai_error(
+            413,
+            f"request body over {self.config.max_body_bytes} bytes; send a smaller "
+            "request (the router's --max-body-bytes)",
+            "invalid_request_error",
+        )
+        response.force_close()  # what is left of the body is thrown away, then closed
+        return response
+
+    def _declared_too_large(self, request: web.Request) -> bool:
+        length = request.content_length
+        return length is not None and length > self.config.max_body_bytes
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: refuse a body declared too large before it is sent, else
+        tell the client to go on (aiohttp's default handler, which checks nothing)."""
+        if self._declared_too_large(request):
+            return self._too_large()
+        expect = request.headers.get("Expect", "").lower()
+        if request.version == HttpVersion11 and expect == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif expect:
+            return openai_error(417, f"unknown Expect: {expect}", "invalid_request_error")
+        return None
+
     async def _parse(self, request: web.Request) -> dict[str, Any] | web.Response:
+        if self._declared_too_large(request):
+            return self._too_large()  # not a byte of it read; the rest is thrown away
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), self.config.body_timeout_seconds)
         except web.HTTPRequestEntityTooLarge:
-            return openai_error(
-                413,
-                f"request body over {self.config.max_body_bytes} bytes; send a smaller "
-                "request (the router's --max-body-bytes)",
+            return self._too_large()  # a body without a length: refused at the limit
+        except TimeoutError:
+            response = openai_error(
+                408,
+                f"the request body did not arrive within {self.config.body_timeout_seconds:g} s",
                 "invalid_request_error",
             )
+            response.force_close()
+            return response
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -162,6 +226,9 @@ class Router:
                 "model",
             )
         key = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or None
+        refused = key_refusal(key, model.namespace, model.served_name, self.fleet.tiers)
+        if refused is not None:
+            return openai_error(refused.status, refused.message, refused.kind)
         try:
             tier = resolve_tier(
                 request.headers.get(TIER_HEADER),
@@ -247,6 +314,7 @@ class Router:
             except _BeforeFirstByte as exc:
                 log.warning("pod %s failed before the first byte: %s", backend.pod, exc)
                 failures.append(f"{backend.pod}: {exc}")
+                self.ejected.eject(backend.pod, time.monotonic())
                 continue
             finally:
                 self.fleet.finish(backend, tokens)
@@ -259,11 +327,16 @@ class Router:
 
     def _backends(self, model: ModelRoute, region: str) -> Iterator[Backend]:
         """The pod to try, then (after a failure before the first byte) one other pod: in
-        `region` first, then any region of the model."""
+        `region` first, then any region of the model; pods that failed lately only when
+        no other is left."""
         tried: frozenset[str] = frozenset()
         for attempt in range(2):
-            backend = self.fleet.choose_backend(model, region, tried) or self._elsewhere(
-                model, tried
+            avoid = tried | self.ejected.active(time.monotonic())
+            backend = (
+                self.fleet.choose_backend(model, region, avoid)
+                or self._elsewhere(model, avoid)
+                or self.fleet.choose_backend(model, region, tried)
+                or self._elsewhere(model, tried)
             )
             if backend is None:
                 return
@@ -325,14 +398,19 @@ class Router:
     ) -> web.StreamResponse:
         assert self.session is not None
         url = backend.url.rstrip("/") + request.path
+        stream = bool(body.get("stream"))
+        timeout = aiohttp.ClientTimeout(
+            total=self.config.upstream_timeout_seconds,
+            sock_connect=CONNECT_TIMEOUT_SECONDS,
+            sock_read=self.config.stall_timeout_seconds if stream else None,
+        )
         try:
-            upstream = await self.session.post(url, json=body)
+            upstream = await self.session.post(url, json=body, timeout=timeout)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _BeforeFirstByte(str(exc)) from exc
+            raise _BeforeFirstByte(str(exc) or type(exc).__name__) from exc
         async with upstream:
             if upstream.status >= 500:
                 raise _BeforeFirstByte(f"HTTP {upstream.status}")
-            stream = bool(body.get("stream"))
             response = web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
             first = True
@@ -348,9 +426,10 @@ class Router:
                     events += chunk.count(b"data: ") if stream else 0
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if first:
-                    raise _BeforeFirstByte(str(exc)) from exc
+                    raise _BeforeFirstByte(str(exc) or type(exc).__name__) from exc
                 if stream:
-                    error = {"error": {"message": f"the pod failed mid-stream: {exc}"}}
+                    reason = str(exc) or type(exc).__name__
+                    error = {"error": {"message": f"the pod failed mid-stream: {reason}"}}
                     await response.write(f"data: {json.dumps(error)}\n\n".encode())
             if first:
                 await response.prepare(request)
@@ -374,9 +453,15 @@ async def serve(
     router: Router, host: str, port: int, ready: Callable[[int], Awaitable[None]] | None = None
 ) -> None:
     """Run the router until cancelled; `ready(port)` once it listens."""
-    runner = web.AppRunner(router.app(), handler_cancellation=True)
+    raise_open_files_limit()
+    runner = web.AppRunner(
+        router.app(),
+        handler_cancellation=True,
+        keepalive_timeout=router.config.idle_timeout_seconds,
+        lingering_time=LINGER_SECONDS,
+    )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, backlog=BACKLOG)
     await site.start()
     bound = int(runner.addresses[0][1])  # the bound port, when asked for 0
     if ready is not None:
@@ -385,6 +470,25 @@ async def serve(
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+def raise_open_files_limit() -> int:
+    """The soft limit on open files raised to the hard one; the new soft limit.
+
+    Every client connection is a file descriptor, and distributions default the soft
+    limit to 1,024: ten thousand held connections must meet the idle timeout, not EMFILE
+    (Go's runtime raises it the same way at start-up)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass
+    return int(soft)
 
 
 def run_loop(main: Coroutine[Any, Any, None], loop: str = "asyncio") -> None:
