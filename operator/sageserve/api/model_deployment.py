@@ -62,6 +62,15 @@ class ModelRef(ApiModel):
         max_length=256,
         description="Name clients ask for (--served-model-name); defaults to the model name.",
     )
+    context_length: int | None = Field(
+        default=None,
+        ge=16,
+        le=16_777_216,
+        description="Longest prompt + output one request may ask for, in tokens "
+        "(--max-model-len). Longer requests are refused at arrival with HTTP 400 "
+        "context_length_exceeded, as vLLM does. Defaults to the model's own (its config.json, "
+        "recorded in the perf profile: Bloom-176B 2048, Llama-2-70B 4096, Llama-3.1-8B 131072).",
+    )
 
 
 VARIANT_RULES = cel(

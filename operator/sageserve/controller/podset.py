@@ -47,6 +47,7 @@ def server_args(md: ModelDeployment, variant: Variant) -> list[str]:
         str(tp),
         "--pipeline-parallel-size",
         str(variant.pipeline_parallel),
+        *(["--max-model-len", str(spec.model.context_length)] if spec.model.context_length else []),
         *spec.engine.args,
     ]
 

@@ -69,6 +69,9 @@ class VariantPerf:
     decode_curve: PiecewiseLinear
     source: str = ""
     derived: bool = False
+    #: Longest prompt + output one request may ask for (vLLM's `max_model_len`), from the
+    #: model's config.json (the profile's `context_length`); 0 when the profile names none.
+    context_length: int = 0
 
     #: token step of the decode lookup table (its error is ≤ one step's worth of slope)
     LUT_STEP = 128
@@ -119,6 +122,12 @@ class PerfCatalog:
             raise KeyError(f"no perf profile for {model} on {gpu_type}")
         return max(found, key=lambda v: v.gpus)
 
+    def context_length(self, model: str) -> int:
+        """The model's context length from its profile (0 when no profile names one)."""
+        return max(
+            (v.context_length for (m, _, _), v in self.variants.items() if m == model), default=0
+        )
+
     def models(self) -> list[str]:
         return sorted({m for m, _, _ in self.variants})
 
@@ -126,7 +135,7 @@ class PerfCatalog:
         self.variants[(v.model, v.gpu_type, v.gpus)] = v
 
 
-def _variant(model: str, raw: Mapping[str, Any]) -> VariantPerf:
+def _variant(model: str, raw: Mapping[str, Any], context_length: int = 0) -> VariantPerf:
     return VariantPerf(
         model=model,
         gpu_type=str(raw["gpu_type"]),
@@ -138,13 +147,15 @@ def _variant(model: str, raw: Mapping[str, Any]) -> VariantPerf:
         decode_curve=PiecewiseLinear.from_points(raw["decode"]),
         source=str(raw.get("source", "")),
         derived=bool(raw.get("derived", False)),
+        context_length=context_length,
     )
 
 
 def parse_profile(doc: Mapping[str, Any]) -> list[VariantPerf]:
     """Variants of one profile document (the YAML format of `perf/profiles/*.yaml`)."""
     model = str(doc["model"])
-    return [_variant(model, v) for v in doc.get("variants", [])]
+    context = int(doc.get("context_length", 0) or 0)
+    return [_variant(model, v, context) for v in doc.get("variants", [])]
 
 
 def load_catalog(extra_dirs: Sequence[Path] = ()) -> PerfCatalog:
