@@ -76,3 +76,49 @@ def test_pods_that_are_not_running_do_not_serve(pod: dict[str, object]) -> None:
 def test_pods_of_other_workloads_are_ignored() -> None:
     assert pod_info(api_pod(labels={"app": "spot-batch"})) is None
     assert pod_info(api_pod(labels={"app.kubernetes.io/managed-by": "sageserve"})) is None
+
+
+def test_max_model_len_is_read_from_the_server_arguments() -> None:
+    from sageserve.twin.pods import pod_info
+    from tests.twin.helpers import api_pod
+
+    raw = api_pod()
+    assert pod_info(raw) is not None and pod_info(raw).max_model_len is None  # type: ignore[union-attr]
+    raw["spec"]["containers"][0]["args"] += ["--max-model-len", "4096"]
+    assert pod_info(raw).max_model_len == 4096  # type: ignore[union-attr]
+
+
+def test_the_context_length_of_a_model_deployment_reaches_the_pods_and_the_twin() -> None:
+    """spec.model.contextLength → vLLM's --max-model-len on the pod set → the twin's limit;
+    an explicit --max-model-len in spec.engine.args comes later and wins, as in argparse."""
+    from pathlib import Path
+
+    import yaml
+
+    from sageserve.api.model_deployment import ModelDeployment
+    from sageserve.controller.podset import render_pod_set
+
+    root = Path(__file__).resolve().parents[2]
+    md = ModelDeployment.model_validate(
+        next(iter(yaml.safe_load_all((root / "scenarios/default/models.yaml").read_text())))
+    )
+    md.spec.model.context_length = 2048
+
+    def pod_of(md: ModelDeployment) -> dict[str, object]:
+        d = render_pod_set(md, md.spec.regions[0], md.spec.variants[0], 1, "llm")
+        template = d["spec"]["template"]
+        return {
+            "metadata": {"name": "p", "namespace": "llm", **template["metadata"]},
+            "spec": {**template["spec"], "nodeName": "n"},
+            "status": {"phase": "Running"},
+        }
+
+    info = pod_info(pod_of(md))
+    assert info is not None and info.max_model_len == 2048
+    md.spec.engine.args = ["--max-model-len=1024"]
+    info = pod_info(pod_of(md))
+    assert info is not None and info.max_model_len == 1024
+    md.spec.model.context_length = None
+    md.spec.engine.args = []
+    info = pod_info(pod_of(md))
+    assert info is not None and info.max_model_len is None  # the profile's then applies

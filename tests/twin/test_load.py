@@ -197,3 +197,31 @@ def test_a_pod_without_a_perf_profile_gets_no_load_and_says_why() -> None:
     assert "--profile mystery=PROFILE" in s.problems["m"]
     s.sync([pod("a")])
     assert s.problems == {}
+
+
+def test_trace_requests_beyond_the_context_are_refused_at_arrival() -> None:
+    """Bloom-176B holds 2,048 tokens: a trace of 2,000 + 150 is refused, never queued."""
+    from sageserve.twin.load import TwinSim
+    from tests.twin.helpers import steady
+
+    s = TwinSim(steady(1.0, prompt=2000, output=150), PerfResolver(CATALOG).resolve)
+    s.sync([pod("a")])
+    s.advance(60)
+    ep = s.endpoints[("llm", "bloom-176b", "us-east")]
+    assert ep.arrived == ep.refused == 60
+    [sample] = s.samples()
+    assert sample.waiting == sample.running == 0 and sample.counters.requests_finished == 0
+
+
+def test_max_model_len_of_the_pod_overrides_the_profile() -> None:
+    """`--max-model-len` (spec.model.contextLength) is the pod's limit, not the profile's."""
+    from dataclasses import replace
+
+    from sageserve.twin.load import ContextLengthExceeded
+
+    s = sim()
+    s.sync([replace(pod("a"), max_model_len=1000)])
+    with pytest.raises(ContextLengthExceeded) as err:
+        s.submit("llm", "a", 900, 200)
+    assert err.value.limit == 1000
+    assert s.submit("llm", "a", 800, 200) is not None

@@ -189,3 +189,33 @@ def test_a_pod_that_does_not_serve_answers_404(running: tuple[Twin, Pods, Path])
         with pytest.raises(urllib.error.HTTPError) as err:
             post(twin, path, {"model": "bloom", "prompt": "x"})
         assert err.value.code == 404
+
+
+def test_a_request_beyond_the_context_length_is_refused_with_400(
+    running: tuple[Twin, Pods, Path],
+) -> None:
+    """Bloom-176B's context is 2,048 tokens (its profile): 2,000 prompt tokens + 100 to
+    generate are refused before reaching the engine, as vLLM's OpenAI server does."""
+    twin, _, _ = running
+    ep = twin.sim.endpoints[("llm", "bloom-176b", "us-east")]
+    before = ep.refused
+    with pytest.raises(urllib.error.HTTPError) as err:
+        post(
+            twin,
+            "/pods/llm/a/v1/completions",
+            {"model": "bloom", "prompt": "x" * 8000, "max_tokens": 100},
+        )
+    assert err.value.code == 400
+    body = json.loads(err.value.read())
+    assert body["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length is 2048 tokens" in body["error"]["message"]
+    assert "2100 tokens (2000 in the messages, 100 in the completion)" in body["error"]["message"]
+    assert ep.refused == before + 1
+    assert twin.status()["endpoints"]["llm/bloom-176b/us-east"]["refused"] == before + 1
+    # within the context: answered
+    ok = post(
+        twin,
+        "/pods/llm/a/v1/completions",
+        {"model": "bloom", "prompt": "x" * 7600, "max_tokens": 100},
+    )
+    assert ok["usage"]["total_tokens"] == 2000

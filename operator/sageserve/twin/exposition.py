@@ -148,6 +148,12 @@ def twin_families(
     for metric, doc, kind in (
         ("arrived", "Requests the trace sent to the endpoint.", "counter"),
         ("rejected", "Requests refused: no serving pod.", "counter"),
+        (
+            "refused",
+            "Requests refused at arrival: prompt + output beyond the model's context length "
+            "(vLLM's HTTP 400).",
+            "counter",
+        ),
         ("lost", "Requests lost with a pod that stopped, or too long for its KV cache.", "counter"),
         ("serving_pods", "Pods of the endpoint that serve.", "gauge"),
         ("load_multiplier", "Current multiplier of the trace's request rate.", "gauge"),

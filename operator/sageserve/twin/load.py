@@ -321,17 +321,37 @@ class PodSample:
     counters: PodCounters
 
 
+class ContextLengthExceeded(ValueError):
+    """A request whose prompt + output exceeds the pod's context length: vLLM's OpenAI
+    server refuses it before it reaches the engine (HTTP 400)."""
+
+    def __init__(self, limit: int, prompt: int, output: int) -> None:
+        self.limit, self.prompt, self.output = limit, prompt, output
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt + output} tokens ({prompt} in the messages, {output} in the completion). "
+            "Please reduce the length of the messages or completion."
+        )
+
+
 class TwinPod:
-    """A serving pod: its instance and counters."""
+    """A serving pod: its instance, counters and context length (0: none known)."""
 
-    __slots__ = ("alive", "counters", "endpoint", "info", "instance")
+    __slots__ = ("alive", "context", "counters", "endpoint", "info", "instance")
 
-    def __init__(self, info: PodInfo, instance: Instance, endpoint: EndpointLoad) -> None:
+    def __init__(
+        self, info: PodInfo, instance: Instance, endpoint: EndpointLoad, context: int = 0
+    ) -> None:
         self.info = info
         self.instance = instance
         self.endpoint = endpoint
         self.counters = PodCounters()
         self.alive = True
+        self.context = context
+
+    def refuses(self, prompt: int, output: int) -> bool:
+        """Whether vLLM would refuse this request (prompt + output beyond the context)."""
+        return 0 < self.context < prompt + output
 
 
 class EndpointLoad:
@@ -345,6 +365,8 @@ class EndpointLoad:
         self.pods: dict[str, TwinPod] = {}
         self.arrived = 0
         self.rejected = 0
+        #: refused at arrival: longer than the model's context (vLLM's HTTP 400)
+        self.refused = 0
         self.lost = 0
         self.prompt_tokens = 0
 
@@ -422,7 +444,7 @@ class TwinSim(InstanceHooks):
                 f"{info.namespace}/{info.name}", perf, info.region, self, self.max_batched_tokens
             )
             inst.t0 = self.now
-            tp = TwinPod(info, inst, endpoint)
+            tp = TwinPod(info, inst, endpoint, info.max_model_len or perf.context_length)
             inst.endpoint = tp
             self.pods[key] = tp
             endpoint.pods[info.name] = tp
@@ -481,6 +503,9 @@ class TwinSim(InstanceHooks):
         req = Request(self._req_id, t, ep.id[1], IW_F, ep.id[2], prompt, output)
         job = Job(req, 0)
         pods = list(ep.pods.values())
+        if pods[0].refuses(prompt, output):  # one pod set's pods share their arguments
+            ep.refused += 1
+            return
         if len(pods) == 1:
             tp = pods[0]
         else:
@@ -491,12 +516,16 @@ class TwinSim(InstanceHooks):
 
     def submit(self, namespace: str, pod: str, prompt: int, output: int) -> Job | None:
         """A request that reached this pod over HTTP, run by its simulated instance from
-        now on (None if the pod does not serve). The caller polls the job under the lock."""
+        now on (None if the pod does not serve). The caller polls the job under the lock.
+        Raises `ContextLengthExceeded` for a request longer than the pod's context."""
         tp = self.pods.get((namespace, pod))
         if tp is None or not tp.alive:
             return None
         ep = tp.endpoint
         ep.arrived += 1
+        if tp.refuses(prompt, max(1, output)):
+            ep.refused += 1
+            raise ContextLengthExceeded(tp.context, prompt, max(1, output))
         ep.prompt_tokens += prompt
         self._req_id += 1
         req = Request(self._req_id, self.now, ep.id[1], IW_F, ep.id[2], prompt, max(1, output))

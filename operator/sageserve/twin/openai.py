@@ -95,5 +95,19 @@ def final(model: str, chat: bool, prompt: int, output: int, rid: str) -> dict[st
     }
 
 
+def context_length_error(message: str) -> dict[str, Any]:
+    """The 400 body for a request beyond the model's context: vLLM's message, in the
+    OpenAI API's error shape with its code `context_length_exceeded`, so a client that
+    handles OpenAI's error handles the twin's."""
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
 def new_id() -> str:
     return f"cmpl-{uuid.uuid4().hex[:16]}"

@@ -55,6 +55,9 @@ class PodInfo:
     gpus: int
     #: The served model name (vLLM's `model_name` label).
     model_name: str
+    #: vLLM's `--max-model-len` when the pod sets it (`spec.model.contextLength`); else the
+    #: model's own context length applies (its perf profile).
+    max_model_len: int | None = None
 
     @property
     def endpoint(self) -> EndpointId:
@@ -72,6 +75,21 @@ def _arg(args: Sequence[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def _int_arg(args: Sequence[str], flag: str) -> int | None:
+    """The integer value of `flag`'s last occurrence (argparse: the last one wins, so the
+    user's `spec.engine.args` override what sageserve sets before them)."""
+    value: str | None = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = str(args[i + 1])
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _gpu_type(spec: Mapping[str, Any], gpu_label: str) -> str:
@@ -125,6 +143,7 @@ def pod_info(
         gpu_type=_gpu_type(spec, gpu_label),
         gpus=gpus,
         model_name=_arg(args, "--served-model-name") or _arg(args, "--model") or "",
+        max_model_len=_int_arg(args, "--max-model-len"),
     )
 
 

@@ -38,7 +38,7 @@ from urllib.parse import unquote
 from sageserve.twin import openai
 from sageserve.twin.clock import AcceleratedClock
 from sageserve.twin.exposition import POD_LABELS, encode, families, twin_families
-from sageserve.twin.load import PodSample, TwinSim, endpoint_name
+from sageserve.twin.load import ContextLengthExceeded, PodSample, TwinSim, endpoint_name
 from sageserve.twin.pods import PodInfo
 
 log = logging.getLogger("sageserve.twin")
@@ -201,6 +201,7 @@ class Twin:
                 endpoint_name(ep): {
                     "arrived": e.arrived,
                     "rejected": e.rejected,
+                    "refused": e.refused,
                     "lost": e.lost,
                     "servingPods": sorted(e.pods),
                     "loadMultiplier": sim.load.multiplier(ep, sim.now),
@@ -245,6 +246,7 @@ class Twin:
                 ep: {
                     "arrived": float(e.arrived),
                     "rejected": float(e.rejected),
+                    "refused": float(e.refused),
                     "lost": float(e.lost),
                     "serving_pods": float(len(e.pods)),
                     "load_multiplier": sim.load.multiplier(ep, sim.now),
@@ -304,12 +306,16 @@ def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
     except (ValueError, TypeError) as exc:
         handler._json(400, {"error": {"message": f"bad request: {exc}"}})
         return
-    with twin.lock:
-        job = twin.sim.submit(namespace, pod, prompt, output)
-    if job is None:  # a pod that became Ready since the last listing: list again once
-        twin.refresh()
+    try:
         with twin.lock:
             job = twin.sim.submit(namespace, pod, prompt, output)
+        if job is None:  # a pod that became Ready since the last listing: list again once
+            twin.refresh()
+            with twin.lock:
+                job = twin.sim.submit(namespace, pod, prompt, output)
+    except ContextLengthExceeded as exc:
+        handler._json(400, openai.context_length_error(str(exc)))
+        return
     with twin.lock:
         serving = twin.sim.pods.get((namespace, pod))
     if job is None or serving is None:
