@@ -123,3 +123,85 @@ def test_a_prompt_larger_than_the_kv_cache_is_dropped_not_looped() -> None:
     inst.enqueue(job, 0.0)
     d.run()
     assert d.done == [job] and job.finish_time < 0
+
+
+# ---- chunked prefill (vLLM's max_num_batched_tokens) -------------------------------------
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_a_decode_step_between() -> None:
+    """A 10,000-token prompt with a 4,096-token budget takes three chunks (4096, 4096,
+    1808); the running sequence decodes one token after each of the first two."""
+    d = Driver()
+    inst = Instance("i", flat_perf(prefill_s=0.5, decode_s=0.05), "r1", d, max_batched_tokens=4096)
+    short = Job(req(0, 0.0, 100, 50), 0)
+    inst.enqueue(short, 0.0)
+    d.run(until=0.5)
+    assert short.first_token == pytest.approx(0.5)
+    long = Job(req(1, 0.5, 10_000, 5), 0)
+    inst.enqueue(long, 0.5)
+    d.run(until=0.999)
+    # chunk 1 from 0.5 to 1.0; the whole prompt's KV is reserved at admission
+    assert inst.kv_at(0.75) == pytest.approx(101 + 10_000)
+    assert long.first_token < 0
+    d.run()
+    # chunk 1 (0.5 s), decode (0.05), chunk 2 (0.5), decode (0.05), last chunk (0.5)
+    assert long.first_token == pytest.approx(0.5 + 3 * 0.5 + 2 * 0.05)
+    # the short request decoded during the long prefill: 49 decode iterations in all,
+    # two of them between chunks, the rest after the last chunk
+    assert short.finish_time == pytest.approx(long.first_token + 47 * 0.05)
+    assert long.finish_time == pytest.approx(long.first_token + 4 * 0.05)
+    assert inst.idle and inst.kv_at(10.0) == pytest.approx(0.0)
+
+
+def test_without_running_sequences_the_chunks_follow_each_other() -> None:
+    d = Driver()
+    inst = Instance("i", flat_perf(prefill_s=0.5, decode_s=0.05), "r1", d, max_batched_tokens=4096)
+    long = Job(req(0, 0.0, 9000, 2), 0)
+    inst.enqueue(long, 0.0)
+    assert inst.running == 1 and inst.waiting == 0
+    d.run()
+    assert long.first_token == pytest.approx(3 * 0.5)
+    assert long.finish_time == pytest.approx(3 * 0.5 + 0.05)
+
+
+def test_the_last_chunk_shares_its_step_with_short_prompts() -> None:
+    d = Driver()
+    inst = Instance("i", flat_perf(prefill_s=0.5, decode_s=0.05), "r1", d, max_batched_tokens=4096)
+    long = Job(req(0, 0.0, 5000, 2), 0)
+    inst.enqueue(long, 0.0)
+    short = Job(req(1, 0.1, 1000, 2), 0)
+    inst.enqueue(short, 0.1)
+    d.run()
+    # chunk 1: 4096 tokens; chunk 2: 904 + the short prompt's 1000 in one step
+    assert long.first_token == pytest.approx(1.0)
+    assert short.first_token == pytest.approx(1.0)
+
+
+def test_prompts_within_the_budget_are_scheduled_as_before() -> None:
+    """Below the budget nothing changes: several prompts in one prefill step."""
+    d = Driver()
+    inst = Instance("i", flat_perf(prefill_s=0.2, decode_s=0.05), "r1", d, max_batched_tokens=4096)
+    first = Job(req(0, 0.0, 100, 3), 0)
+    inst.enqueue(first, 0.0)
+    a, b = Job(req(1, 0.1, 2000, 3), 0), Job(req(2, 0.1, 2000, 3), 0)
+    inst.enqueue(a, 0.1)
+    inst.enqueue(b, 0.1)
+    d.run()
+    assert first.first_token == pytest.approx(0.2)
+    assert a.first_token == pytest.approx(0.4) and b.first_token == pytest.approx(0.4)
+
+
+def test_abandon_all_returns_a_prompt_between_its_chunks() -> None:
+    d = Driver()
+    inst = Instance("i", flat_perf(prefill_s=0.5, decode_s=0.05), "r1", d, max_batched_tokens=4096)
+    short = Job(req(0, 0.0, 100, 500), 0)
+    inst.enqueue(short, 0.0)
+    d.run(until=0.5)
+    long = Job(req(1, 0.5, 10_000, 5), 0)
+    inst.enqueue(long, 0.5)
+    d.run(until=1.02)  # chunk 1 done, decoding before chunk 2
+    assert not inst.prefilling and inst.chunk_job is long
+    assert inst.remaining_tokens_at(1.02) > 10_000 - 4096
+    jobs = inst.abandon_all()
+    assert set(jobs) == {short, long}
+    assert inst.idle and inst.chunk_job is None

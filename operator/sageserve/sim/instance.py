@@ -8,10 +8,17 @@ time is constant. We therefore keep a *virtual iteration counter* `v`: a request
 `v_a` with `k` output tokens left finishes at `v_a + k`, the KV in use is
 `Σ(context_i - v_a_i) + n·v`, and the next finish or KV-full moment is one division away.
 
-What is modelled, following vLLM's scheduler (no chunked prefill):
+What is modelled, following vLLM's scheduler:
 - admission while the waiting request's prompt fits in free KV and the running set is under
-  `max_num_seqs`; all admissible prompts are prefilled in one step, during which decoding
-  pauses (vLLM runs prefill-only steps);
+  `max_num_seqs`; admissible prompts are prefilled together in one step of at most
+  `max_batched_tokens` (vLLM's `max_num_batched_tokens`), during which decoding pauses;
+- chunked prefill: a prompt longer than that budget is prefilled in chunks of the budget,
+  each followed by one decode iteration of the running batch (vLLM's chunked prefill, on by
+  default since V1, interleaves them in one step; here they alternate), so one long prompt
+  slows the running sequences but cannot hold the instance for its whole prefill. Its KV is
+  reserved whole at admission (so a chunked prompt never preempts), and its last chunk
+  shares its step with shorter prompts that fit the rest of the budget. Prompts within the
+  budget are scheduled exactly as before;
 - priority queues: priority-0 requests (interactive, promoted batch) are admitted before any
   priority-1 request (SageServe §6.1); FCFS within a priority;
 - the prefill step emits the first token (TTFT); each decode iteration emits one token per
@@ -90,6 +97,9 @@ class InstanceHooks:
     def on_idle(self, inst: Instance, now: float) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def on_first_token(self, job: Job, now: float) -> None:
+        """A request's first token (its TTFT ends here); nothing by default."""
+
 
 class Instance:
     """A model instance: KV accounting, queues, prefill/decode state machine."""
@@ -103,6 +113,10 @@ class Instance:
         "_seq",
         "_sum_finish_v",
         "busy_until",
+        "chunk_done",
+        "chunk_job",
+        "chunk_resume_v",
+        "chunk_tokens",
         "endpoint",
         "event_time",
         "gpu_hours",
@@ -178,6 +192,13 @@ class Instance:
         self.waiting_tokens = 0
         self.event_time = _INF
         self.tokens_in = 0  # prompt tokens accepted (for observed tokens/s)
+        #: the admitted request whose prompt is being prefilled in chunks (its whole prompt
+        #: reserved in `kv_prefill`), the prompt tokens done, this step's chunk, and the
+        #: virtual iteration after which its next chunk may start
+        self.chunk_job: Job | None = None
+        self.chunk_done = 0
+        self.chunk_tokens = 0
+        self.chunk_resume_v = 0.0
 
     # ---- read-only views (no state change), used by routers and metrics ----------------
 
@@ -200,7 +221,8 @@ class Instance:
 
     @property
     def running(self) -> int:
-        return self._n + len(self.prefilling)
+        between_chunks = self.chunk_job is not None and not self.prefilling
+        return self._n + len(self.prefilling) + between_chunks
 
     @property
     def waiting(self) -> int:
@@ -208,7 +230,7 @@ class Instance:
 
     @property
     def idle(self) -> bool:
-        return not (self._n or self.prefilling or self.waiting0 or self.waiting1)
+        return not (self._n or self.prefilling or self.waiting0 or self.waiting1 or self.chunk_job)
 
     def enqueue(self, job: Job, now: float) -> None:
         """A request arrives at this instance's local queue."""
@@ -256,7 +278,7 @@ class Instance:
         # vLLM, a step that preempts admits nothing new
         if self._n and self.kv_prefill + self._a + self._n * self.v > self.kv_cap + _EPS:
             self._preempt_until_fits()
-        elif not self.prefilling and (self.waiting0 or self.waiting1):
+        elif not self.prefilling and (self.waiting0 or self.waiting1 or self.chunk_job):
             self._admit(now)
         self._reschedule(now)
         if self.state is not _SERVING and self.idle:
@@ -291,8 +313,24 @@ class Instance:
         # vLLM keeps a watermark of free blocks (1%) so admission does not thrash
         free = self.kv_cap * 0.99 - (self.kv_prefill + self._a + self._n * self.v)
         slots = self.max_seqs - self._n
+        budget = self.max_batched_tokens
         batch: list[Job] = []
         tokens = 0
+        work = 0
+        cj = self.chunk_job
+        if cj is not None:
+            # a prompt part-way through its chunks goes first (vLLM schedules requests it
+            # already runs before new ones), once the running batch has decoded one token
+            if self._n and self.v < self.chunk_resume_v - 1e-6:
+                return
+            left = cj.prompt_left - self.chunk_done
+            tokens = self.chunk_tokens = min(left, budget)
+            work = left + cj.out_left
+            batch.append(cj)
+            slots -= 1
+            if tokens < left:  # not its last chunk: the step is full
+                self._start_prefill(batch, tokens, work, now)
+                return
         w0, w1 = self.waiting0, self.waiting1
         while slots > 0:
             q = w0 if w0 else w1
@@ -300,7 +338,7 @@ class Instance:
                 break
             job = q[0]
             need = job.prompt_left
-            if need > free or (batch and tokens + need > self.max_batched_tokens):
+            if need > free or (batch and tokens + need > budget):
                 if need > self.kv_cap:  # can never fit: drop, reported unfinished
                     q.popleft()
                     self.waiting_tokens -= job.prompt_left + job.out_left
@@ -311,15 +349,24 @@ class Instance:
                 break
             q.popleft()
             batch.append(job)
-            tokens += need
             free -= need
             slots -= 1
             self.waiting_tokens -= need + job.out_left
+            work += need + job.out_left
+            self.kv_prefill += need  # reserved whole, chunked or not
+            if need > budget:  # alone in its step (the check above): prefill it in chunks
+                self.chunk_job = job
+                self.chunk_done = 0
+                tokens = self.chunk_tokens = budget
+                break
+            tokens += need
         if batch:
-            self.prefilling = batch
-            self.prefill_work = sum(j.prompt_left + j.out_left for j in batch)
-            self.kv_prefill += tokens
-            self.busy_until = now + self.perf.prefill_curve(tokens)
+            self._start_prefill(batch, tokens, work, now)
+
+    def _start_prefill(self, batch: list[Job], tokens: int, work: int, now: float) -> None:
+        self.prefilling = batch
+        self.prefill_work = work
+        self.busy_until = now + self.perf.prefill_curve(tokens)
 
     def _end_prefill(self, t: float) -> None:
         batch = self.prefilling
@@ -327,9 +374,18 @@ class Instance:
         self.prefill_work = 0
         v = self.v
         for job in batch:
+            if job is self.chunk_job:
+                self.chunk_done += self.chunk_tokens
+                if self.chunk_done < job.prompt_left:  # more chunks: one decode step first
+                    self.chunk_resume_v = v + 1.0
+                    self.prefill_work = job.prompt_left - self.chunk_done + job.out_left
+                    continue
+                self.chunk_job = None
+                self.chunk_done = 0
             self.kv_prefill -= job.prompt_left
             if job.first_token < 0:
                 job.first_token = t
+                self.hooks.on_first_token(job, t)
             job.out_left -= 1
             if job.out_left <= 0:
                 job.done = True
@@ -371,9 +427,15 @@ class Instance:
             dv_full = (self.kv_cap - kv) / self._n
             if dv_full < dv:
                 dv = dv_full if dv_full > 1e-6 else 1e-6
+            if self.chunk_job is not None:  # the next chunk after this decode iteration
+                dv_chunk = self.chunk_resume_v - self.v
+                if dv_chunk < dv:
+                    dv = dv_chunk if dv_chunk > 1e-6 else 1e-6
             when = now + dv * it
             if when <= now:
                 when = now + 1e-6
+        elif self.chunk_job is not None:  # a chunk left and nothing decoding: go on now
+            when = now + 1e-6
         else:
             when = _INF
         if when != self.event_time:
@@ -384,6 +446,10 @@ class Instance:
     def abandon_all(self) -> list[Job]:
         """Remove and return every unfinished job (used when the run ends)."""
         jobs = list(self._running) + self.prefilling + list(self.waiting0) + list(self.waiting1)
+        if self.chunk_job is not None and self.chunk_job not in self.prefilling:
+            jobs.append(self.chunk_job)
+        self.chunk_job = None
+        self.chunk_done = 0
         self._running.clear()
         self._run_heap.clear()
         self.prefilling = []
