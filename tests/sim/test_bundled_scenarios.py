@@ -30,3 +30,23 @@ def test_a_bundled_scenario_loads_with_its_strategies(name: str) -> None:
     if any(p.startswith("lt") for p in sc.policies):
         interactive, _batch = sc.history(60)  # the hour the first plan forecasts from
         assert sum(sum(v) for v in interactive.values()) > 0, f"{Path(name)}: no history"
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_a_bundled_scenario_maps_its_traces_to_models_whose_context_holds_them(
+    name: str,
+) -> None:
+    """Over the first hour of the window (the whole windows are in docs/simulator.md,
+    `python -m sageserve.sim.context`): ServeGen m-large asks for more than Bloom-176B's
+    2,048 and Llama-2-70B's 4,096 tokens, and the overflow models take every such request,
+    so nothing is refused at arrival."""
+    from dataclasses import replace
+
+    from sageserve.sim.context import refusals
+
+    sc = load_scenario(ROOT / name)
+    assert set(sc.contexts()) == {md.metadata.name for md in sc.models}  # every model has one
+    rows = refusals(sc, replace(sc.workload, duration_s=3600.0))
+    assert sum(sum(r.requests.values()) for r in rows) > 0
+    for r in rows:
+        assert not r.refused, f"{name}: {r.source} has requests no model holds: {r.refused}"

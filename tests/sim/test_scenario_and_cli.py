@@ -76,12 +76,19 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
             "donated",
             "internal",
         }
-        assert p["requests"]["finished"] + p["requests"]["unfinished"] == p["requests"]["arrived"]
-        assert set(p["tiers"]["iw-f"]["llama-2-70b"]["ttft_s"]) == {"p50", "p95", "p99"}
+        req = p["requests"]
+        assert req["finished"] + req["unfinished"] + req["refused"] == req["arrived"]
+        # the tiny scenario maps ServeGen m-large to Llama-2-70B alone: its 4,096-token
+        # context refuses the longest requests at arrival, counted per tier apart
+        assert req["refused"] > 0
+        tiers = p["tiers"]
+        assert sum(m["refused"] for t in tiers.values() for m in t.values()) == req["refused"]
+        assert set(tiers["iw-f"]["llama-2-70b"]["ttft_s"]) == {"p50", "p95", "p99"}
     header = (tmp_path / "minutes.csv").read_text().splitlines()[0]
     assert tuple(header.split(",")) == MINUTE_COLUMNS
     for f in ("report.html", "instances.png", "emu.png", "gpu_hours.png", "latency.png"):
         assert (tmp_path / f).stat().st_size > 0
+    assert "Refused at arrival" in (tmp_path / "report.html").read_text()
 
 
 def test_unknown_policy_is_a_clear_error(tmp_path: Path) -> None:

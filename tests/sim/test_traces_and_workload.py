@@ -113,3 +113,67 @@ def test_tokens_per_minute_before_the_window_counts_every_earlier_request() -> N
     # no time before the trace's start
     early, _ = tokens_per_minute(replace(wl, start_s=120.0), sc.tiers, 10)
     assert early and all(len(v) == 2 for v in early.values())
+
+
+@pytest.mark.parametrize(
+    ("model", "tokens", "overflow", "want"),
+    [
+        ("bloom", 2000, ("llama2", "llama3"), "bloom"),  # fits: stays
+        ("bloom", 3000, ("llama2", "llama3"), "llama2"),  # the first that holds it
+        ("bloom", 9000, ("llama2", "llama3"), "llama3"),
+        ("bloom", 200_000, ("llama2", "llama3"), "bloom"),  # none holds it: refused there
+        ("bloom", 3000, (), "bloom"),  # no overflow: refused at arrival
+        ("unknown", 10**6, ("llama2",), "unknown"),  # no context on record: no limit
+    ],
+)
+def test_overflow_sends_a_request_to_the_first_model_whose_context_holds_it(
+    model: str, tokens: int, overflow: tuple[str, ...], want: str
+) -> None:
+    from sageserve.sim.workload import overflow_model
+
+    contexts = {"bloom": 2048, "llama2": 4096, "llama3": 131072}
+    assert overflow_model(model, tokens, overflow, contexts) == want
+
+
+def test_overflow_moves_only_the_long_requests_and_keeps_the_rest_of_the_stream() -> None:
+    from dataclasses import replace
+
+    from sageserve.sim.scenario import default_scenario_dir, load_scenario
+    from sageserve.sim.workload import requests
+
+    sc = load_scenario(default_scenario_dir())
+    wl = replace(sc.workload, duration_s=600.0)
+    ctx = sc.contexts()
+    plain = list(requests(wl, sc.tiers))
+    moved = list(requests(wl, sc.tiers, ctx))
+    assert len(plain) == len(moved)
+    changed = [(a, b) for a, b in zip(plain, moved, strict=True) if a.model != b.model]
+    assert changed, "the default scenario's m-large has requests beyond Bloom's 2,048 tokens"
+    for a, b in changed:
+        assert a.prompt_tokens + a.output_tokens > ctx[a.model]
+        assert a.prompt_tokens + a.output_tokens <= ctx[b.model]
+        assert (a.arrival, a.region, a.tier, a.prompt_tokens) == (
+            b.arrival,
+            b.region,
+            b.tier,
+            b.prompt_tokens,
+        )
+
+
+def test_a_workload_naming_a_model_the_scenario_does_not_serve_is_refused(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from sageserve.sim.scenario import default_scenario_dir, load_scenario
+
+    for f in default_scenario_dir().iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    wl = tmp_path / "workload.yaml"
+    wl.write_text(
+        wl.read_text()
+        .replace("../../data", str(Path(__file__).resolve().parents[2] / "data"))
+        .replace("overflow: [llama-2-70b, llama-3-1-8b]", "overflow: [llama-3-1-70b]")
+    )
+    with pytest.raises(ValueError, match="names model 'llama-3-1-70b'"):
+        load_scenario(tmp_path)

@@ -28,7 +28,7 @@ class GpuHourBounds:
 
 def gpu_hour_bounds(scenario: Scenario) -> GpuHourBounds:
     """Floor and perfect-foresight GPU-hours of `scenario`'s window (see the module doc)."""
-    iw, niw = window_tokens_per_minute(scenario.workload, scenario.tiers)
+    iw, niw = window_tokens_per_minute(scenario.workload, scenario.tiers, scenario.contexts())
     minutes = max(1, math.ceil(scenario.workload.duration_s / 60.0))
     floor = oracle = 0.0
     for md in scenario.models:

@@ -48,6 +48,8 @@ class ModelSetup:
     name: str
     variants: tuple[tuple[str, VariantPerf], ...]
     regions: tuple[RegionPlacement, ...]
+    #: Longest prompt + output a request may ask for (vLLM's max_model_len); 0: no limit.
+    context_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,16 @@ Planner = Callable[
 class TierModelStats:
     """Latencies of finished requests of one (tier, model), in compact arrays."""
 
-    __slots__ = ("deadline_miss", "dropped", "e2e", "finished", "slo_met", "tbt", "ttft")
+    __slots__ = (
+        "deadline_miss",
+        "dropped",
+        "e2e",
+        "finished",
+        "refused",
+        "slo_met",
+        "tbt",
+        "ttft",
+    )
 
     def __init__(self) -> None:
         self.ttft = array("d")
@@ -103,6 +114,8 @@ class TierModelStats:
         self.slo_met = 0
         self.dropped = 0
         self.deadline_miss = 0
+        #: refused at arrival: prompt + output beyond the model's context (vLLM's HTTP 400)
+        self.refused = 0
 
 
 @dataclass
@@ -138,6 +151,8 @@ class RunResult:
     minutes: list[MinuteRow]
     sim_events: int
     preemptions: int
+    #: requests refused at arrival (prompt + output beyond the model's context)
+    refused: int = 0
 
 
 class Simulation(InstanceHooks):
@@ -188,6 +203,9 @@ class Simulation(InstanceHooks):
         self.stats: dict[tuple[str, str], TierModelStats] = defaultdict(TierModelStats)
         self.arrived = 0
         self.finished = 0
+        self.refused = 0
+        #: model -> its context length (requests beyond it are refused at arrival)
+        self._context = {m.name: m.context_length for m in config.models if m.context_length}
         self.sim_events = 0
         self.preemptions = 0
         self.qm_active = strategy.batch_via_queue_manager
@@ -345,6 +363,13 @@ class Simulation(InstanceHooks):
     def _arrive(self, req: Request) -> None:
         self.arrived += 1
         tier = req.tier
+        ctx = self._context.get(req.model)
+        if ctx is not None and req.prompt_tokens + req.output_tokens > ctx:
+            # vLLM's OpenAI server answers 400 before the request reaches the engine: it is
+            # neither served nor lost, and no instance or queue ever sees it
+            self.refused += 1
+            self.stats[(tier.name, req.model)].refused += 1
+            return
         job = Job(req, scheduler_priority(tier, 0.0))
         if tier.deadline_s is not None:
             job.deadline = req.arrival + tier.deadline_s
@@ -604,6 +629,7 @@ class Simulation(InstanceHooks):
             minutes=self.minutes,
             sim_events=self.sim_events,
             preemptions=self.preemptions,
+            refused=self.refused,
         )
 
 

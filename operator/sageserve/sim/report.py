@@ -137,6 +137,33 @@ def plot_latency(path: Path, doc: Mapping[str, Any]) -> None:
     plt.close(fig)
 
 
+def refused_table(doc: Mapping[str, Any]) -> str:
+    """HTML: requests refused at arrival per policy, tier and model (prompt + output beyond
+    the model's context length, vLLM's HTTP 400); empty when nothing was refused."""
+    cells = []
+    for name, p in doc["policies"].items():
+        for tier, models in sorted(p["tiers"].items()):
+            for model, s in sorted(models.items()):
+                n = s.get("refused", 0)
+                if n:
+                    arrived = s["finished"] + s["unfinished"] + n
+                    cells.append((name, tier, model, n, n / arrived if arrived else 0.0))
+    if not cells:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td><td>{html.escape(c)}</td>"
+        f"<td>{n}</td><td>{share:.2%}</td></tr>"
+        for a, b, c, n, share in cells
+    )
+    return (
+        "<h2>Refused at arrival (prompt + output beyond the model's context)</h2>"
+        "<p>Neither served nor lost, and left out of SLO attainment (vLLM answers HTTP 400 "
+        "<code>context_length_exceeded</code>).</p>"
+        "<table><tr><th>policy</th><th>tier</th><th>model</th><th>refused</th>"
+        f"<th>share of the tier's requests</th></tr>{rows}</table>"
+    )
+
+
 def write_report(
     out: Path,
     doc: Mapping[str, Any],
@@ -157,6 +184,7 @@ def write_report(
         "donated GPU-h",
         "IW TTFT p95 s",
         "unfinished",
+        "refused",
     )
     rows = "".join(
         "<tr>"
@@ -171,11 +199,13 @@ def write_report(
                 r["donated_gpu_hours"],
                 f"{r['iw_ttft_p95_s']:.3f}" if r["iw_ttft_p95_s"] is not None else "-",
                 r["unfinished"],
+                r.get("refused", 0),
             )
         )
         + "</tr>"
         for r in table
     )
+    refused = refused_table(doc)
     sc = doc["scenario"]
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>sageserve simulate: {html.escape(str(sc.get("name")))}</title>
@@ -186,6 +216,7 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}<
 Summary: <a href="summary.json">summary.json</a>, per minute:
 <a href="minutes.csv">minutes.csv</a>.</p>
 <table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{rows}</table>
+{refused}
 <h2>Instances per model and region</h2><img src="instances.png">
 <h2>Effective memory utilisation</h2><img src="emu.png">
 <h2>GPU-hours by state</h2><img src="gpu_hours.png">

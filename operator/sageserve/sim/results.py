@@ -8,9 +8,9 @@ added, never renamed or removed, within v1):
       "scenario": {"name", "window": {"start_s", "end_s"}, "seed"},
       "policies": {
         "<policy>": {
-          "requests": {"arrived", "finished", "unfinished"},
+          "requests": {"arrived", "finished", "unfinished", "refused"},
           "tiers": {"<tier>": {"<model>": {
-              "finished", "unfinished", "slo_attainment", "deadline_misses",
+              "finished", "unfinished", "refused", "slo_attainment", "deadline_misses",
               "ttft_s": {"p50", "p95", "p99"}, "tbt_s": {...}, "e2e_s": {...}}}},
           "fleet": {
             "instance_hours": float,            # serving + provisioning + draining
@@ -23,7 +23,10 @@ added, never renamed or removed, within v1):
 `internal` GPU-hours exclude donated (spot) time, as the paper's instance-hours do;
 `provisioning` is the scaling waste (GPUs paid for while an instance comes up). SLO
 attainment: interactive tiers - TTFT within the tier's `ttftP95Seconds`; batch tiers - end to
-end within the deadline. Unfinished requests count against attainment.
+end within the deadline. Unfinished requests count against attainment. Refused requests
+(prompt + output beyond the model's context length, vLLM's HTTP 400 at arrival) are neither
+served nor lost: they are counted apart and left out of attainment, as a client error is
+left out of an availability SLO; arrived = finished + unfinished + refused.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
         tiers[tier][model] = {
             "finished": fin,
             "unfinished": unf,
+            "refused": st.refused if st else 0,
             "slo_attainment": round(met / (fin + unf), 5) if fin + unf else None,
             "deadline_misses": st.deadline_miss if st else 0,
             "ttft_s": _pct(st.ttft if st else np.empty(0)),
@@ -103,7 +107,12 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
     all_gpu = [(s, v) for (_, _, s), v in r.gpu_seconds.items()]
     all_inst = [(s, v) for (_, _, s), v in r.instance_seconds.items()]
     return {
-        "requests": {"arrived": r.arrived, "finished": r.finished, "unfinished": unfinished_total},
+        "requests": {
+            "arrived": r.arrived,
+            "finished": r.finished,
+            "unfinished": unfinished_total,
+            "refused": r.refused,
+        },
         "tiers": dict(tiers),
         "fleet": {
             "instance_hours": _inst_hours(all_inst),
@@ -226,6 +235,7 @@ def comparison_rows(
                 "iw_ttft_p95_s": interactive_ttft_p95(r, interactive_tiers),
                 "slo": dict(att),
                 "unfinished": p["requests"]["unfinished"],
+                "refused": p["requests"].get("refused", 0),
                 "scale_events": sum(p["scaling_events"].values()),
             }
         )

@@ -84,7 +84,16 @@ class Scenario:
                 )
                 for r in md.spec.regions
             )
-            setups.append(ModelSetup(md.metadata.name, variants, regions))
+            context = self.context_length(md)
+            for vname, perf in variants:
+                if context > perf.kv_capacity_tokens:
+                    raise ValueError(
+                        f"ModelDeployment {md.metadata.name}: a context of {context} tokens does "
+                        f"not fit variant {vname}'s KV cache ({perf.kv_capacity_tokens} tokens), "
+                        "so vLLM would refuse to start; set spec.model.contextLength to at most "
+                        f"{perf.kv_capacity_tokens}"
+                    )
+            setups.append(ModelSetup(md.metadata.name, variants, regions, context))
         sp = self.policy.spec if self.policy is not None else None
         cfg = SimConfig(
             models=tuple(setups),
@@ -116,6 +125,17 @@ class Scenario:
             cfg = replace(cfg, promotion_age_s=min(promo))
         return cfg
 
+    def context_length(self, md: ModelDeployment) -> int:
+        """The model's context length: `spec.model.contextLength`, else its perf profile's
+        (the config.json value vLLM would derive); 0 when neither names one."""
+        pname = md.metadata.annotations.get(PERF_PROFILE_ANNOTATION, md.metadata.name)
+        return md.spec.model.context_length or self.catalog.context_length(pname)
+
+    def contexts(self) -> dict[str, int]:
+        """Context length per model (those that have one)."""
+        out = {md.metadata.name: self.context_length(md) for md in self.models}
+        return {m: c for m, c in out.items() if c}
+
     def strategy(self, name: str | None = None) -> PacingStrategy:
         """The named strategy with the thresholds of the scenario's ScalingPolicy."""
         from sageserve.pace.from_policy import strategy_params
@@ -126,11 +146,11 @@ class Scenario:
         return make_strategy(chosen, params)
 
     def requests(self) -> Iterator[Request]:
-        return requests(self.workload, self.tiers)
+        return requests(self.workload, self.tiers, self.contexts())
 
     def history(self, minutes: int) -> tuple[PerKeySeries, PerKeySeries]:
         """The planner's history before the window: (interactive, batch) tokens/s per minute."""
-        return tokens_per_minute(self.workload, self.tiers, minutes)
+        return tokens_per_minute(self.workload, self.tiers, minutes, self.contexts())
 
     def planner(self) -> Planner:
         """The hourly plan cycle of the operator (forecast + ILP, `plan.cycle`) for the sim.
@@ -178,6 +198,19 @@ def _docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def _check_models(path: Path, workload: Workload, models: Sequence[ModelDeployment]) -> None:
+    """Every model a workload source names (shares and overflow) is a ModelDeployment:
+    otherwise its requests would find no endpoint and count as lost, silently."""
+    known = {md.metadata.name for md in models}
+    for src in workload.sources:
+        for m in [*src.models, *src.overflow]:
+            if m not in known:
+                raise ValueError(
+                    f"{path}: source {src.name} names model {m!r}, which no ModelDeployment "
+                    f"of the scenario serves (have {', '.join(sorted(known))})"
+                )
+
+
 def load_scenario(path: Path) -> Scenario:
     """Read a scenario directory (or its `scenario.yaml`)."""
     path = Path(path)
@@ -216,6 +249,8 @@ def load_scenario(path: Path) -> Scenario:
         raise ValueError(f"{root}: no ModelDeployment manifest found")
     if not tiers:
         raise ValueError(f"{root}: no WorkloadTier manifest found")
+    workload = load_workload(wl_file)
+    _check_models(wl_file, workload, models)
     nodes = nodes_from_manifests(node_docs)
     if not nodes:
         raise ValueError(f"{root}: no GPU Node in the inventory")
@@ -227,7 +262,7 @@ def load_scenario(path: Path) -> Scenario:
         tiers=tiers,
         policy=policy,
         nodes=nodes,
-        workload=load_workload(wl_file),
+        workload=workload,
         drain_s=parse_duration(meta.get("drain", "1h")),
         policies=[str(p) for p in meta.get("policies", ["reactive", "siloed"])],
     )

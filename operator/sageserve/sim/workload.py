@@ -14,6 +14,7 @@ sources:
   rateScale: 0.002             # multiplies every client's rate
   assign: client               # client: one model/region/tier per client; request: per request
   models:  {llama-2-70b: 0.6, bloom-176b: 0.4}    # shares
+  overflow: [llama-3-1-8b]     # optional: where a request too long for its model goes
   regions: {us-east: 0.5, us-central: 0.3, us-west: 0.2}
   tiers:   {iw-f: 0.45, iw-n: 0.27, niw: 0.28}
 ```
@@ -23,6 +24,14 @@ goes to the category with the largest remaining deficit of request volume, so th
 hold in volume while each client (a tenant) keeps one model, home region and tier. Each
 dimension uses its own order, so they are independent. Paths are relative to the workload
 file.
+
+`overflow` (optional) lists models, in order, that take a request whose prompt + output
+exceeds the context length of the model it was mapped to: the first whose context holds it
+(a client that knows its model's window sends a longer request to a long-context model, as
+LiteLLM's `context_window_fallbacks` does). A request no model of the list holds stays with
+its model, which refuses it at arrival (vLLM's HTTP 400). Traces from a long-context service
+replayed on short-context models need it: without it, Bloom-176B (2,048 tokens) would refuse
+a third of ServeGen m-large's IW-F requests on `scenarios/peak-day` (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -68,6 +77,8 @@ class Source:
     regions: dict[str, float]
     tiers: dict[str, float]
     repeat: bool = False
+    #: models, in order, for a request longer than its model's context (see the module doc)
+    overflow: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,6 +104,36 @@ def _shares(raw: Any, what: str, src: str) -> dict[str, float]:
         raise ValueError(f"source {src}: {what} shares must be ≥ 0 with a positive sum")
     tot = sum(out.values())
     return {k: v / tot for k, v in out.items()}
+
+
+def _names(raw: Any, what: str, src: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (raw,)
+    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+        raise ValueError(f"source {src}: {what} must be a model name or a list of model names")
+    return tuple(raw)
+
+
+def fits(model: str, tokens: int, contexts: Mapping[str, int]) -> bool:
+    """Whether `model` takes a request of `tokens` (prompt + output): within its context
+    length, or it has none on record."""
+    ctx = contexts.get(model)
+    return ctx is None or tokens <= ctx
+
+
+def overflow_model(
+    model: str, tokens: int, overflow: tuple[str, ...], contexts: Mapping[str, int]
+) -> str:
+    """The model a request of `tokens` is sent to: `model` if it fits, else the first of
+    `overflow` that holds it, else `model` (which refuses it at arrival)."""
+    if fits(model, tokens, contexts):
+        return model
+    for alt in overflow:
+        if fits(alt, tokens, contexts):
+            return alt
+    return model
 
 
 def load_workload(path: Path) -> Workload:
@@ -133,6 +174,7 @@ def load_workload(path: Path) -> Workload:
                 regions=_shares(s["regions"], "regions", name),
                 tiers=_shares(s["tiers"], "tiers", name),
                 repeat=bool(s.get("repeat", False)),
+                overflow=_names(s.get("overflow"), "overflow", name),
             )
         )
     if not wl.sources:
@@ -158,8 +200,25 @@ def assign_by_volume(
 
 
 def _labelled(
+    src: Source,
+    idx: int,
+    wl: Workload,
+    tiers: Mapping[str, Tier],
+    contexts: Mapping[str, int] | None = None,
+) -> Iterator[tuple[float, int, int, str, str, Tier, int, int]]:
+    rows = labelled_rows(src, idx, wl, tiers)
+    if not src.overflow or not contexts:
+        yield from rows
+        return
+    for t, i, k, model, region, tier, p, o in rows:
+        yield (t, i, k, overflow_model(model, p + o, src.overflow, contexts), region, tier, p, o)
+
+
+def labelled_rows(
     src: Source, idx: int, wl: Workload, tiers: Mapping[str, Tier]
 ) -> Iterator[tuple[float, int, int, str, str, Tier, int, int]]:
+    """Source `idx`'s rows in time order as (time, source, row, model, home region, tier,
+    prompt, output), labelled by the source's shares (before any overflow)."""
     seed = wl.seed * 1009 + idx
     for t in src.tiers:
         if t not in tiers:
@@ -203,23 +262,30 @@ def _labelled(
             )
 
 
-def requests(wl: Workload, tiers: Mapping[str, Tier]) -> Iterator[Request]:
-    """All sources merged in time order, as `Request`s numbered from 0."""
-    streams = [_labelled(s, i, wl, tiers) for i, s in enumerate(wl.sources)]
+def requests(
+    wl: Workload, tiers: Mapping[str, Tier], contexts: Mapping[str, int] | None = None
+) -> Iterator[Request]:
+    """All sources merged in time order, as `Request`s numbered from 0. With `contexts`
+    (context length per model), a source's `overflow` models take what its models cannot."""
+    streams = [_labelled(s, i, wl, tiers, contexts) for i, s in enumerate(wl.sources)]
     merged = heapq.merge(*streams) if len(streams) > 1 else streams[0]
     for n, (t, _, _, model, region, tier, p, o) in enumerate(merged):
         yield Request(n, t, model, tier, region, p, o)
 
 
 def window_tokens_per_minute(
-    wl: Workload, tiers: Mapping[str, Tier]
+    wl: Workload, tiers: Mapping[str, Tier], contexts: Mapping[str, int] | None = None
 ) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
     """Interactive and batch tokens/s (input + output) per minute of each (model, home region)
-    over the workload's window, straight from the sources (nothing routed or served)."""
+    over the workload's window, straight from the sources (nothing routed or served). With
+    `contexts`, requests go to their overflow model and those a model refuses count nowhere
+    (a refused request produces no tokens, in Prometheus as in the simulator)."""
     minutes = max(1, math.ceil(wl.duration_s / 60.0))
     iw: dict[tuple[str, str], list[float]] = {}
     niw: dict[tuple[str, str], list[float]] = {}
-    for req in requests(wl, tiers):
+    for req in requests(wl, tiers, contexts):
+        if contexts and not fits(req.model, req.prompt_tokens + req.output_tokens, contexts):
+            continue
         series = iw if req.tier.interactive else niw
         key = (req.model, req.region)
         if key not in series:
@@ -230,7 +296,10 @@ def window_tokens_per_minute(
 
 
 def tokens_per_minute(
-    wl: Workload, tiers: Mapping[str, Tier], minutes: int
+    wl: Workload,
+    tiers: Mapping[str, Tier],
+    minutes: int,
+    contexts: Mapping[str, int] | None = None,
 ) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
     """`window_tokens_per_minute` over the `minutes` before the window. The region is the
     home region (before the window nothing was routed), the engine's own history is by
@@ -244,4 +313,4 @@ def tokens_per_minute(
     if minutes <= 0:
         return {}, {}
     before = replace(wl, start_s=wl.start_s - 60.0 * minutes, duration_s=60.0 * minutes)
-    return window_tokens_per_minute(before, tiers)
+    return window_tokens_per_minute(before, tiers, contexts)
