@@ -68,6 +68,8 @@ class ForecastSpec:
     """A fit window with more gaps than this falls back to a baseline."""
     gaps: GapRule = field(default_factory=GapRule)
     """Partial collection gaps: detected, treated as missing, floored (``forecast.gaps``)."""
+    arima_order: tuple[int, int, int] | None = None
+    """``arima-classic``'s (p, d, q); None: chosen by AIC (SageServe §6.3)."""
 
     def steps(self) -> tuple[int, int]:
         """1-based first and last forecast step covering [now + lead, now + horizon]."""

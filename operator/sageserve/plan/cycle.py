@@ -88,6 +88,7 @@ def forecast_spec(policy: ScalingPolicySpec) -> ForecastSpec:
         horizon_seconds=float(f.horizon_seconds),
         quantile=f.quantile,
         min_history_seconds=float(f.training_window_seconds),
+        arima_order=(f.order.p, f.order.d, f.order.q) if f.order else None,
     )
 
 
