@@ -11,8 +11,8 @@ ServiceMonitor sets).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -119,32 +119,14 @@ class RouterMetrics:
     def served(self, m: ModelRoute, region: str, tier: str, tokens: float) -> None:
         self.tokens.labels(m.namespace, m.name, region, tier).inc(max(tokens, 0.0))
 
-    @contextmanager
-    def flying(self, m: ModelRoute, region: str, tier: str) -> Iterator[None]:
-        gauge = self.in_flight.labels(m.namespace, m.name, region, tier)
-        gauge.inc()
-        try:
-            yield
-        finally:
-            gauge.dec()
+    def flying(self, m: ModelRoute, region: str, tier: str) -> AbstractContextManager[None]:
+        return self.in_flight.labels(m.namespace, m.name, region, tier).track_inprogress()
 
-    @contextmanager
-    def deferring(self, m: ModelRoute, region: str, tier: str) -> Iterator[None]:
-        gauge = self.deferred.labels(m.namespace, m.name, region, tier)
-        gauge.inc()
-        try:
-            yield
-        finally:
-            gauge.dec()
+    def deferring(self, m: ModelRoute, region: str, tier: str) -> AbstractContextManager[None]:
+        return self.deferred.labels(m.namespace, m.name, region, tier).track_inprogress()
 
-    @contextmanager
-    def holding(self, m: ModelRoute, region: str) -> Iterator[None]:
-        gauge = self.held.labels(m.namespace, m.name, region)
-        gauge.inc()
-        try:
-            yield
-        finally:
-            gauge.dec()
+    def holding(self, m: ModelRoute, region: str) -> AbstractContextManager[None]:
+        return self.held.labels(m.namespace, m.name, region).track_inprogress()
 
     def queue_depth(
         self, depth: Iterable[QueueDepth], models: Mapping[str, ModelRoute], now: float
