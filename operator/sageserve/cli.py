@@ -193,6 +193,75 @@ def simulate(
 
 
 @app.command()
+def compare(
+    scenario: Annotated[
+        Path | None,
+        typer.Option("--scenario", "-s", help="Scenario directory (default: scenarios/default)."),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", help="Comma-separated strategies to compare.")
+    ] = "reactive,lt-i,lt-u,lt-ua",
+    target: Annotated[
+        float, typer.Option(help="IW-F SLO attainment at which GPU-hours are compared.")
+    ] = 0.95,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for summary.json and the report.")
+    ] = Path("out/compare"),
+    workers: Annotated[
+        int | None, typer.Option(help="Local processes (default: every core).")
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(help="Run on this Dask scheduler instead (pip install 'sageserve[cluster]')."),
+    ] = None,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--grid",
+            metavar="POLICY:PATH=V1,V2",
+            help="Replace a policy's sweep, e.g. reactive:thresholds.scaleOutEmu=0.5,0.6,0.7 "
+            "(repeatable; several for one policy make a product).",
+        ),
+    ] = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option("--set", metavar="PATH=VALUE", help="Change a policy field for every run."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the workload's seed.")] = None,
+    tier: Annotated[
+        str | None, typer.Option(help="Tier compared (default: the tightest interactive).")
+    ] = None,
+    bounds: Annotated[bool, typer.Option(help="Compute the floor and oracle bounds.")] = True,
+    report: Annotated[bool, typer.Option(help="Write frontier.png and report.html.")] = True,
+) -> None:
+    """Sweep each policy's knobs and compare GPU-hours at equal SLO on its frontier."""
+    from sageserve.commands.compare import compare as run
+
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    try:
+        doc = run(
+            scenario,
+            names,
+            target,
+            out,
+            console,
+            workers=workers,
+            address=address,
+            grids=grid or [],
+            settings=settings or [],
+            seed=seed,
+            tier=tier,
+            bounds=bounds,
+            report=report,
+        )
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    if doc["runs"]["failed"]:
+        raise typer.Exit(1)
+
+
+@app.command()
 def calibrate(
     scenario: Annotated[
         Path | None,

@@ -1,0 +1,335 @@
+"""What a comparison leaves behind: `summary.json` (every point, each front, the reading at
+the target), `frontier.png` and `report.html`.
+
+Schema `sageserve.compare/v1` (fields are only added within v1):
+
+    {"schema": "sageserve.compare/v1",
+     "scenario": {"name", "path", "window": {"start_s", "end_s"}, "seed"},
+     "tier": "iw-f", "target": 0.95, "settings": [common --set], "baseline": "<policy>",
+     "bounds": {"floor_gpu_hours", "oracle_gpu_hours"} | null,
+     "runs": {"backend", "count", "failed", "wall_s"},
+     "policies": {"<policy>": {
+        "strategy", "knobs": [PATH, ...],
+        "points": [{"label", "knobs": {PATH: value}, "settings": [PATH=VALUE, ...],
+                    "attainment", "gpu_hours", "provisioning_gpu_hours", "instance_hours",
+                    "slo": {"<tier>": attainment}, "iw_ttft_p95_s", "unfinished", "refused",
+                    "scale_events", "wall_s", "on_frontier", "error",
+                    "summary": {the policy's sageserve.sim.summary/v1 entry}}],
+        "frontier": [{"label", "gpu_hours", "attainment"}],   # cheapest first
+        "at_target": {"status", "gpu_hours", "note",
+                      "vs_baseline": {"ratio", "relation": "=" | "≤" | "≥"} | null,
+                      "below", "above", "best"}}}}
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sageserve.compare.frontier import AtTarget, Point, at_target, pareto_front, saving
+from sageserve.compare.grid import canonical
+from sageserve.compare.runner import Outcome
+
+SCHEMA = "sageserve.compare/v1"
+
+
+@dataclass
+class PolicyResult:
+    """One policy's points, front and reading at the target."""
+
+    name: str
+    outcomes: list[Outcome]
+    tier: str
+    target: float
+    points: list[Point] = field(init=False)
+    front: list[Point] = field(init=False)
+    at: AtTarget = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.points = [
+            Point(o.task.job.label, o.result["gpu_hours"], o.result["slo"].get(self.tier, math.nan))
+            for o in self.outcomes
+            if o.result is not None
+        ]
+        self.front = pareto_front(self.points)
+        self.at = at_target(self.front, self.target)
+
+
+def group(outcomes: Sequence[Outcome], tier: str, target: float) -> dict[str, PolicyResult]:
+    """Outcomes per policy, in the order the policies were given."""
+    names: list[str] = []
+    for o in outcomes:
+        if o.task.job.policy not in names:
+            names.append(o.task.job.policy)
+    return {
+        n: PolicyResult(n, [o for o in outcomes if o.task.job.policy == n], tier, target)
+        for n in names
+    }
+
+
+def _pt(p: Point | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {"label": p.label, "gpu_hours": p.gpu_hours, "attainment": p.attainment}
+
+
+def policy_doc(res: PolicyResult, baseline: PolicyResult | None) -> dict[str, Any]:
+    on_front = {p.label for p in res.front}
+    points = []
+    for o in res.outcomes:
+        job = o.task.job
+        entry: dict[str, Any] = {
+            "label": job.label,
+            "knobs": {p: v for p, v in job.knobs},
+            "settings": list(job.settings),
+            "attainment": None,
+            "on_frontier": False,
+            "error": o.error,
+        }
+        if o.result is not None:
+            att = o.result["slo"].get(res.tier)
+            entry["attainment"] = att
+            entry["on_frontier"] = job.label in on_front
+            entry.update(o.result)
+        points.append(entry)
+    vs = saving(res.at, baseline.at) if baseline is not None and baseline is not res else None
+    vs_doc = {"ratio": vs.ratio, "relation": vs.relation} if vs is not None else None
+    return {
+        "strategy": canonical(res.name),
+        "knobs": [p for p, _ in res.outcomes[0].task.job.knobs] if res.outcomes else [],
+        "points": points,
+        "frontier": [_pt(p) for p in res.front],
+        "at_target": {
+            "status": str(res.at.status),
+            "gpu_hours": res.at.gpu_hours,
+            "note": res.at.describe(),
+            "vs_baseline": vs_doc,
+            "below": _pt(res.at.below),
+            "above": _pt(res.at.above),
+            "best": _pt(res.at.best),
+        },
+    }
+
+
+def summary_doc(
+    results: Mapping[str, PolicyResult],
+    scenario: Mapping[str, Any],
+    tier: str,
+    target: float,
+    settings: Sequence[str],
+    bounds: Mapping[str, float] | None,
+    runs: Mapping[str, Any],
+) -> dict[str, Any]:
+    baseline = next(iter(results.values()), None)
+    return {
+        "schema": SCHEMA,
+        "scenario": dict(scenario),
+        "tier": tier,
+        "target": target,
+        "settings": list(settings),
+        "baseline": baseline.name if baseline else None,
+        "bounds": dict(bounds) if bounds else None,
+        "runs": dict(runs),
+        "policies": {n: policy_doc(r, baseline) for n, r in results.items()},
+    }
+
+
+def write_summary(path: Path, doc: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
+    """GPU-hours against attainment: every point (hollow), each front (line), the target
+    (dashed) and each policy's reading there (star); the oracle and floor when known."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    target = float(doc["target"])
+    for i, (name, p) in enumerate(doc["policies"].items()):
+        color = f"C{i}"
+        pts = [q for q in p["points"] if q["attainment"] is not None]
+        ax.scatter(
+            [100 * q["attainment"] for q in pts],
+            [q["gpu_hours"] for q in pts],
+            facecolors="none",
+            edgecolors=color,
+            s=30,
+        )
+        for q in pts:
+            ax.annotate(
+                q["label"],
+                (100 * q["attainment"], q["gpu_hours"]),
+                fontsize=6,
+                color=color,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+        front = p["frontier"]
+        ax.plot(
+            [100 * q["attainment"] for q in front],
+            [q["gpu_hours"] for q in front],
+            marker="o",
+            color=color,
+            label=f"{name} frontier",
+        )
+        at = p["at_target"]
+        if at["gpu_hours"] is not None:
+            ax.scatter([100 * target], [at["gpu_hours"]], marker="*", s=160, color=color, zorder=5)
+    ax.axvline(100 * target, color="grey", linestyle="--", linewidth=1, label="target")
+    bounds = doc.get("bounds")
+    if bounds:
+        ax.axhline(
+            bounds["oracle_gpu_hours"],
+            color="k",
+            linestyle=":",
+            linewidth=1,
+            label="oracle (perfect foresight)",
+        )
+    ax.set_xlabel(f"{doc['tier']} SLO attainment (%)")
+    ax.set_ylabel("GPU-hours")
+    ax.set_title(
+        f"{doc['scenario'].get('name')}: GPU-hours against {doc['tier']} attainment "
+        "(hollow: every run; line: the frontier; star: at the target)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fmt_gpu(at: Mapping[str, Any]) -> str:
+    if at["gpu_hours"] is None:
+        return "—"
+    prefix = "≤ " if at["status"] == "at-most" else ""
+    return f"{prefix}{at['gpu_hours']:,.1f}"
+
+
+def _fmt_vs(at: Mapping[str, Any]) -> str:
+    vs = at.get("vs_baseline")
+    if vs is None:
+        return "—"
+    value = f"{vs['ratio']:+.1%}"
+    return value if vs["relation"] == "=" else f"{vs['relation']} {value}"
+
+
+def target_rows(doc: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Rows (policy, points, frontier span, GPU-h at target, how, vs baseline) shared by the
+    terminal table and the report."""
+    rows: list[tuple[str, ...]] = []
+    for name, p in doc["policies"].items():
+        front = p["frontier"]
+        span = f"{front[0]['attainment']:.2%} – {front[-1]['attainment']:.2%}" if front else "—"
+        ok = sum(1 for q in p["points"] if q["error"] is None)
+        at = p["at_target"]
+        rows.append(
+            (
+                name,
+                f"{ok}/{len(p['points'])}",
+                f"{len(front)}",
+                span,
+                _fmt_gpu(at),
+                at["status"],
+                "—" if name == doc.get("baseline") else _fmt_vs(at),
+                at["note"],
+            )
+        )
+    return rows
+
+
+TARGET_HEAD = (
+    "policy",
+    "runs",
+    "on front",
+    "front attainment",
+    "GPU-h at target",
+    "how",
+    "vs baseline",
+    "note",
+)
+POINT_HEAD = (
+    "policy",
+    "point",
+    "GPU-h",
+    "prov GPU-h",
+    "attainment",
+    "IW TTFT p95 s",
+    "scalings",
+    "front",
+)
+
+
+def point_rows(doc: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for name, p in doc["policies"].items():
+        for q in sorted(p["points"], key=lambda q: q.get("gpu_hours") or 0.0):
+            if q["error"] is not None:
+                rows.append((name, q["label"], "error", "", "", "", "", q["error"][:60]))
+                continue
+            att = q["attainment"]
+            p95 = q["iw_ttft_p95_s"]
+            rows.append(
+                (
+                    name,
+                    q["label"],
+                    f"{q['gpu_hours']:,.1f}",
+                    f"{q['provisioning_gpu_hours']:,.1f}",
+                    f"{att:.2%}" if att is not None else "—",
+                    f"{p95:.3f}" if p95 is not None else "—",
+                    str(q["scale_events"]),
+                    "●" if q["on_frontier"] else "",
+                )
+            )
+    return rows
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def write_report(out: Path, doc: Mapping[str, Any]) -> Path:
+    """`frontier.png` and `report.html` in `out`; returns the HTML path."""
+    plot_frontiers(out / "frontier.png", doc)
+    sc = doc["scenario"]
+    bounds = doc.get("bounds")
+    bounds_p = (
+        f"<p>Bounds: floor {bounds['floor_gpu_hours']:,.1f} GPU-h (every endpoint at "
+        f"minInstances), oracle {bounds['oracle_gpu_hours']:,.1f} GPU-h (perfect foresight "
+        "at θ, no start-up).</p>"
+        if bounds
+        else ""
+    )
+    settings = " ".join(doc["settings"]) or "none"
+    page = f"""<!doctype html><html><head><meta charset="utf-8">
+<title>sageserve compare: {html.escape(str(sc.get("name")))}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:auto}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style>
+</head><body><h1>Equal-SLO comparison on {html.escape(str(sc.get("name")))}</h1>
+<p>Each policy's knobs swept; GPU-hours against {html.escape(doc["tier"])} SLO attainment;
+each policy's GPU-hours at {doc["target"]:.2%} read off its frontier (linear between the two
+frontier points that bracket it; "≤" when every point is above the target). Window
+{sc["window"]["start_s"]:.0f}–{sc["window"]["end_s"]:.0f} s, seed {sc.get("seed")}, common
+settings: {html.escape(settings)}. {html.escape(str(doc["runs"].get("count")))} runs on
+{html.escape(str(doc["runs"].get("backend")))} in {doc["runs"].get("wall_s", 0):.0f} s.
+All figures: <a href="summary.json">summary.json</a>.</p>
+{bounds_p}
+<h2>At the target</h2>{_html_table(TARGET_HEAD, target_rows(doc))}
+<h2>Frontiers</h2><img src="frontier.png">
+<h2>Every point</h2>{_html_table(POINT_HEAD, point_rows(doc))}
+</body></html>"""
+    path = out / "report.html"
+    path.write_text(page)
+    return path
