@@ -21,8 +21,10 @@ class RecordingKube:
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         self.writes.append(("annotate", name, annotations))
 
-    def scale(self, namespace: str, name: str, replicas: int) -> None:
-        self.writes.append(("scale", name, replicas))
+    def set_replicas(
+        self, namespace: str, observed: dict[str, Any], replicas: int, drop_scaling: bool = False
+    ) -> None:
+        self.writes.append(("scale", observed["metadata"]["name"], replicas))
 
 
 def policy(dry_run: bool = False) -> dict[str, Any]:
@@ -34,9 +36,14 @@ def policy(dry_run: bool = False) -> dict[str, Any]:
     }
 
 
+def pod_set(name: str, replicas: int) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"replicas": replicas}}
+
+
 def test_scale_in_marks_the_chosen_pod_before_lowering_replicas() -> None:
     kube = RecordingKube()
     step = PacePass(kube, policy(), PaceState(), logging.getLogger("t"))  # type: ignore[arg-type]
+    step.observed = {"llama-us-east-h100": pod_set("llama-us-east-h100", 3)}
     decision = Decision(
         EndpointKey("llama", "us-east"), ActionKind.SCALE_IN, 1, {"h100": 2}, "emu", ("h100-1",)
     )

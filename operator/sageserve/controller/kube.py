@@ -15,12 +15,21 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from sageserve.api.common import GROUP, VERSION
-from sageserve.core.labels import LABEL_DEPLOYMENT
+from sageserve.core.labels import ANNOTATION_REPLICAS, ANNOTATION_SCALING, LABEL_DEPLOYMENT
 
 FIELD_MANAGER = "sageserve"
 
 #: The pace loop owns replica counts; reconciling owns the rest of each pod set.
 PACE_MANAGER = "sageserve-pace"
+
+
+class ReplicasMoved(Exception):
+    """A pod set's replicas changed between the pass's read and its write: not written."""
+
+
+def _pointer(key: str) -> str:
+    """`key` as one JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _plain(response: Any) -> dict[str, Any]:
@@ -96,11 +105,66 @@ class Kube:
             GROUP, VERSION, namespace, plural, name, {"status": status}
         )
 
-    def scale(self, namespace: str, name: str, replicas: int) -> None:
-        """Set the replicas of a pod set through its scale subresource."""
-        self.apps.patch_namespaced_deployment_scale(
-            name, namespace, {"spec": {"replicas": replicas}}, field_manager=PACE_MANAGER
-        )
+    def set_replicas(
+        self,
+        namespace: str,
+        observed: dict[str, Any],
+        replicas: int,
+        drop_scaling: bool = False,
+    ) -> None:
+        """Set a pod set's replicas and stamp them (`sageserve.io/replicas`), only if they
+        are still what the pass read: a JSON patch whose `test` makes the API server refuse
+        it when someone else wrote replicas since (then `ReplicasMoved`), so sageserve
+        never overwrites another writer's count it has not seen. `drop_scaling` removes
+        the `sageserve.io/scaling: resume` annotation in the same write."""
+        meta = observed.get("metadata") or {}
+        before = int((observed.get("spec") or {}).get("replicas") or 0)
+        stamp = str(replicas)
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/spec/replicas", "value": before},
+            {"op": "replace", "path": "/spec/replicas", "value": replicas},
+        ]
+        if meta.get("annotations"):
+            path = "/metadata/annotations/" + _pointer(ANNOTATION_REPLICAS)
+            ops.append({"op": "add", "path": path, "value": stamp})
+        else:
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations",
+                    "value": {ANNOTATION_REPLICAS: stamp},
+                }
+            )
+        if drop_scaling:
+            path = "/metadata/annotations/" + _pointer(ANNOTATION_SCALING)
+            ops.append({"op": "remove", "path": path})
+        try:
+            self.apps.patch_namespaced_deployment(
+                meta["name"], namespace, ops, field_manager=PACE_MANAGER
+            )
+        except ApiException as exc:
+            if exc.status in (409, 422):  # a failed `test` is 422 Unprocessable
+                raise ReplicasMoved(f"{meta['name']}: {exc.reason}") from exc
+            raise
+
+    def autoscalers(self, namespace: str) -> dict[str, list[str]]:
+        """`{Deployment name: [HorizontalPodAutoscaler/name]}` of a namespace (KEDA's
+        ScaledObjects act through an HPA it names keda-hpa-<name>); empty if not allowed."""
+        try:
+            listed = _plain(
+                client.AutoscalingV2Api(self.api).list_namespaced_horizontal_pod_autoscaler(
+                    namespace, _preload_content=False
+                )
+            )
+        except ApiException:
+            return {}
+        out: dict[str, list[str]] = {}
+        for hpa in listed.get("items") or []:
+            ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            if ref.get("kind") == "Deployment":
+                name = f"HorizontalPodAutoscaler/{hpa['metadata']['name']}"
+                out.setdefault(str(ref.get("name")), []).append(name)
+        return out
 
     def pods(self) -> list[dict[str, Any]]:
         """Every pod of the cluster (spot workloads live in other namespaces), as dicts."""

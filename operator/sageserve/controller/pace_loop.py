@@ -7,7 +7,9 @@ utilisation and token rates from Prometheus, asks the policy's strategy (the sam
 the simulator drives) for actions, and sets replicas. Failure behaviour (DESIGN.md):
 Prometheus unreachable or a region's series missing → hold every affected size,
 `Degraded=True` with the reason, one Event per transition. `dryRun` decides and reports
-(Events) without changing replicas.
+(Events) without changing replicas. Around the pod sets (`controller.guard`): a pod set
+someone else sizes is held (`Conflict`), no scale-in goes where an earlier one is stuck
+(`TerminationStuck`), instances nothing can place are reported (`CapacityShortfall`).
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
-from sageserve.controller.kube import Kube, kube
+from sageserve.controller.guard import FaultReport, Guard
+from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.leader import LeaderElection, identity
 from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
-from sageserve.core.labels import ANNOTATION_DELETION_COST, DRAIN_DELETION_COST, NodeLabels
+from sageserve.core.labels import (
+    ANNOTATION_DELETION_COST,
+    DRAIN_DELETION_COST,
+    LABEL_DEPLOYMENT,
+    NodeLabels,
+)
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
@@ -46,6 +54,8 @@ LEASE_RENEW_SECONDS = 5.0
 WRITERS = int(os.environ.get("SAGESERVE_WRITERS", "8"))
 T = TypeVar("T")
 R = TypeVar("R")
+#: Condition types that are bad when True (the others, Ready and PlanReady, when False).
+ABNORMAL_WHEN_TRUE = frozenset({"Degraded", "Conflict", "TerminationStuck", "CapacityShortfall"})
 
 
 def concurrently(fn: Callable[[T], R], items: list[T]) -> list[R]:
@@ -67,6 +77,8 @@ class PaceState:
     plan: Plan | None = None
     next_plan: float = 0.0
     donated_nodes: int | None = None
+    #: faults already posted as Events (`controller.guard.FaultReport`)
+    faults_seen: set[str] = field(default_factory=set)
 
 
 def _essence(obj: Any) -> dict[str, Any]:
@@ -92,9 +104,12 @@ class PacePass:
         # SAGESERVE_DRY_RUN (the chart's dryRun value) overrides every policy to dry run.
         forced = os.environ.get("SAGESERVE_DRY_RUN", "false").lower() == "true"
         self.dry_run = forced or self.policy.spec.dry_run
+        #: the pod sets as this pass listed them, by name (writes test against them)
+        self.observed: dict[str, dict[str, Any]] = {}
 
     def condition(self, type_: str, status: bool, reason: str, message: str) -> None:
-        """Set a condition on the policy; post an Event when it changes."""
+        """Set a condition on the policy (written when its status, reason or message
+        changes); post an Event when its status or reason does."""
         before = {c["type"]: c for c in self.state.conditions}
         self.state.conditions = set_condition(
             self.state.conditions,
@@ -106,9 +121,14 @@ class PacePass:
             self.body["metadata"].get("generation"),
         )
         old = before.get(type_)
-        if old is None or (old["status"], old["reason"]) != ("True" if status else "False", reason):
-            bad = (type_ == "Degraded") == status
+        moved = old is None or (old["status"], old["reason"]) != (
+            "True" if status else "False",
+            reason,
+        )
+        if moved:
+            bad = (type_ in ABNORMAL_WHEN_TRUE) == status
             self.kube.event(self.body, "Warning" if bad else "Normal", reason, message)
+        if moved or old.get("message") != message:  # type: ignore[union-attr]
             self.kube.patch_status(
                 self.namespace,
                 "scalingpolicies",
@@ -144,6 +164,16 @@ class PacePass:
             return
         pod_sets = self.kube.deployments_by_owner(self.namespace)
         pods = self.kube.pods_of(self.namespace)
+        mine = {md.metadata.name for _, md in fleet}  # another policy's pod sets are its own
+        guard = Guard.observe(
+            self.namespace,
+            {name: sets for name, sets in pod_sets.items() if name in mine},
+            [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) in mine],
+            self.now,
+        )
+        self.observed = {name: d for sets in pod_sets.values() for name, d in sets.items()}
+        if not self.dry_run:
+            guard.settle(self.kube, self.observed, self.logger)
         endpoints: dict[EndpointKey, EndpointSnapshot] = {}
         owner: dict[EndpointKey, tuple[dict[str, Any], ModelDeployment]] = {}
         for raw, md in fleet:
@@ -157,6 +187,8 @@ class PacePass:
                 held_requests,
             )
             self.export_sizes(md, snaps)
+            # an endpoint with a pod set someone else sizes is not paced at all
+            snaps = {k: v for k, v in snaps.items() if not guard.held(md, k.region)}
             endpoints.update(snaps)
             owner.update(dict.fromkeys(snaps, (raw, md)))
         outcome = decide(
@@ -167,7 +199,7 @@ class PacePass:
             strategy_for(self.policy.spec),
         )
         self.state.step = outcome.state
-        work = [(*owner[d.key], d) for d in outcome.decisions]
+        work = [(*owner[d.key], d) for d in outcome.decisions if guard.may_send(d)]
         # Decided in key order; written concurrently (each decision touches its own pod sets).
         done = concurrently(lambda w: self.act(*w), work)
         # One Event per ModelDeployment and reason per pass, listing every action and its
@@ -177,6 +209,7 @@ class PacePass:
             grouped.setdefault((md.metadata.name, reason), (raw, []))[1].append(message)
         events = [(raw, reason, "; ".join(msgs)) for (_, reason), (raw, msgs) in grouped.items()]
         concurrently(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events)
+        self.report_faults(guard, fleet)
         if outcome.held:
             self.condition(
                 "Degraded",
@@ -187,6 +220,20 @@ class PacePass:
             )
         else:
             self.condition("Degraded", False, "MetricsAvailable", "every pod set reports its load")
+
+    def report_faults(
+        self, guard: Guard, fleet: list[tuple[dict[str, Any], ModelDeployment]]
+    ) -> None:
+        """Conditions and Events for what the guard found (once per transition)."""
+        report = FaultReport(
+            self.condition,
+            self.kube.event,
+            self.state.faults_seen,
+            lambda: self.kube.autoscalers(self.namespace),
+        )
+        owners = {md.metadata.name: raw for raw, md in fleet}
+        report.post(guard, owners, {c["type"] for c in self.state.conditions})
+        self.state.faults_seen = report.seen
 
     def export_sizes(self, md: ModelDeployment, snaps: dict[EndpointKey, EndpointSnapshot]) -> None:
         """Instances per pod set and GPUs per state, as operator metrics."""
@@ -255,7 +302,13 @@ class PacePass:
                     self.namespace, pod, {ANNOTATION_DELETION_COST: str(DRAIN_DELETION_COST)}
                 )
             for name, replicas in changes.items():
-                self.kube.scale(self.namespace, name, replicas)
+                if name not in self.observed:
+                    self.logger.info("pod set %s not created yet; not scaled", name)
+                    continue
+                try:
+                    self.kube.set_replicas(self.namespace, self.observed[name], replicas)
+                except ReplicasMoved as exc:  # another writer since the read: not overwritten
+                    return "ScaleSkipped", f"{exc}; the next pass decides on what it wrote"
         direction = "out" if decision.kind is ActionKind.SCALE_OUT else "in"
         if not dry:
             OPERATOR_METRICS.scaling_events.labels(

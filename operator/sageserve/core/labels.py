@@ -33,6 +33,17 @@ ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: Deletion cost of an instance chosen for draining (every other pod has the default, 0).
 DRAIN_DELETION_COST = -1000
 
+#: Pod-set annotation a person sets to say who sizes it (docs/reliability.md): `external`
+#: hands it over (sageserve never writes its replicas; removing it hands it back at its
+#: size then), `resume` takes it back at its current size after a conflict (sageserve
+#: removes the annotation once it has).
+ANNOTATION_SCALING = "sageserve.io/scaling"
+SCALING_EXTERNAL = "external"
+SCALING_RESUME = "resume"
+#: Pod-set annotation sageserve writes with every replica count it sets or accepts: a
+#: `spec.replicas` that differs was written by someone else since.
+ANNOTATION_REPLICAS = "sageserve.io/replicas"
+
 SERVING_POOL = "serving"
 SPOT_POOL = "spot"
 
