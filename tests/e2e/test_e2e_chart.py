@@ -71,7 +71,7 @@ ALLOWED = [
     ("patch", "scalingpolicies.sageserve.io", "status"),
     ("create", "deployments.apps", None),
     ("patch", "deployments.apps", None),
-    ("patch", "deployments.apps", "scale"),
+    ("list", "horizontalpodautoscalers.autoscaling", None),
     ("delete", "deployments.apps", None),
     ("list", "nodes", None),
     ("patch", "nodes", None),
@@ -87,6 +87,7 @@ DENIED = [
     ("create", "nodes", None),
     ("delete", "pods", None),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
+    ("patch", "deployments.apps", "scale"),
     ("*", "*", None),
 ]
 
