@@ -55,7 +55,10 @@ class EndpointSnapshot:
     serving instance, reporting or not. `reporting < serving` is partial data: the missing
     instances may be full, so it must never read as a load drop (DESIGN: failure
     behaviour). `waiting` counts requests queued at the endpoint or held for it while
-    nothing serves (the demand that brings a model back from zero).
+    nothing serves (the demand that brings a model back from zero, and the backlog that
+    counts as pressure: `pace.pressure`). `ttft_p95_s` / `ttft_samples` are each
+    interactive tier's time to first token over the last minute (P95, first tokens
+    counted) and `ttft_slo_s` its SLO; empty where the world does not measure it.
     """
 
     key: EndpointKey
@@ -69,6 +72,9 @@ class EndpointSnapshot:
     tokens_per_s: float = 0.0
     #: Variants in spec order (scale-out goes to the first one the plan does not rank).
     variants: tuple[str, ...] = ()
+    ttft_p95_s: Mapping[str, float] = field(default_factory=dict)
+    ttft_samples: Mapping[str, int] = field(default_factory=dict)
+    ttft_slo_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # one canonical order, whatever order a world lists its instances in

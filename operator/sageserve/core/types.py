@@ -107,6 +107,9 @@ class EndpointObservation:
 
     `emu` is Σ KV used / Σ KV capacity over serving instances; `tokens_per_s` is the
     observed input token rate over the last minute (LT-UA compares it with the forecast).
+    `pressure` is the queue-side signal the decision step adds (`pace.pressure`: backlog
+    per instance, TTFT over the SLO), 1.0 at saturation; strategies read the largest of it
+    and EMU (`pace.pressure.load`).
     """
 
     time: float
@@ -119,6 +122,8 @@ class EndpointObservation:
     max_instances: int
     tokens_per_s: float = 0.0
     waiting: int = 0
+    pressure: float = 0.0
+    pressure_reason: str = ""
 
     @property
     def active(self) -> int:

@@ -23,6 +23,10 @@ step out also needs EMU above the scale-in threshold and a step in EMU below the
 threshold, so minute-to-minute noise on a quiet endpoint does not flap it. Instances still
 provisioning count toward the target, as in the reactive baselines, so a plan is never
 executed twice while nodes come up.
+
+"Utilisation" throughout is the largest of EMU and the queue-side pressure
+(`pace.pressure.load`: backlog per instance, TTFT over the tier's SLO), so the valve also
+opens for a queue that grows while the KV cache stays low.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 from sageserve.core.snapshot import EndpointPlan
 from sageserve.core.types import ActionKind, EndpointObservation, ScalingAction
 from sageserve.pace.base import PoolLayout, register_strategy
+from sageserve.pace.pressure import load, load_reason
 
 
 @dataclass(frozen=True)
@@ -78,10 +83,12 @@ def utilization_step(
 ) -> ScalingAction | None:
     """LT-U: one step toward the target, only when utilisation asks for it."""
     goal = clamp(target, obs)
-    if goal > obs.active and obs.emu > p.scale_out_above:
-        reason = f"LT-U: EMU {obs.emu:.0%} > {p.scale_out_above:.0%}, target {goal}"
+    used = load(obs, p.scale_out_above)
+    if goal > obs.active and used > p.scale_out_above:
+        why = load_reason(obs, p.scale_out_above)
+        reason = f"LT-U: {why} > {p.scale_out_above:.0%}, target {goal}"
         return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
-    if goal < obs.active and obs.emu < p.scale_in_below and obs.provisioning == 0:
+    if goal < obs.active and used < p.scale_in_below and obs.provisioning == 0:
         reason = f"LT-U: EMU {obs.emu:.0%} < {p.scale_in_below:.0%}, target {goal}"
         return ScalingAction(ActionKind.SCALE_IN, obs.key, 1, reason)
     return None
@@ -103,6 +110,7 @@ def forecast_gap_step(
     if forecast_tps <= 0:
         return None
     ratio = obs.tokens_per_s / forecast_tps
+    used = load(obs, p.scale_out_above)
     if instance_tps and instance_tps > 0:
         needed = math.ceil(obs.tokens_per_s / instance_tps - 1e-9)
     else:
@@ -112,7 +120,7 @@ def forecast_gap_step(
         ratio >= p.gap_scale_up_ratio
         and obs.active >= target
         and goal > obs.active
-        and obs.emu > p.scale_in_below
+        and used > p.scale_in_below
     ):
         reason = f"LT-UA: observed {ratio:.1f}x forecast, target {goal}"
         return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
@@ -121,7 +129,7 @@ def forecast_gap_step(
         and obs.active <= target
         and goal < obs.active
         and obs.provisioning == 0
-        and obs.emu < p.scale_out_above
+        and used < p.scale_out_above
     ):
         reason = f"LT-UA: observed {ratio:.2f}x forecast, target {goal}"
         return ScalingAction(ActionKind.SCALE_IN, obs.key, 1, reason)
@@ -135,8 +143,10 @@ def overload_step(obs: EndpointObservation, target: int, p: LongTermParams) -> S
     the next plan; the reference code scales up anyway above 90 % utilisation. We keep that
     valve for LT-UA (the strategy meant to correct forecast misses), any time in the hour.
     """
-    if obs.active >= target and obs.emu > p.overload_emu and obs.active < obs.max_instances:
-        reason = f"LT-UA: EMU {obs.emu:.0%} > {p.overload_emu:.0%} at target {target}"
+    used = load(obs, p.scale_out_above)
+    if obs.active >= target and used > p.overload_emu and obs.active < obs.max_instances:
+        why = load_reason(obs, p.scale_out_above)
+        reason = f"LT-UA: {why} > {p.overload_emu:.0%} at target {target}"
         return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
     return None
 

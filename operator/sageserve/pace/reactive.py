@@ -13,6 +13,9 @@ EMU while instances are provisioning: the signal counts only serving instances, 
 rule would add an instance every cooldown until the first one is up (1-10 min later). We
 count capacity that is on its way (`count_provisioning`, on by default), the convention of
 the Kubernetes HPA for unready pods. `reactive-paper` has it off: the literal paper rule.
+
+The signal is the largest of EMU and the queue-side pressure (`pace.pressure.load`: backlog
+per instance, TTFT over the SLO), so a queue that grows while EMU stays low scales out too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from sageserve.core.snapshot import EndpointPlan
 from sageserve.core.types import ActionKind, EndpointObservation, ScalingAction
 from sageserve.pace.base import PoolLayout, register_strategy
+from sageserve.pace.pressure import load, load_reason
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,9 @@ class ReactiveParams:
 
 
 def reactive_decision(obs: EndpointObservation, p: ReactiveParams) -> ActionKind | None:
-    """The pure 70/30 rule for one endpoint observation (cooldown handled by the caller)."""
-    emu = obs.emu
+    """The pure 70/30 rule for one endpoint observation (cooldown handled by the caller), on
+    the largest of EMU and the queue pressure."""
+    emu = load(obs, p.scale_out_above)
     if p.count_provisioning and obs.provisioning:
         # (an endpoint whose every instance is still coming up projects to 0: wait for it)
         emu = emu * obs.serving / (obs.serving + obs.provisioning)
@@ -74,7 +79,8 @@ class UnifiedReactive:
         kind = reactive_decision(obs, self.params)
         if kind is None:
             return None
-        reason = f"emu {obs.emu:.2f} {'>' if kind is ActionKind.SCALE_OUT else '<'} threshold"
+        sign = ">" if kind is ActionKind.SCALE_OUT else "<"
+        reason = f"{load_reason(obs, self.params.scale_out_above)} {sign} threshold"
         return ScalingAction(kind, obs.key, 1, reason)
 
 

@@ -17,7 +17,12 @@ simulator used to re-derive each in its own way:
   scale-out goes to the variant furthest below its planned target, a scale-in comes from
   the one furthest above it, so the plan's choice of GPU type is what runs;
 - **which instance to drain**: the least-loaded serving instances of the variant that
-  shrinks (`core.snapshot.drain_order`), so a scale-in loses the least work.
+  shrinks (`core.snapshot.drain_order`), so a scale-in loses the least work;
+- **queue pressure**: a backlog of waiting requests or a TTFT above the tier's SLO reaches
+  every strategy as `pressure` next to EMU (`pace.pressure`), so a queue that grows while
+  the KV cache stays low is seen (the HPA and AIBrix take the largest of several signals);
+  after such a signal at its level no scale-in for 5 minutes (the HPA's scale-down
+  stabilization), the time of the last one being state the caller keeps.
 
 The strategy (reactive, LT-I/U/UA, ...) only says whether one endpoint should grow or
 shrink now. Where new capacity comes from (spot order, SageServe §6.4) is the pure
@@ -28,7 +33,7 @@ executor's unit (nodes scheduled by Kubernetes, simulated instances).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sageserve.core.snapshot import (
     Decision,
@@ -39,16 +44,19 @@ from sageserve.core.snapshot import (
 )
 from sageserve.core.types import ActionKind, EndpointKey, ScalingAction
 from sageserve.pace.base import PacingStrategy
+from sageserve.pace.pressure import endpoint_pressure, holds_scale_in
 
 
 @dataclass(frozen=True)
 class StepState:
-    """What the caller keeps between steps: the plan in force and each endpoint's last
-    scaling event (for the cooldown). A plain value: the operator keeps it in memory (a
-    restart loses only cooldowns), the simulator per run."""
+    """What the caller keeps between steps: the plan in force, each endpoint's last
+    scaling event (for the cooldown) and the last time its queue-side pressure was at its
+    level (for the scale-in stabilization). A plain value: the operator keeps it in memory
+    (a restart loses only cooldowns and stabilization), the simulator per run."""
 
     plan: Plan | None = None
     last_event: Mapping[EndpointKey, float] = field(default_factory=dict)
+    saturated_at: Mapping[EndpointKey, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,7 @@ def adopt(state: StepState, plan: Plan | None) -> StepState:
     """The state with `plan` in force if it is newer than the current one."""
     if plan is None or (state.plan is not None and plan.computed_at <= state.plan.computed_at):
         return state
-    return StepState(plan, state.last_event)
+    return StepState(plan, state.last_event, state.saturated_at)
 
 
 def split_over_variants(
@@ -147,6 +155,7 @@ def decide(
     """Decisions for the endpoints of `snapshot`, in key order, and the state after them."""
     state = adopt(state, plan)
     last = dict(state.last_event)
+    saturated = dict(state.saturated_at)
     decisions: list[Decision] = []
     held: list[Held] = []
     for key in sorted(snapshot.endpoints):
@@ -160,7 +169,19 @@ def decide(
         action = _floor_action(ep)
         if action is None and ep.serving + ep.provisioning > 0:
             endpoint_plan = state.plan.for_endpoint(key) if state.plan else None
-            action = strategy.step(ep.observation(now), endpoint_plan)
+            obs = ep.observation(now)
+            pressure = endpoint_pressure(ep)
+            if pressure.ratio > 0:
+                obs = replace(obs, pressure=pressure.ratio, pressure_reason=pressure.describe())
+            if pressure.ratio >= 1.0:
+                saturated[key] = now
+            action = strategy.step(obs, endpoint_plan)
+            if (
+                action is not None
+                and action.kind is ActionKind.SCALE_IN
+                and holds_scale_in(now, saturated.get(key))
+            ):
+                action = None
         if action is not None and action.kind is ActionKind.SCALE_IN and ep.partial_data:
             held.append(
                 Held(key, f"{ep.reporting} of {ep.serving} serving instance(s) report: no scale-in")
@@ -173,4 +194,4 @@ def decide(
             continue
         decisions.append(decision)
         last[key] = now
-    return StepOutcome(decisions, StepState(state.plan, last), held)
+    return StepOutcome(decisions, StepState(state.plan, last, saturated), held)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from sageserve.core.labels import SERVING_POOL, SPOT_POOL
 from sageserve.core.nodes import OUTSIDE_POOLS, parse_nodes
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, drain_order
 from sageserve.core.types import EndpointKey, InstanceState
+from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.pace.spot import PoolNode, Source, reclaim_order
 from sageserve.perf.model import VariantPerf
 from sageserve.sim.instance import Instance, InstanceHooks, Job
@@ -75,6 +77,53 @@ class Delays:
     initial_ready_s: float = 0.0
 
 
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float:
+    """The q-quantile of a histogram as Prometheus' `histogram_quantile` estimates it.
+
+    `counts[i]` observations fell in (bounds[i-1], bounds[i]] (the first from 0), the last
+    count beyond every bound (+Inf). Linear within the bucket holding rank q × total; in
+    the +Inf bucket, the largest finite bound. So the simulator's TTFT P95 is the value
+    the operator reads from the router's histogram of the same buckets.
+    """
+    total = sum(counts)
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    seen = 0
+    for i, c in enumerate(counts):
+        if seen + c >= rank and c > 0:
+            if i >= len(bounds):
+                return float(bounds[-1])
+            lo = bounds[i - 1] if i > 0 else 0.0
+            return lo + (bounds[i] - lo) * (rank - seen) / c
+        seen += c
+    return float(bounds[-1])
+
+
+class TtftWindow:
+    """Time to first token per interactive tier of one endpoint, per minute, in the
+    buckets of vLLM's (and the router's) TTFT histogram."""
+
+    __slots__ = ("counts", "p95", "samples")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+        self.p95: dict[str, float] = {}
+        self.samples: dict[str, int] = {}
+
+    def observe(self, tier: str, seconds: float) -> None:
+        c = self.counts.get(tier)
+        if c is None:
+            c = self.counts[tier] = [0] * (len(TTFT_BUCKETS) + 1)
+        c[bisect_left(TTFT_BUCKETS, seconds)] += 1
+
+    def roll(self) -> None:
+        """Close the minute: its P95 and count per tier become what the step reads."""
+        self.p95 = {t: histogram_quantile(0.95, TTFT_BUCKETS, c) for t, c in self.counts.items()}
+        self.samples = {t: sum(c) for t, c in self.counts.items()}
+        self.counts = {}
+
+
 class Deployment:
     """One pod set: instances of one model on one variant in one region and pool."""
 
@@ -116,6 +165,8 @@ class Endpoint:
         "refresh_s",
         "tokens_minute",
         "tokens_per_s",
+        "ttft",
+        "ttft_slo",
         "version",
     )
 
@@ -137,6 +188,9 @@ class Endpoint:
         self.finished_minute = 0
         self.tokens_minute = 0
         self.tokens_per_s = 0.0
+        #: TTFT per interactive tier over the last minute, and each tier's SLO (seconds)
+        self.ttft = TtftWindow()
+        self.ttft_slo: dict[str, float] = {}
 
     @property
     def serving(self) -> int:
@@ -199,6 +253,9 @@ class Endpoint:
             waiting=sum(queue.values()) + len(self.backlog),
             tokens_per_s=self.tokens_per_s,
             variants=tuple(d.variant for d in self.deployments),
+            ttft_p95_s=self.ttft.p95,
+            ttft_samples=self.ttft.samples,
+            ttft_slo_s=self.ttft_slo,
         )
 
 

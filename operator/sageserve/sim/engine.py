@@ -290,6 +290,18 @@ class Simulation(InstanceHooks):
         if inst.state is InstanceState.DRAINING:
             self.cluster.donate(inst, now)
 
+    def on_first_token(self, job: Job, now: float) -> None:
+        """An interactive request's TTFT into its endpoint's minute histogram (the queue
+        pressure's TTFT signal, `pace.pressure`), as the router's histogram in a cluster."""
+        slo = job.req.tier.ttft_slo_s
+        ep = job.ep
+        if slo is None or not isinstance(ep, Endpoint):
+            return
+        tier = job.req.tier.name
+        ep.ttft.observe(tier, now - job.req.arrival + job.net_delay)
+        if tier not in ep.ttft_slo:
+            ep.ttft_slo[tier] = slo
+
     # ---- main loop -----------------------------------------------------------------------
 
     def run(self) -> RunResult:  # noqa: C901 — the hot event loop, in one frame for speed
@@ -537,6 +549,7 @@ class Simulation(InstanceHooks):
                 )
             )
             ep.arrivals_minute = ep.finished_minute = ep.tokens_minute = 0
+            ep.ttft.roll()
             if promo is not None:
                 limit = now - promo
                 for dep in ep.deployments:

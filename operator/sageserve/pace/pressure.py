@@ -1,0 +1,127 @@
+"""Queue pressure: what KV-cache usage does not show, as one more scaling signal.
+
+Why: every strategy of SageServe (§4 reactive 70/30, §6.4 LT-U / LT-UA) reads effective
+memory utilisation (EMU) alone. EMU measures memory, not work: when prompts are long, an
+instance is bound by prefill compute long before its KV cache fills, so requests queue
+while EMU stays low and no EMU rule ever scales out (seen on a ServeGen day: a Bloom
+endpoint at the floor of 2 with a backlog growing to 65,000 requests over 20 hours, KV
+under 50 %, IW-F TTFT P50 43 minutes). The Kubernetes HPA and AIBrix compute a size per
+metric and take the largest; here each extra signal is put on EMU's scale and the
+strategies read the largest (`load`), so their thresholds, cooldowns and plans apply
+unchanged:
+
+- **backlog**: requests waiting per serving instance, against a saturation level of 5
+  (`QUEUE_SATURATION`: the default queue-depth threshold of the Gateway API Inference
+  Extension's saturation detector and of llm-d's workload-variant autoscaler). At the
+  level the signal equals the scale-out threshold; above it the endpoint scales out; it
+  blocks scale-in from 3/7 of it (2.1 waiting per instance at the 70/30 band), so the
+  fleet does not shrink onto a queue. A backlog that keeps growing crosses the level
+  whatever the rate;
+- **TTFT**: the P95 time to first token of each interactive tier over the last minute,
+  against the tier's TTFT SLO (WorkloadTier `ttftP95Seconds`; SageServe §2.2). It counts
+  only above the SLO (ratio > 1), since a P95 within it is the SLO met, and only with at
+  least `TTFT_MIN_SAMPLES` first tokens, so one slow request in a quiet minute is no trend.
+
+A queue-side signal at its level also holds scale-in for `SCALE_IN_STABILIZATION_S` (300 s,
+the HPA's default scale-down stabilization window): prefill-bound capacity shows no EMU,
+so without it the instance a queue brought is removed as soon as the queue is gone (EMU
+under 30 %) and the queue forms again, an instance started and drained every few minutes.
+EMU-driven decisions are unchanged.
+
+Pure functions of the decision step's snapshot: the operator (per-pod vLLM queues, the
+router's TTFT histogram) and the simulator (its instances' queues, its own histogram of
+the same buckets) feed the same facts, and `pace.step.decide` applies the same rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sageserve.core.snapshot import EndpointSnapshot
+from sageserve.core.types import EndpointObservation
+
+#: Waiting requests per serving instance at which an instance counts as saturated
+#: (gateway-api-inference-extension `DefaultQueueDepthThreshold`, llm-d WVA
+#: `queueLengthThreshold`: both 5).
+QUEUE_SATURATION = 5.0
+#: First tokens of a tier in the window below which its TTFT P95 is not acted on.
+TTFT_MIN_SAMPLES = 20
+#: Seconds after a queue-side signal at its level during which no scale-in happens
+#: (Kubernetes HPA `behavior.scaleDown.stabilizationWindowSeconds` default).
+SCALE_IN_STABILIZATION_S = 300.0
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """Queue-side signals of one endpoint, each 1.0 at its saturation level."""
+
+    #: waiting requests per serving instance ÷ `QUEUE_SATURATION`
+    queue: float = 0.0
+    #: the worst interactive tier's TTFT P95 ÷ its SLO, when above 1 (else 0)
+    ttft: float = 0.0
+    waiting: int = 0
+    tier: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return max(self.queue, self.ttft)
+
+    def describe(self) -> str:
+        """Which signal dominates, for Events and logs."""
+        if self.ttft >= self.queue and self.ttft > 0:
+            return f"{self.tier} TTFT P95 {self.ttft:.1f}x its SLO"
+        return f"{self.waiting} waiting ({self.queue * QUEUE_SATURATION:.1f} per instance)"
+
+
+def queue_pressure(waiting: int, serving: int, saturation: float = QUEUE_SATURATION) -> float:
+    """Waiting requests per serving instance ÷ the saturation level; 0 with nothing serving
+    (bringing an endpoint back from zero is the step's floor rule, not a ratio)."""
+    if serving <= 0 or waiting <= 0:
+        return 0.0
+    return waiting / (serving * saturation)
+
+
+def ttft_pressure(
+    p95_s: Mapping[str, float],
+    samples: Mapping[str, int],
+    slo_s: Mapping[str, float],
+    min_samples: int = TTFT_MIN_SAMPLES,
+) -> tuple[float, str]:
+    """(worst P95 ÷ SLO over the tiers with an SLO and enough samples, that tier), the
+    ratio counting only above 1 (a P95 within the SLO is no pressure)."""
+    worst, tier = 0.0, ""
+    for name, slo in sorted(slo_s.items()):
+        p95 = p95_s.get(name)
+        if p95 is None or slo <= 0 or samples.get(name, 0) < min_samples:
+            continue
+        ratio = p95 / slo
+        if ratio > 1.0 and ratio > worst:
+            worst, tier = ratio, name
+    return worst, tier
+
+
+def endpoint_pressure(ep: EndpointSnapshot) -> Pressure:
+    """The queue-side signals of one endpoint snapshot."""
+    ttft, tier = ttft_pressure(ep.ttft_p95_s, ep.ttft_samples, ep.ttft_slo_s)
+    return Pressure(queue_pressure(ep.waiting, ep.serving), ttft, ep.waiting, tier)
+
+
+def holds_scale_in(
+    now: float, saturated_at: float | None, window_s: float = SCALE_IN_STABILIZATION_S
+) -> bool:
+    """Whether a scale-in waits: a queue-side signal was at its level within `window_s`."""
+    return saturated_at is not None and now - saturated_at < window_s
+
+
+def load(obs: EndpointObservation, scale_out_above: float) -> float:
+    """The signal a strategy compares with its thresholds: the largest of EMU and the
+    queue-side pressure put on EMU's scale (pressure 1 = the scale-out threshold)."""
+    return max(obs.emu, scale_out_above * obs.pressure)
+
+
+def load_reason(obs: EndpointObservation, scale_out_above: float) -> str:
+    """What `load` is made of: EMU, or the queue signal that exceeds it."""
+    if scale_out_above * obs.pressure > obs.emu:
+        return f"{obs.pressure_reason} (EMU {obs.emu:.0%})"
+    return f"EMU {obs.emu:.0%}"
