@@ -9,9 +9,14 @@ or written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from e2e import procs, versions
@@ -117,3 +122,114 @@ def delete(workdir: Path, bin_dir: Path) -> None:
     for pid in leftover:
         procs.stop_pid(pid)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _running_components(workdir: Path) -> dict[str, tuple[list[str], str, dict[str, str]]]:
+    """`{component: (argv, cwd, environment)}` of every live component, from /proc."""
+    out = {}
+    for pid_file in sorted(cluster_dir(workdir).glob("pids/*.pid")):
+        pid = procs.read_pid(pid_file)
+        if pid is None or not procs.is_alive(pid):
+            continue
+        proc = Path(f"/proc/{pid}")
+        argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+        env = dict(
+            e.decode().split("=", 1)
+            for e in (proc / "environ").read_bytes().split(b"\0")
+            if b"=" in e
+        )
+        out[pid_file.stem] = (argv, os.readlink(proc / "cwd"), env)
+    return out
+
+
+def _start_component(workdir: Path, name: str, how: tuple[list[str], str, dict[str, str]]) -> None:
+    """Start a component again with its recorded command line; its pid file follows."""
+    argv, cwd, env = how
+    log = cluster_dir(workdir) / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (cluster_dir(workdir) / "pids" / f"{name}.pid").write_text(f"{proc.pid}\n")
+
+
+@contextlib.contextmanager
+def _held_port(port: int | None) -> Iterator[None]:
+    """Keep a stopped component's port while it is down: another cluster starting on this
+    machine meanwhile would otherwise take it (kwokctl picks free ports) and the component
+    could not come back. Connections are accepted and closed at once, so clients see the
+    server gone, as with nothing listening."""
+    if port is None:
+        yield
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the TIME_WAITs
+    sock.bind(("0.0.0.0", port))
+    sock.listen(64)
+    sock.settimeout(0.2)
+    done = threading.Event()
+
+    def refuse() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=refuse, name=f"hold-{port}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=2)
+        sock.close()
+
+
+def restart_component(
+    workdir: Path, name: str, down_s: float, ready: Callable[[], bool], watch_s: float = 20.0
+) -> float:
+    """Stop one component (e.g. `kube-apiserver`), leave it down `down_s`, start it again
+    with the same command line, as a kubelet restarts a static pod; the seconds it was
+    unavailable (until `ready()`).
+
+    For `watch_s` afterwards (on a thread of its own: the caller goes on at once), any
+    other component that exits is started again too: the controller-manager and the
+    scheduler exit when they cannot renew their leader Lease, and in a real control plane
+    their kubelet brings them back."""
+    components = _running_components(workdir)
+    if name not in components:
+        raise ClusterError(f"{name} is not running in {cluster_dir(workdir)}")
+    pid = procs.read_pid(cluster_dir(workdir) / "pids" / f"{name}.pid")
+    assert pid is not None
+    port = next(
+        (int(a.split("=", 1)[1]) for a in components[name][0] if a.startswith("--secure-port=")),
+        None,
+    )
+    stopped = time.monotonic()
+    procs.stop_pid(pid)
+    with _held_port(port):
+        time.sleep(down_s)
+    _start_component(workdir, name, components[name])
+    procs.wait_until(ready, 60, f"{name} ready again")
+    unavailable = time.monotonic() - stopped
+
+    def restart_the_fallen() -> None:
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            alive = _running_components(workdir)
+            for other, how in components.items():
+                if other not in alive:
+                    _start_component(workdir, other, how)
+            time.sleep(1.0)
+
+    threading.Thread(target=restart_the_fallen, name="restart-watch", daemon=True).start()
+    return unavailable
