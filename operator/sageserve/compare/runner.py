@@ -63,6 +63,26 @@ def point_metrics(table_row: dict[str, Any], policy: dict[str, Any]) -> dict[str
     }
 
 
+#: Dask queues a worker process has opened, by name.
+_DASK_QUEUES: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class DaskSink:
+    """The progress queue of a Dask run, by name: the queue object itself cannot travel in
+    a task's arguments (the scheduler would open it while unpickling the graph, on its own
+    event loop, and wait for itself)."""
+
+    name: str
+
+    def put(self, item: tuple[int, float]) -> None:
+        q = _DASK_QUEUES.get(self.name)
+        if q is None:
+            dist: Any = importlib.import_module("distributed")
+            q = _DASK_QUEUES[self.name] = dist.Queue(name=self.name, client=dist.get_client())
+        q.put(list(item))  # msgpack-encodable
+
+
 def _report(sink: Any, index: int, fraction: float) -> None:
     target = sink if sink is not None else _LOCAL_QUEUE
     if target is not None:
@@ -195,11 +215,9 @@ class DaskBackend:
         return fut
 
     def sink(self) -> Any:
-        return self._queue
+        return DaskSink(self._queue.name)
 
     def drain(self) -> list[tuple[int, float]]:
-        if self._queue.qsize() == 0:
-            return []
         return [(int(i), float(f)) for i, f in self._queue.get(batch=True)]
 
     def close(self) -> None:
