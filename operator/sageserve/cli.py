@@ -233,12 +233,20 @@ def compare(
     ] = None,
     bounds: Annotated[bool, typer.Option(help="Compute the floor and oracle bounds.")] = True,
     report: Annotated[bool, typer.Option(help="Write frontier.png and report.html.")] = True,
+    from_summary: Annotated[
+        Path | None,
+        typer.Option("--from", help="Read a finished comparison's summary.json at --target."),
+    ] = None,
 ) -> None:
     """Sweep each policy's knobs and compare GPU-hours at equal SLO on its frontier."""
     from sageserve.commands.compare import compare as run
+    from sageserve.commands.compare import reread
 
     names = [p.strip() for p in policy.split(",") if p.strip()]
     try:
+        if from_summary is not None:
+            reread(from_summary, target, out, console, report)
+            return
         doc = run(
             scenario,
             names,

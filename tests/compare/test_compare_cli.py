@@ -33,9 +33,16 @@ def run_cli(out: Path, *extra: str) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
-def test_compare_writes_every_point_and_each_frontier(tmp_path: Path) -> None:
-    code, output = run_cli(tmp_path, "--workers", "2")
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("compare")
+    code, output = run_cli(out, "--workers", "2")
     assert code == 0, output
+    return out, output
+
+
+def test_compare_writes_every_point_and_each_frontier(tiny_run: tuple[Path, str]) -> None:
+    tmp_path, output = tiny_run
     assert "GPU-hours at 95.00% iw-f attainment" in output
     doc = json.loads((tmp_path / "summary.json").read_text())
     assert doc["schema"] == SCHEMA
@@ -71,6 +78,25 @@ def test_compare_writes_every_point_and_each_frontier(tmp_path: Path) -> None:
     for f in ("report.html", "frontier.png"):
         assert (tmp_path / f).stat().st_size > 0
     assert "frontier.png" in (tmp_path / "report.html").read_text()
+
+
+def test_from_reads_the_same_points_at_another_target(
+    tiny_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    first = json.loads((tiny_run[0] / "summary.json").read_text())
+    args = ["compare", "--from", str(tiny_run[0] / "summary.json"), "--target", "1.0"]
+    res = CliRunner().invoke(app, [*args, "-o", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["target"] == 1.0
+    for name, p in again["policies"].items():
+        assert p["points"] == first["policies"][name]["points"]
+        assert p["frontier"] == first["policies"][name]["frontier"]
+        best = p["frontier"][-1]
+        status = "exact" if best["attainment"] == 1.0 else "unreachable"
+        assert p["at_target"]["status"] == status
+    res = CliRunner().invoke(app, [*args, "-o", str(tiny_run[0])])
+    assert res.exit_code == 2 and "would overwrite" in res.output
 
 
 @pytest.mark.parametrize(

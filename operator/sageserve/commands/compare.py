@@ -8,6 +8,7 @@ same IW-F attainment, read off each policy's frontier (docs/policy-comparison.md
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,9 +22,11 @@ from rich.table import Table
 from sageserve.compare.grid import expand, parse_grid
 from sageserve.compare.output import (
     POINT_HEAD,
+    SCHEMA,
     TARGET_HEAD,
     group,
     point_rows,
+    retarget,
     summary_doc,
     target_rows,
     write_report,
@@ -167,11 +170,22 @@ def compare(
     write_summary(paths[0], doc)
     if report:
         paths.append(write_report(out, doc))
+    wide = print_tables(doc, console)
+    for o in failed:
+        wide.print(f"[red]failed[/red] {o.task.job.run_id}: {o.error}")
+    console.print(f"{len(tasks)} runs in {wall:.0f} s; wrote " + ", ".join(map(str, paths)))
+    return doc
+
+
+def print_tables(doc: dict[str, Any], console: Console) -> Console:
+    """Every point, then each policy at the target, then the bounds; returns the console
+    used (a wide one when the output is not a terminal, so that files keep whole rows)."""
     wide = console if console.is_terminal else Console(width=180)
-    wide.print(_table(f"{sc.name}: every point", POINT_HEAD, point_rows(doc)))
+    name = doc["scenario"].get("name")
+    wide.print(_table(f"{name}: every point", POINT_HEAD, point_rows(doc)))
     wide.print(
         _table(
-            f"{sc.name}: GPU-hours at {target:.2%} {the_tier} attainment",
+            f"{name}: GPU-hours at {doc['target']:.2%} {doc['tier']} attainment",
             TARGET_HEAD,
             target_rows(doc),
         )
@@ -182,7 +196,27 @@ def compare(
             f"bounds: floor {b['floor_gpu_hours']:,.1f} GPU-h, oracle "
             f"{b['oracle_gpu_hours']:,.1f} GPU-h (perfect foresight at θ, no start-up)"
         )
-    for o in failed:
-        wide.print(f"[red]failed[/red] {o.task.job.run_id}: {o.error}")
-    console.print(f"{len(tasks)} runs in {wall:.0f} s; wrote " + ", ".join(map(str, paths)))
+    return wide
+
+
+def reread(
+    summary: Path, target: float, out: Path, console: Console, report: bool = True
+) -> dict[str, Any]:
+    """`sageserve compare --from summary.json`: a finished comparison read at another
+    target, without running anything again."""
+    if not 0.0 < target <= 1.0:
+        raise ValueError(f"--target {target}: an attainment between 0 and 1, e.g. 0.95")
+    doc = json.loads(summary.read_text())
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{summary}: not a `sageserve compare` summary (schema {SCHEMA})")
+    if (out / "summary.json").resolve() == summary.resolve():
+        raise ValueError(f"--out {out}: would overwrite {summary}; choose another directory")
+    doc = retarget(doc, target)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "summary.json"]
+    write_summary(paths[0], doc)
+    if report:
+        paths.append(write_report(out, doc))
+    print_tables(doc, console)
+    console.print(f"read {summary} at {target:.2%}; wrote " + ", ".join(map(str, paths)))
     return doc

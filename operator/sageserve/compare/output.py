@@ -23,6 +23,7 @@ Schema `sageserve.compare/v1` (fields are only added within v1):
 
 from __future__ import annotations
 
+import copy
 import html
 import json
 import math
@@ -97,23 +98,48 @@ def policy_doc(res: PolicyResult, baseline: PolicyResult | None) -> dict[str, An
             entry["on_frontier"] = job.label in on_front
             entry.update(o.result)
         points.append(entry)
-    vs = saving(res.at, baseline.at) if baseline is not None and baseline is not res else None
-    vs_doc = {"ratio": vs.ratio, "relation": vs.relation} if vs is not None else None
     return {
         "strategy": canonical(res.name),
         "knobs": [p for p, _ in res.outcomes[0].task.job.knobs] if res.outcomes else [],
         "points": points,
         "frontier": [_pt(p) for p in res.front],
-        "at_target": {
-            "status": str(res.at.status),
-            "gpu_hours": res.at.gpu_hours,
-            "note": res.at.describe(),
-            "vs_baseline": vs_doc,
-            "below": _pt(res.at.below),
-            "above": _pt(res.at.above),
-            "best": _pt(res.at.best),
-        },
+        "at_target": at_target_doc(
+            res.at, baseline.at if baseline is not None and baseline is not res else None
+        ),
     }
+
+
+def at_target_doc(at: AtTarget, baseline: AtTarget | None) -> dict[str, Any]:
+    """The `at_target` entry of a policy; `baseline` None for the baseline itself."""
+    vs = saving(at, baseline) if baseline is not None else None
+    return {
+        "status": str(at.status),
+        "gpu_hours": at.gpu_hours,
+        "note": at.describe(),
+        "vs_baseline": {"ratio": vs.ratio, "relation": vs.relation} if vs is not None else None,
+        "below": _pt(at.below),
+        "above": _pt(at.above),
+        "best": _pt(at.best),
+    }
+
+
+def retarget(doc: Mapping[str, Any], target: float) -> dict[str, Any]:
+    """The same points read at another target (`sageserve compare --from`): the fronts do
+    not depend on the target, so no run is repeated."""
+    out: dict[str, Any] = copy.deepcopy(dict(doc))
+    out["target"] = target
+    ats: dict[str, AtTarget] = {}
+    for name, p in out["policies"].items():
+        points = [
+            Point(q["label"], q["gpu_hours"], q["attainment"])
+            for q in p["points"]
+            if q.get("error") is None and q.get("attainment") is not None
+        ]
+        ats[name] = at_target(pareto_front(points), target)
+    base = ats.get(out.get("baseline") or "")
+    for name, p in out["policies"].items():
+        p["at_target"] = at_target_doc(ats[name], base if name != out.get("baseline") else None)
+    return out
 
 
 def summary_doc(
