@@ -170,8 +170,9 @@ def write_summary(path: Path, doc: Mapping[str, Any]) -> None:
 
 
 def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
-    """GPU-hours against attainment: every point (hollow), each front (line), the target
-    (dashed) and each policy's reading there (star); the oracle and floor when known."""
+    """GPU-hours against attainment: every point (hollow), each front (line, its points
+    labelled), the target (dashed) and each policy's reading there (star; a triangle when
+    it is only an upper bound); the oracle when known."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,16 +190,21 @@ def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
             edgecolors=color,
             s=30,
         )
+        # label the front's points; runs that landed on the same figures share a label
+        same: dict[tuple[float, float], list[str]] = {}
         for q in pts:
+            same.setdefault((q["attainment"], q["gpu_hours"]), []).append(q["label"])
+        front = p["frontier"]
+        for f in front:
+            names = same.get((f["attainment"], f["gpu_hours"]), [f["label"]])
             ax.annotate(
-                q["label"],
-                (100 * q["attainment"], q["gpu_hours"]),
+                names[0] + (f" (= {len(names) - 1} more)" if len(names) > 1 else ""),
+                (100 * f["attainment"], f["gpu_hours"]),
                 fontsize=6,
                 color=color,
-                xytext=(3, 3),
+                xytext=(4, -8 if i % 2 else 4),
                 textcoords="offset points",
             )
-        front = p["frontier"]
         ax.plot(
             [100 * q["attainment"] for q in front],
             [q["gpu_hours"] for q in front],
@@ -208,7 +214,16 @@ def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
         )
         at = p["at_target"]
         if at["gpu_hours"] is not None:
-            ax.scatter([100 * target], [at["gpu_hours"]], marker="*", s=160, color=color, zorder=5)
+            bound = at["status"] == "at-most"
+            ax.scatter(
+                [100 * target],
+                [at["gpu_hours"]],
+                marker="v" if bound else "*",
+                s=110 if bound else 160,
+                color=color,
+                zorder=5,
+                label=f"{name} at the target" + (" (at most: every point above)" if bound else ""),
+            )
     ax.axvline(100 * target, color="grey", linestyle="--", linewidth=1, label="target")
     bounds = doc.get("bounds")
     if bounds:
@@ -223,7 +238,7 @@ def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
     ax.set_ylabel("GPU-hours")
     ax.set_title(
         f"{doc['scenario'].get('name')}: GPU-hours against {doc['tier']} attainment "
-        "(hollow: every run; line: the frontier; star: at the target)",
+        "(hollow: every run; line: the frontier)",
         fontsize=9,
     )
     ax.legend(fontsize=8)
