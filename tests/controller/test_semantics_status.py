@@ -14,6 +14,8 @@ from sageserve.controller.semantics import (
     SemanticProblem,
     model_deployment_problems,
     node_shapes,
+    placeable,
+    shape_counts,
 )
 from sageserve.controller.status import model_deployment_status, set_condition
 from sageserve.core.labels import NodeLabels
@@ -93,3 +95,41 @@ def test_status_of_an_object_that_cannot_be_acted_on() -> None:
     [ready] = status["conditions"]
     assert (ready["status"], ready["reason"]) == ("False", "PolicyNotFound")
     assert "podSets" not in status
+
+
+def test_a_min_instances_no_inventory_can_hold_is_a_problem_naming_the_most_it_can() -> None:
+    md = _llama()  # 8-GPU instances
+    region = md.spec.regions[0].name
+    nodes = shape_counts([NodeShape(region, H100, 8), NodeShape(region, H100, 8), *NODES])
+    room = placeable(md, region, nodes)
+    assert room >= 1
+    md.spec.regions[0].min_instances = room + 1
+    md.spec.regions[0].max_instances = max(md.spec.regions[0].max_instances, room + 1)
+    [problem] = model_deployment_problems(md, ["fleet"], ["iw-f", "iw-n", "niw"], nodes)
+    assert problem.reason == "MinInstancesUnreachable"
+    assert f"at most {room}" in problem.message and f"minInstances to {room}" in problem.message
+    md.spec.regions[0].min_instances = room
+    assert model_deployment_problems(md, ["fleet"], ["iw-f", "iw-n", "niw"], nodes) == []
+
+
+def test_shape_counts_sum_the_nodes_of_each_shape() -> None:
+    counted = shape_counts(
+        [NodeShape("a", H100, 8), NodeShape("a", H100, 8), NodeShape("a", A100, 4)]
+    )
+    assert counted == [NodeShape("a", A100, 4, 1), NodeShape("a", H100, 8, 2)]
+
+
+def test_a_policy_pricing_a_gpu_type_no_node_has_names_the_known_ones() -> None:
+    from sageserve.api.scaling_policy import ScalingPolicySpec
+    from sageserve.controller.semantics import policy_problems
+
+    spec = ScalingPolicySpec.model_validate(
+        {
+            "strategy": "lt-utilization",
+            "optimizer": {"gpuHourCosts": [{"gpuType": "NVIDIA-H100", "costPerGpuHour": 12}]},
+        }
+    )
+    [problem] = policy_problems(spec, [H100, A100])
+    assert problem.reason == "UnknownGpuType"
+    assert "'NVIDIA-H100'" in problem.message and H100 in problem.message
+    assert policy_problems(spec, ["NVIDIA-H100"]) == []

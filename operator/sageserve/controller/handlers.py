@@ -26,7 +26,12 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
 from sageserve.controller.podset import render_pod_sets
-from sageserve.controller.semantics import NodeShape, model_deployment_problems, node_shapes
+from sageserve.controller.semantics import (
+    NodeShape,
+    model_deployment_problems,
+    node_shapes,
+    shape_counts,
+)
 from sageserve.controller.status import model_deployment_status
 from sageserve.core.labels import NodeLabels
 from sageserve.metrics.exporter import OPERATOR_METRICS
@@ -57,8 +62,8 @@ _shapes: dict[tuple[str, str], tuple[float, list[NodeShape]]] = {}
 
 
 def cluster_node_shapes(k: Kube, labels: NodeLabels) -> list[NodeShape]:
-    """The distinct (region, GPU type, GPUs) shapes of the cluster's nodes, listed at most
-    every NODE_SHAPES_SECONDS.
+    """The distinct (region, GPU type, GPUs) shapes of the cluster's nodes and how many
+    nodes have each, listed at most every NODE_SHAPES_SECONDS.
 
     Every reconcile checks that some node fits each variant; listing every Node for each
     ModelDeployment made a sweep O(objects × nodes) (200 objects × 2,000 nodes: minutes).
@@ -67,10 +72,7 @@ def cluster_node_shapes(k: Kube, labels: NodeLabels) -> list[NodeShape]:
     with _shapes_lock:
         at, shapes = _shapes.get(key, (float("-inf"), []))
         if time.monotonic() - at >= NODE_SHAPES_SECONDS:
-            shapes = sorted(
-                set(node_shapes(k.nodes(), labels)),
-                key=lambda n: (n.region, n.gpu_type, n.gpus),
-            )
+            shapes = shape_counts(node_shapes(k.nodes(), labels))
             _shapes[key] = (time.monotonic(), shapes)
         return shapes
 

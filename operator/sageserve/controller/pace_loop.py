@@ -31,6 +31,7 @@ from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.leader import LeaderElection, identity
 from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
+from sageserve.controller.semantics import SemanticProblem, node_shapes, policy_problems
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
 from sageserve.core.labels import (
@@ -146,6 +147,11 @@ class PacePass:
                 "a simulation baseline (sageserve simulate), the operator runs unified pools",
             )
             return
+        problems = self.problems()
+        if problems:
+            message = "; ".join(p.message for p in problems) + "; holding every size"
+            self.condition("Ready", False, problems[0].reason, message)
+            return
         self.condition("Ready", True, "Pacing", f"strategy {self.policy.spec.strategy.value}")
         fleet = [
             (raw, ModelDeployment.model_validate(_essence(raw)))
@@ -220,6 +226,14 @@ class PacePass:
             )
         else:
             self.condition("Degraded", False, "MetricsAvailable", "every pod set reports its load")
+
+    def problems(self) -> list[SemanticProblem]:
+        """What in the policy passes the schema but cannot be acted on (the nodes are
+        listed only when the policy names GPU types)."""
+        if not self.policy.spec.optimizer.gpu_hour_costs:
+            return []
+        shapes = node_shapes(self.kube.nodes(), NodeLabels.from_env(os.environ))
+        return policy_problems(self.policy.spec, (n.gpu_type for n in shapes))
 
     def report_faults(
         self, guard: Guard, fleet: list[tuple[dict[str, Any], ModelDeployment]]

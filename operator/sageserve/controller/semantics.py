@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes
 
@@ -23,6 +24,32 @@ class NodeShape:
     region: str
     gpu_type: str
     gpus: int
+    #: nodes of this shape (`shape_counts` sums them; one per Node as read)
+    count: int = 1
+
+
+def shape_counts(shapes: Iterable[NodeShape]) -> list[NodeShape]:
+    """One NodeShape per distinct (region, GPU type, GPUs), with how many nodes have it."""
+    counts: dict[tuple[str, str, int], int] = {}
+    for n in shapes:
+        key = (n.region, n.gpu_type, n.gpus)
+        counts[key] = counts.get(key, 0) + n.count
+    return [NodeShape(r, g, gpus, c) for (r, g, gpus), c in sorted(counts.items())]
+
+
+def placeable(md: ModelDeployment, region: str, nodes: Iterable[NodeShape]) -> int:
+    """The most instances of `md` the cluster's nodes of `region` could ever hold (every
+    GPU node, serving or spot, empty of anything else): per GPU type, the variant that fits
+    most, summed over the types. An upper bound: a minInstances above it can never be met."""
+    here = [n for n in nodes if n.region == region]
+    total = 0
+    for gpu_type in {v.gpu_type for v in md.spec.variants}:
+        total += max(
+            sum(n.count * (n.gpus // v.gpus_per_instance) for n in here if n.gpu_type == gpu_type)
+            for v in md.spec.variants
+            if v.gpu_type == gpu_type
+        )
+    return total
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,7 @@ def model_deployment_problems(
                 "exist in this namespace; create them or remove them from spec.tiers",
             )
         )
+    nodes = list(nodes)
     largest: dict[tuple[str, str], int] = {}
     for node in nodes:
         key = (node.region, node.gpu_type)
@@ -80,7 +108,35 @@ def model_deployment_problems(
                     f"{wanted} GPUs on one node; add such nodes or change the variants",
                 )
             )
+        elif region.min_instances > (room := placeable(md, region.name, nodes)):
+            problems.append(
+                SemanticProblem(
+                    "MinInstancesUnreachable",
+                    f"spec.regions[{region.name}].minInstances: {region.min_instances} "
+                    f"instance(s) can never run there: every GPU node of region "
+                    f"{region.name!r} together holds at most {room}; lower minInstances to "
+                    f"{room} or less, or add nodes",
+                )
+            )
     return problems
+
+
+def policy_problems(spec: ScalingPolicySpec, gpu_types: Iterable[str]) -> list[SemanticProblem]:
+    """Problems of a ScalingPolicy given the GPU types the cluster's nodes offer: a cost
+    for a GPU type no node has is a typo that would silently price the real type at the
+    default (and steer the ILP away from or toward it)."""
+    known = sorted(set(gpu_types))
+    unknown = [c.gpu_type for c in spec.optimizer.gpu_hour_costs if c.gpu_type not in known]
+    if not unknown:
+        return []
+    return [
+        SemanticProblem(
+            "UnknownGpuType",
+            f"spec.optimizer.gpuHourCosts: no node offers GPU type(s) "
+            f"{', '.join(repr(g) for g in unknown)}; the cluster's are "
+            f"{', '.join(known) or 'none'}: correct the name or remove the entry",
+        )
+    ]
 
 
 def node_shapes(nodes: Iterable[Mapping[str, Any]], labels: NodeLabels) -> list[NodeShape]:
