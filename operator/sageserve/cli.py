@@ -212,7 +212,7 @@ def compare(
     ] = None,
     address: Annotated[
         str | None,
-        typer.Option(help="Run on this Dask scheduler instead (pip install 'sageserve[cluster]')."),
+        typer.Option(help="Run on this Dask scheduler instead (the cluster extra: Dask)."),
     ] = None,
     grid: Annotated[
         list[str] | None,

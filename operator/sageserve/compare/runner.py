@@ -202,7 +202,7 @@ class DaskBackend:
             dist: Any = importlib.import_module("distributed")
         except ImportError as e:
             raise ValueError(
-                "--address needs Dask: pip install 'sageserve[cluster]' (dask[distributed])"
+                "--address needs Dask distributed: install sageserve's `cluster` extra"
             ) from e
         self._client: Any = dist.Client(address)
         self._queue: Any = dist.Queue(client=self._client)
