@@ -161,9 +161,7 @@ def test_regions_peaking_at_different_times_share_capacity_when_epsilon_allows()
     }
 
     def planned(epsilon: float) -> tuple[float, dict[str, float]]:
-        spec = _policy(
-            method="arima", horizonSeconds=12 * 3600, trainingWindowSeconds=3 * 86400
-        )
+        spec = _policy(method="arima", horizonSeconds=12 * 3600, trainingWindowSeconds=3 * 86400)
         spec = spec.model_copy(
             update={
                 "optimizer": spec.optimizer.model_copy(update={"local_serve_fraction": epsilon})
