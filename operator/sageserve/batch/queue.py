@@ -158,37 +158,34 @@ def complete(
     now: float,
 ) -> bool:
     """Record the answer unless the request already finished; True if this call did."""
-    result = conn.execute(
-        update(r)
-        .where(r.c.id == request_id, r.c.state.in_(UNFINISHED))
-        .values(
-            state=DONE,
-            lease_owner=owner,
-            lease_until=None,
-            status_code=status_code,
-            response_body=json.dumps(body),
-            response_request_id=upstream_request_id,
-            finished_at=now,
-        )
+    return _finish(
+        conn,
+        request_id,
+        owner,
+        now,
+        state=DONE,
+        status_code=status_code,
+        response_body=json.dumps(body),
+        response_request_id=upstream_request_id,
     )
-    return result.rowcount == 1
 
 
 def fail(
     conn: Connection, request_id: str, owner: str, code: str, message: str, now: float
 ) -> bool:
     """Finish the request with an error (no answer will come); True if this call did."""
+    return _finish(
+        conn, request_id, owner, now, state=FAILED, error_code=code, error_message=message
+    )
+
+
+def _finish(conn: Connection, request_id: str, owner: str, now: float, **values: Any) -> bool:
+    """The one way a request ends: only from an unfinished state, so the first ending counts
+    and a later one (a lapsed lease run twice) changes nothing."""
     result = conn.execute(
         update(r)
         .where(r.c.id == request_id, r.c.state.in_(UNFINISHED))
-        .values(
-            state=FAILED,
-            lease_owner=owner,
-            lease_until=None,
-            error_code=code,
-            error_message=message,
-            finished_at=now,
-        )
+        .values(lease_owner=owner, lease_until=None, finished_at=now, **values)
     )
     return result.rowcount == 1
 
