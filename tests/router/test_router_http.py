@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from sageserve.route.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, run_loop
@@ -89,6 +90,7 @@ def run(
         )
         fleet.set_backends(backends)
         metrics = RouterMetrics()
+        metrics.watch(fleet)
         router = Router(fleet, RouterConfig(**{"hold_seconds": 5.0, **config}), metrics)
         runner, port = await start(router.app())
         runners.append(runner)
@@ -126,6 +128,31 @@ def test_a_request_reaches_a_pod_with_its_tier_counted(loop: str) -> None:
         assert sample(metrics, "sageserve_router_requests_total", **labels) == 1
 
     run(scenario, {"east-0": ("us-east", False), "west-0": ("us-west", False)}, loop)
+
+
+def test_the_router_exports_its_emu_estimate_with_what_it_sent_since_the_last_reading() -> None:
+    """What the Queue Manager decides on is visible at /metrics: Prometheus' reading plus
+    the tokens sent since (a 100-token request on 1,000 tokens of cache adds 10 %)."""
+
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        east, west = ("llm", "llama", "us-east"), ("llm", "llama", "us-west")
+        fleet.set_load({east: (0.55, 1000.0), west: (0.2, 1000.0)})
+
+        async def emu() -> dict[str, float]:
+            async with client.get(f"{url}/metrics") as r:
+                text = await r.text()
+            return {
+                s.labels["region"]: s.value
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if s.name == "sageserve_router_endpoint_emu"
+            }
+
+        assert await emu() == {"us-east": 0.55, "us-west": 0.2}
+        fleet.start(fleet.backends[east][0], 100.0)
+        assert (await emu())["us-east"] == pytest.approx(0.65)
+
+    run(scenario, {"east-0": ("us-east", False), "west-0": ("us-west", False)})
 
 
 def test_streamed_tokens_pass_through_as_server_sent_events() -> None:

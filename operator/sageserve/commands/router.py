@@ -130,6 +130,7 @@ def router_command(
     async def main() -> None:
         fleet = Fleet()
         metrics = RouterMetrics()
+        metrics.watch(fleet)
         discovery = Discovery(fleet, asyncio.get_running_loop(), namespace, backend_url)
         discovery.start()
         reader = PrometheusReader(url, timeout_s=max(1.0, load_refresh_seconds))

@@ -11,16 +11,18 @@ ServiceMonitor sets).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from sageserve.batch.objects import QueueDepth
 from sageserve.metrics.queries import BATCH_ACCEPTED_TOKENS, HELD_REQUESTS, ROUTER_TOKENS
 from sageserve.metrics.vllm import TTFT_BUCKETS
-from sageserve.router.fleet import ModelRoute
+from sageserve.router.fleet import Fleet, ModelRoute
 
 ENDPOINT = ("namespace", "model_deployment", "region")
 
@@ -146,5 +148,30 @@ class RouterMetrics:
     def batch_closed(self, status: str) -> None:
         self.batches_closed.labels(status).inc()
 
+    def watch(self, fleet: Fleet) -> None:
+        """Export the router's EMU estimate of each endpoint with a ready pod, as read at
+        scrape time: what its region router and Queue Manager decide on."""
+        self.registry.register(_EndpointEmu(fleet))
+
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _EndpointEmu(Collector):
+    """`sageserve_router_endpoint_emu`: Prometheus' last EMU reading of an endpoint plus
+    what this router sent it since (`Fleet.estimated_emu`). An operator at 3 a.m. asking
+    why batch work is (not) being released compares it with the Queue Manager's 60 % and
+    50 % (SageServe §6.2)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "sageserve_router_endpoint_emu",
+            "The router's estimate of an endpoint's effective memory utilization (KV usage)",
+            labels=list(ENDPOINT),
+        )
+        for endpoint in sorted(k for k, pods in self.fleet.backends.items() if pods):
+            family.add_metric(list(endpoint), self.fleet.estimated_emu(endpoint))
+        yield family
