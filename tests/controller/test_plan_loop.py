@@ -81,6 +81,30 @@ def test_plan_status_is_a_valid_crd_status_and_restores_the_same_targets() -> No
     assert recorded_plan({"status": {}}) is None
 
 
+def test_readings_that_are_not_demand_are_reported_in_the_plan_and_not_provisioned() -> None:
+    """A broken exporter's +Inf and 1e30, a NaN and a negative rate in one region's history:
+    that region's plan is the clean one's and its forecast says how many points it ignored."""
+    md = _llama()
+    spec = ScalingPolicySpec.model_validate(
+        {"forecast": {"granularitySeconds": 600, "method": "persistence"}}
+    )
+    clean = [2000 + 500 * math.sin(i / 20) for i in range(300)]
+    broken = list(clean)
+    for i, value in zip((100, 150, 200, 299), (math.inf, 1e30, math.nan, -3.0), strict=True):
+        broken[i] = value
+    regions = ("us-east", "us-central", "us-west")
+    plans = [
+        run_plan_cycle([md], spec, {("llama-2-70b", r): h for r in regions}, {}, {})
+        for h in (clean, broken)
+    ]
+    assert plans[1].targets == plans[0].targets
+    status = plan_status(plans[1], [md], {}, "lt-utilization-arima", datetime.now(UTC))
+    PlanStatus.model_validate(status)
+    assert {f["ignoredPoints"] for f in status["forecasts"]} == {4}
+    clean_status = plan_status(plans[0], [md], {}, "lt-utilization-arima", datetime.now(UTC))
+    assert all("ignoredPoints" not in f for f in clean_status["forecasts"])
+
+
 def test_batch_traffic_is_taken_out_of_the_forecast_series_and_feeds_beta() -> None:
     key, other = ("llama", "us-east"), ("llama", "us-west")
     total = {key: [1000.0] * 90 + [math.nan] + [1200.0] * 29, other: [50.0] * 120}

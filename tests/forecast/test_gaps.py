@@ -11,7 +11,7 @@ import pytest
 
 from sageserve.forecast import FORECASTERS, ForecastSpec, forecast_peak
 from sageserve.forecast.backtest import score_hours, summarize
-from sageserve.forecast.gaps import gap_mask, gap_points, partial_gaps, recent_level
+from sageserve.forecast.gaps import gap_mask, gap_points, partial_gaps, recent_level, spikes
 from sageserve.forecast.types import FloatArray, GapRule, IntArray, PeakModel
 
 from .test_forecast import diurnal
@@ -104,6 +104,46 @@ def test_recent_level_skips_gaps_and_looks_back_past_them() -> None:
     assert where(mask) == [3, 4]
     assert recent_level(series, mask, 2) == pytest.approx(250.0)
     assert recent_level(series, np.ones(5, dtype=np.bool_), 2) is None
+
+
+# (case, series, expected spike indices): hostile or broken readings of the token rate
+SPIKES: list[tuple[str, FloatArray, list[int]]] = [
+    ("steady: nothing", steady(), []),
+    ("a target scraped twice for a point: 2x is demand", steady(p10=2 * LEVEL), []),
+    ("a 30x burst: demand", steady(p10=30 * LEVEL), []),
+    ("a broken exporter's 1e30", steady(p10=1e30), [10]),
+    ("exactly 100x up: absurd", steady(p10=100 * LEVEL), [10]),
+    ("two absurd points in a row", steady(p20=1e12, p21=1e15), [20, 21]),
+    ("a level that rises 200x for good: demand", np.repeat([LEVEL, 200 * LEVEL], 20), []),
+    ("a zero next to it does not hide it", steady(p9=0.0, p10=1e9), [10]),
+]
+
+
+@pytest.mark.parametrize(("case", "series", "expected"), SPIKES, ids=[c[0] for c in SPIKES])
+def test_absurd_spikes_table(case: str, series: FloatArray, expected: list[int]) -> None:
+    assert where(spikes(series)) == expected, case
+
+
+def test_the_bursts_of_a_sparse_series_are_real() -> None:
+    # Minute-level tokens of a few bursty clients: mostly idle, bursts of 1,000x are demand.
+    rng = np.random.default_rng(11)
+    series = rng.gamma(0.3, 100.0, 600) * (rng.random(600) > 0.5)
+    assert spikes(series, 60.0).sum() == 0
+    assert spikes(series, 60.0, GapRule(spike_factor=0)).sum() == 0
+
+
+def test_not_finite_negative_and_absurd_rates_are_not_demand() -> None:
+    """Issue 19, item 9: a Prometheus answer with NaN, +Inf, a negative or an absurd rate
+    is ignored and reported (``Forecast.gaps``, ``status.plan.forecasts[].ignoredPoints``),
+    never provisioned for."""
+    clean = diurnal(6, noise=0.05)
+    broken = clean.copy()
+    broken[[200, 400, 600, 790]] = [math.nan, math.inf, -5.0, 1e30]
+    assert where(gap_mask(broken)) == [200, 400, 600, 790]
+    reference, fc = forecast_peak(clean), forecast_peak(broken)
+    assert fc.gaps == 4 and fc.fallback_reason is None
+    assert fc.upper_tps == pytest.approx(reference.upper_tps, rel=0.03)
+    assert math.isfinite(fc.upper_tps)
 
 
 def gappy(days: float = 6) -> tuple[FloatArray, FloatArray, list[int]]:

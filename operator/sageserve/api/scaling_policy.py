@@ -459,6 +459,12 @@ class ForecastEntry(ApiModel):
     )
     method: str = Field(max_length=64, description="Forecaster actually used.")
     fallback_reason: str | None = Field(default=None, max_length=1024)
+    ignored_points: int | None = Field(
+        default=None,
+        ge=0,
+        description="History points not read as demand: missing, not finite, negative, "
+        "collection gaps or absurd spikes (two orders of magnitude above a steady level).",
+    )
 
 
 class TargetEntry(ApiModel):

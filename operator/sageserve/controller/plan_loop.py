@@ -91,6 +91,7 @@ def plan_status(
             "instanceTokensPerSecond": round(cycle.instance_tps[EndpointKey(m, r)], 3),
             "method": fc.method,
             **({"fallbackReason": fc.fallback_reason[:1024]} if fc.fallback_reason else {}),
+            **({"ignoredPoints": fc.gaps} if fc.gaps else {}),
         }
         for (m, r), fc in sorted(cycle.forecasts.items())
     ]

@@ -10,7 +10,9 @@ such points apart so that the forecaster treats them as missing and the backtest
 score them:
 
 - ``partial_gaps``: the points of short, deep, isolated drops (``GapRule``);
-- ``gap_mask``: those plus the points already missing (NaN, negative counter resets);
+- ``spikes``: the mirror image, short isolated points two orders of magnitude *above* a
+  steady level (a target scraped twice, a broken exporter): not demand to provision for;
+- ``gap_mask``: those plus the points already missing (NaN, ±Inf, negative counter resets);
 - ``recent_level``: the level a gap must not pull a forecast below (``floor_fraction`` of it).
 
 Why these tests: a drop of ``drop_factor`` (10×) below the median on *both* sides means the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -124,6 +127,27 @@ def partial_gaps(
     return out
 
 
+def spikes(
+    series: Sequence[float] | FloatArray,
+    step_seconds: float = 600.0,
+    rule: GapRule | None = None,
+    trailing: bool = True,
+) -> BoolArray:
+    """Mask of the points of ``series`` that are absurd spikes: ``partial_gaps`` of the
+    reciprocal series at ``spike_factor`` (a point 100× above the level on both sides is a
+    drop of 100× in 1/x), so the same steadiness and crowding tests keep a bursty series'
+    real bursts. Zeros have no reciprocal and do not vote."""
+    rule = rule or GapRule()
+    values = np.asarray(series, dtype=np.float64)
+    if rule.spike_factor <= 0:
+        return np.zeros(values.size, dtype=np.bool_)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inverse = np.where(values > 0, 1.0 / values, np.nan)
+    return partial_gaps(
+        inverse, step_seconds, replace(rule, drop_factor=rule.spike_factor), trailing
+    )
+
+
 def _runs(flags: BoolArray, observed: BoolArray) -> list[tuple[int, int]]:
     """(first, last) index of each run of ``flags``; unobserved points do not break a run."""
     idx = np.flatnonzero(observed)
@@ -139,11 +163,16 @@ def gap_mask(
     rule: GapRule | None = None,
     trailing: bool = True,
 ) -> BoolArray:
-    """Every point that is not demand: missing (NaN, negative) or a partial gap."""
+    """Every point that is not demand: missing (NaN, ±Inf, negative), a partial gap or an
+    absurd spike."""
     values = np.asarray(series, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         missing = ~(np.isfinite(values) & (values >= 0))
-    out: BoolArray = missing | partial_gaps(values, step_seconds, rule, trailing)
+    out: BoolArray = (
+        missing
+        | partial_gaps(values, step_seconds, rule, trailing)
+        | spikes(values, step_seconds, rule, trailing)
+    )
     return out
 
 

@@ -42,6 +42,11 @@ class GapRule:
     """Other drops allowed in the context; more means a sparse series whose dips are real."""
     min_sigmas: float = 3.0
     """The drop must exceed this many robust (MAD) standard deviations of the context's log."""
+    spike_factor: float = 100.0
+    """A short, isolated point this many times *above* the level on both sides (and steady
+    around it, as for drops) is a recording artefact, not demand: two orders of magnitude,
+    what a target scraped twice, a counter read across a reset or a broken exporter gives,
+    and beyond what a burst of real users does within ten minutes. 0 disables it."""
     floor_fraction: float = 0.5
     """No forecast below this share of the recent level when a gap is within the model's reach
     (issue 15: "no forecast provisions less than half of the recent level because of a gap")."""
@@ -100,7 +105,8 @@ class Forecast:
     """(quantile, upper tokens/s) for each extra quantile asked of ``forecast_peak`` (the
     backtest's quantile grid: one fit, every quantile)."""
     gaps: int = 0
-    """History points treated as missing: NaN, negative, or partial gaps (``forecast.gaps``)."""
+    """History points treated as missing: NaN, ±Inf, negative, partial gaps or absurd spikes
+    (``forecast.gaps``)."""
     floored: bool = False
     """True when the gap floor (``GapRule.floor_fraction`` of the recent level) raised it."""
 
