@@ -61,3 +61,20 @@ def test_dry_run_writes_nothing() -> None:
     decision = Decision(EndpointKey("llama", "us-east"), ActionKind.SCALE_OUT, 1, {"a100": 1}, "x")
     assert step.act({}, model_deployment(), decision)[0] == "DryRunScaledOut"
     assert kube.writes == []
+
+
+def test_degraded_names_the_endpoint_and_how_many_pods_report() -> None:
+    from sageserve.controller.pace_loop import degraded
+    from sageserve.pace.step import Held
+
+    key = EndpointKey("llama", "us-east")
+    assert degraded([]) == (False, "MetricsAvailable", "every pod set reports its load")
+    partial = Held(key, "2 of 3 report", 2, 3, since=0.0)
+    status, reason, message = degraded([partial])
+    assert (status, reason) == (True, "MetricsPartial")
+    assert message == "no scale-in at llama/us-east: 2 of 3 pods reporting since 00:00:00Z"
+    missing = Held(EndpointKey("llama", "us-west"), "none", 0, 2)
+    status, reason, message = degraded([partial, missing])
+    assert (status, reason) == (True, "MetricsMissing")
+    assert "llama/us-west: none of 2 pods reports its load" in message
+    assert "llama/us-east: 2 of 3 pods reporting" in message

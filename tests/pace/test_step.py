@@ -81,6 +81,39 @@ def test_partial_data_never_scales_in_but_may_scale_out() -> None:
     assert [d.kind for d in busy.decisions] == [ActionKind.SCALE_OUT]
 
 
+def test_partial_data_is_reported_whatever_the_strategy_wanted_once_it_has_lasted() -> None:
+    steady = endpoint(inst("a", 50), inst("b", 50), serving=3, replicas={"h100": 3})
+    first = step(steady, t=100.0)
+    assert [(h.reporting, h.serving, h.since, h.partial) for h in first.held] == [
+        (2, 3, 100.0, True)
+    ]
+    assert "2 of 3" in first.held[0].reason
+    # with a grace: silent at first (a new pod's first scrape), reported once it lasts
+    snap = Snapshot(100.0, {KEY: steady})
+    early = decide(100.0, snap, None, StepState(), REACTIVE, report_partial_after_s=30)
+    assert early.held == [] and early.state.partial_since == {KEY: 100.0}
+    later = decide(130.0, snap, None, early.state, REACTIVE, report_partial_after_s=30)
+    assert [h.since for h in later.held] == [100.0]
+    # every pod reports again: cleared, a scale-in follows at once
+    quiet = endpoint(inst("a", 5), inst("b", 5), inst("c", 5))
+    back = decide(131.0, Snapshot(131.0, {KEY: quiet}), None, later.state, REACTIVE, 30)
+    assert back.held == [] and back.state.partial_since == {}
+    assert [d.kind for d in back.decisions] == [ActionKind.SCALE_IN]
+
+
+def test_partial_data_is_reported_during_a_cooldown_too() -> None:
+    busy = endpoint(inst("a", 95), serving=3, replicas={"h100": 3})
+    first = step(busy, t=0.0)
+    assert first.decisions and first.held
+    again = step(busy, t=1.0, state=first.state)  # in the cooldown: no action, still said
+    assert again.decisions == [] and [h.key for h in again.held] == [KEY]
+
+
+def test_missing_data_is_not_partial() -> None:
+    out = step(endpoint(serving=3, replicas={"h100": 3}))
+    assert [(h.reporting, h.serving, h.partial) for h in out.held] == [(0, 3, False)]
+
+
 def test_cooldown_is_kept_in_the_state_the_caller_stores() -> None:
     first = step(endpoint(inst("a", 90)), t=0.0)
     assert first.decisions and first.state.last_event == {KEY: 0.0}

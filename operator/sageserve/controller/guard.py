@@ -38,8 +38,9 @@ EventFn = Callable[[dict[str, Any], str, str, str], None]
 
 
 def report_after_s() -> float:
-    """A stuck pod or an unplaced instance is reported once it has lasted this long
-    (SAGESERVE_REPORT_AFTER_SECONDS, 60 s: past a normal drain or a spot reclaim)."""
+    """A stuck pod, an unplaced instance or an endpoint with some pods silent is reported
+    once it has lasted this long (SAGESERVE_REPORT_AFTER_SECONDS, 60 s: past a normal
+    drain, a spot reclaim, or a new pod's first scrape)."""
     return float(os.environ.get("SAGESERVE_REPORT_AFTER_SECONDS", "60"))
 
 

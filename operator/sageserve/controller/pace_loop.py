@@ -5,8 +5,12 @@ on objects with daemons or timers, and then a namespace cannot be deleted while 
 operator is down). For each policy, every `spec.intervals.paceSeconds` it reads
 utilisation and token rates from Prometheus, asks the policy's strategy (the same objects
 the simulator drives) for actions, and sets replicas. Failure behaviour (DESIGN.md):
-Prometheus unreachable or a region's series missing → hold every affected size,
-`Degraded=True` with the reason, one Event per transition. `dryRun` decides and reports
+Prometheus unreachable, slower than one pace interval, or a region's series missing →
+hold every affected size, `Degraded=True` with the reason, one Event per transition; some
+pods of an endpoint silent → no scale-in there, `Degraded=True/MetricsPartial` naming it
+and how many pods report. The pass reads from Prometheus on the loop's own thread, one
+query at a time, each bounded by what is left of the pace interval: a slow Prometheus
+costs one pass at most one interval, and queries never pile up. `dryRun` decides and reports
 (Events) without changing replicas. Around the pod sets (`controller.guard`): a pod set
 someone else sizes is held (`Conflict`), no scale-in goes where an earlier one is stuck
 (`TerminationStuck`), instances nothing can place are reported (`CapacityShortfall`).
@@ -26,7 +30,7 @@ from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
-from sageserve.controller.guard import FaultReport, Guard
+from sageserve.controller.guard import FaultReport, Guard, report_after_s
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.leader import LeaderElection, identity
 from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
@@ -43,9 +47,9 @@ from sageserve.core.labels import (
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
-from sageserve.metrics.prometheus import MetricsUnavailable
+from sageserve.metrics.prometheus import MetricsTooSlow, MetricsUnavailable
 from sageserve.pace.from_policy import strategy_for
-from sageserve.pace.step import StepState, decide
+from sageserve.pace.step import Held, StepState, decide
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: The leader renews its Lease this often (a third of the Lease's 15 s duration).
@@ -80,6 +84,25 @@ class PaceState:
     donated_nodes: int | None = None
     #: faults already posted as Events (`controller.guard.FaultReport`)
     faults_seen: set[str] = field(default_factory=set)
+
+
+def degraded(held: list[Held]) -> tuple[bool, str, str]:
+    """The `Degraded` condition (status, reason, message) for the endpoints the step held
+    for lack of data: `MetricsPartial` when each of them has some pods reporting (only
+    scale-in is held), `MetricsMissing` when one has none."""
+    if not held:
+        return False, "MetricsAvailable", "every pod set reports its load"
+    parts = []
+    for h in held:
+        where = f"{h.key.model}/{h.key.region}"
+        if h.partial:
+            at = datetime.fromtimestamp(h.since or 0.0, UTC).strftime("%H:%M:%SZ")
+            parts.append(f"{where}: {h.reporting} of {h.serving} pods reporting since {at}")
+        else:
+            parts.append(f"{where}: none of {h.serving} pods reports its load")
+    if all(h.partial for h in held):
+        return True, "MetricsPartial", "no scale-in at " + "; ".join(parts)
+    return True, "MetricsMissing", "holding " + "; ".join(parts)
 
 
 def _essence(obj: Any) -> dict[str, Any]:
@@ -160,11 +183,18 @@ class PacePass:
             and _is_ready(raw)
         ]
         self.spot([md for _, md in fleet])
-        reader = prometheus_reader()
+        # every read of the pass within one pace interval, else the next pass is due and
+        # this one's data is late: hold rather than act on it
+        interval = float(self.policy.spec.intervals.pace_seconds)
+        reader = prometheus_reader(deadline=time.monotonic() + interval)
         try:
             tps = reader.tokens_per_second(self.namespace)
             loads = reader.pod_loads(self.namespace)
             held_requests = reader.held_requests(self.namespace)
+        except MetricsTooSlow as exc:
+            message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
+            self.condition("Degraded", True, "PrometheusSlow", f"{message}: {exc}")
+            return
         except MetricsUnavailable as exc:
             self.condition("Degraded", True, "PrometheusUnreachable", f"holding all sizes: {exc}")
             return
@@ -203,6 +233,7 @@ class PacePass:
             self.state.plan,
             self.state.step,
             strategy_for(self.policy.spec),
+            report_partial_after_s=report_after_s(),
         )
         self.state.step = outcome.state
         work = [(*owner[d.key], d) for d in outcome.decisions if guard.may_send(d)]
@@ -216,16 +247,7 @@ class PacePass:
         events = [(raw, reason, "; ".join(msgs)) for (_, reason), (raw, msgs) in grouped.items()]
         concurrently(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events)
         self.report_faults(guard, fleet)
-        if outcome.held:
-            self.condition(
-                "Degraded",
-                True,
-                "MetricsMissing",
-                "holding "
-                + "; ".join(f"{h.key.model}/{h.key.region}: {h.reason}" for h in outcome.held),
-            )
-        else:
-            self.condition("Degraded", False, "MetricsAvailable", "every pod set reports its load")
+        self.condition("Degraded", *degraded(outcome.held))
 
     def problems(self) -> list[SemanticProblem]:
         """What in the policy passes the schema but cannot be acted on (the nodes are

@@ -311,13 +311,14 @@ def recorded_plan(body: Mapping[str, Any]) -> Plan | None:
     return Plan(at, targets, forecasts, per_instance, spill_from_status(plan))
 
 
-def prometheus_reader() -> PrometheusReader:
+def prometheus_reader(deadline: float | None = None) -> PrometheusReader:
     """The Prometheus the operator reads, configured by the environment the chart sets.
 
     SAGESERVE_PROMETHEUS_URL; optional SAGESERVE_PROMETHEUS_BEARER_TOKEN_FILE, or
     SAGESERVE_PROMETHEUS_USERNAME with SAGESERVE_PROMETHEUS_PASSWORD_FILE; and
     SAGESERVE_PROMETHEUS_INSECURE=true to skip TLS verification. Files are read on every
-    pass so that rotated credentials are picked up.
+    pass so that rotated credentials are picked up. Every read is done by `deadline`
+    (monotonic seconds) or given up (`MetricsTooSlow`).
     """
     env = os.environ
     token_file = env.get("SAGESERVE_PROMETHEUS_BEARER_TOKEN_FILE")
@@ -330,4 +331,5 @@ def prometheus_reader() -> PrometheusReader:
         if username and password_file
         else None,
         verify_tls=env.get("SAGESERVE_PROMETHEUS_INSECURE", "false").lower() != "true",
+        deadline=deadline,
     )

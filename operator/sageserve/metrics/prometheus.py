@@ -1,24 +1,52 @@
 """Reading the fleet's signals from Prometheus (thin adapter over prometheus-api-client).
 
-Every failure to get an answer — unreachable server, HTTP error, malformed reply — becomes
-one exception, `MetricsUnavailable`, because the caller's rule is the same for all of them:
-hold the current sizes and say so (DESIGN.md, failure behaviour).
+Every failure to get an answer — unreachable server, HTTP error, malformed reply, an
+answer too slow — becomes one exception, `MetricsUnavailable` (`MetricsTooSlow` for the
+last), because the caller's rule is the same for all of them: hold the current sizes and
+say so (DESIGN.md, failure behaviour).
+
+Query time is bounded: every request carries a client-side timeout (`timeout_s`, cut to
+what is left of the caller's `deadline`), so a slow or hung Prometheus costs a reader at
+most that long; nothing is retried here (the caller's next pass is the retry: the
+client's default of 3 retries with backoff made one failed read take up to 4 timeouts
+and 7 s of backoff). Requests are synchronous: a caller that reads from one thread has at
+most one query in flight, and a request given up on is closed, not left running.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 
+import requests
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from sageserve.metrics import queries, vllm
 
 
 class MetricsUnavailable(RuntimeError):
     """Prometheus could not answer; the message says why."""
+
+
+class MetricsTooSlow(MetricsUnavailable):
+    """Prometheus did not answer within the reader's timeout or the caller's deadline."""
+
+
+def request_timeout(timeout_s: float, deadline: float | None, now: float) -> float:
+    """Seconds one request may take: `timeout_s`, or less when the caller's `deadline`
+    (monotonic seconds) comes sooner. Raises `MetricsTooSlow` when the deadline has passed:
+    a read that would start after it is not started."""
+    if deadline is None:
+        return timeout_s
+    left = deadline - now
+    if left <= 0:
+        raise MetricsTooSlow(f"no time left for another query ({-left:.1f} s past the deadline)")
+    return min(timeout_s, left)
 
 
 #: (namespace, model deployment, region) → value.
@@ -52,19 +80,36 @@ class PrometheusReader:
     bearer_token: str | None = None
     basic_auth: tuple[str, str] | None = None
     verify_tls: bool = True
+    #: monotonic time by which every read must be done (None: each read gets `timeout_s`)
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         headers = {"Authorization": f"Bearer {self.bearer_token}"} if self.bearer_token else None
         self._prom = PrometheusConnect(
-            url=self.url, headers=headers, auth=self.basic_auth, disable_ssl=not self.verify_tls
+            url=self.url,
+            headers=headers,
+            auth=self.basic_auth,
+            disable_ssl=not self.verify_tls,
+            retry=Retry(total=False),
         )
+
+    def _query(self, expr: str) -> Any:
+        """`expr` as an instant query within the time allowed (see the module doc)."""
+        timeout = request_timeout(self.timeout_s, self.deadline, time.monotonic())
+        try:
+            return self._prom.custom_query(
+                expr, params={"timeout": f"{max(1, int(timeout * 1000))}ms"}, timeout=timeout
+            )
+        except requests.Timeout as exc:
+            raise MetricsTooSlow(
+                f"Prometheus at {self.url} did not answer within {timeout:.1f} s"
+            ) from exc
+        except Exception as exc:  # connection, HTTP and decoding errors alike
+            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
 
     def instant(self, expr: str) -> Series:
         """An instant vector grouped by (namespace, model deployment, region)."""
-        try:
-            result = self._prom.custom_query(expr, params={"timeout": f"{self.timeout_s:g}s"})
-        except Exception as exc:  # requests, HTTP and decoding errors alike
-            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        result = self._query(expr)
         out: Series = {}
         for sample in result:
             try:
@@ -83,13 +128,19 @@ class PrometheusReader:
         """
         n = max(1, int(seconds // step))
         start = end - (n - 1) * step
+        timeout = request_timeout(self.timeout_s, self.deadline, time.monotonic())
         try:
             result = self._prom.custom_query_range(
                 expr,
                 start_time=datetime.fromtimestamp(start, UTC),
                 end_time=datetime.fromtimestamp(end, UTC),
                 step=f"{step:g}s",
+                timeout=timeout,
             )
+        except requests.Timeout as exc:
+            raise MetricsTooSlow(
+                f"Prometheus at {self.url} did not answer within {timeout:.1f} s"
+            ) from exc
         except Exception as exc:
             raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
         out: dict[tuple[str, str, str], list[float]] = {}
@@ -104,11 +155,11 @@ class PrometheusReader:
 
     def samples(self, expr: str) -> list[tuple[Mapping[str, str], float]]:
         """An instant vector as (labels, value) pairs, every label kept."""
+        result = self._query(expr)
         try:
-            result = self._prom.custom_query(expr, params={"timeout": f"{self.timeout_s:g}s"})
             return [(s["metric"], float(s["value"][1])) for s in result]
-        except Exception as exc:  # requests, HTTP and decoding errors alike
-            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise MetricsUnavailable(f"unexpected sample from Prometheus: {result!r}") from exc
 
     def pod_loads(self, namespace: str) -> dict[str, PodLoad]:
         """KV usage, KV capacity and queue of every pod of `namespace` that reports, by pod.

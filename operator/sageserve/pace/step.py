@@ -7,7 +7,10 @@ simulator used to re-derive each in its own way:
   passes the plan recorded in status; the simulator the one its planner just made);
 - **hold on missing data**: an endpoint whose serving instances report nothing is held
   (no action at all); with partial data (some instances silent) it may scale out but never
-  in, because a silent instance may be the full one (DESIGN: failure behaviour);
+  in, because a silent instance may be the full one (DESIGN: failure behaviour). Partial
+  data is reported (`held`, with how many report) once it has lasted
+  `report_partial_after_s`, whatever the strategy wanted: a new instance is silent until
+  its first scrape, which is no fault;
 - **from zero and the floor**: an endpoint with nothing serving or coming scales out when
   requests wait for it (the activator pattern; with nothing serving its utilisation is
   undefined, not 100 %), and an endpoint below `minInstances` is brought back to it;
@@ -57,14 +60,26 @@ class StepState:
     plan: Plan | None = None
     last_event: Mapping[EndpointKey, float] = field(default_factory=dict)
     saturated_at: Mapping[EndpointKey, float] = field(default_factory=dict)
+    #: since when each endpoint with partial data has had it (cleared once all report)
+    partial_since: Mapping[EndpointKey, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Held:
-    """An endpoint the step did not act on for lack of data, and why."""
+    """An endpoint the step held for lack of data, and why: with nothing reporting, every
+    action; with some instances silent (`partial`), scale-in. `reporting` of `serving`
+    serving instances report their load."""
 
     key: EndpointKey
     reason: str
+    reporting: int = 0
+    serving: int = 0
+    #: since when the data has been partial (None when nothing reports)
+    since: float | None = None
+
+    @property
+    def partial(self) -> bool:
+        return 0 < self.reporting < self.serving
 
 
 @dataclass(frozen=True)
@@ -78,7 +93,7 @@ def adopt(state: StepState, plan: Plan | None) -> StepState:
     """The state with `plan` in force if it is newer than the current one."""
     if plan is None or (state.plan is not None and plan.computed_at <= state.plan.computed_at):
         return state
-    return StepState(plan, state.last_event, state.saturated_at)
+    return replace(state, plan=plan)
 
 
 def split_over_variants(
@@ -145,24 +160,50 @@ def _floor_action(ep: EndpointSnapshot) -> ScalingAction | None:
     return None
 
 
+def _lacking_data(
+    ep: EndpointSnapshot, now: float, partial_since: dict[EndpointKey, float], after_s: float
+) -> Held | None:
+    """What to report of an endpoint's missing or partial data (partial: once it has lasted
+    `after_s`, counted in `partial_since`, which this keeps up to date)."""
+    if not ep.partial_data:
+        partial_since.pop(ep.key, None)
+    if ep.missing_data:
+        reason = f"none of {ep.serving} serving instance(s) reports its load"
+        return Held(ep.key, reason, 0, ep.serving)
+    if not ep.partial_data:
+        return None
+    began = partial_since.setdefault(ep.key, now)
+    if now - began < after_s:
+        return None
+    reason = f"{ep.reporting} of {ep.serving} serving instance(s) report: no scale-in"
+    return Held(ep.key, reason, ep.reporting, ep.serving, began)
+
+
 def decide(
     now: float,
     snapshot: Snapshot,
     plan: Plan | None,
     state: StepState,
     strategy: PacingStrategy,
+    report_partial_after_s: float = 0.0,
 ) -> StepOutcome:
-    """Decisions for the endpoints of `snapshot`, in key order, and the state after them."""
+    """Decisions for the endpoints of `snapshot`, in key order, and the state after them.
+
+    Endpoints with partial data are in `held` once it has lasted `report_partial_after_s`
+    (their scale-in is held from the first step)."""
     state = adopt(state, plan)
     last = dict(state.last_event)
     saturated = dict(state.saturated_at)
+    partial_since = dict(state.partial_since)
     decisions: list[Decision] = []
     held: list[Held] = []
     for key in sorted(snapshot.endpoints):
         ep = snapshot.endpoints[key]
-        if ep.missing_data:
-            held.append(Held(key, f"none of {ep.serving} serving instance(s) reports its load"))
-            continue
+        lacking = _lacking_data(ep, now, partial_since, report_partial_after_s)
+        if lacking is not None:
+            held.append(lacking)
+            if not lacking.partial:
+                continue
         since = last.get(key)
         if since is not None and now - since < strategy.cooldown_s:
             continue
@@ -183,10 +224,7 @@ def decide(
             ):
                 action = None
         if action is not None and action.kind is ActionKind.SCALE_IN and ep.partial_data:
-            held.append(
-                Held(key, f"{ep.reporting} of {ep.serving} serving instance(s) report: no scale-in")
-            )
-            action = None
+            action = None  # a silent instance may be the full one
         if action is None:
             continue
         decision = to_decision(action, ep, state.plan)
@@ -194,4 +232,4 @@ def decide(
             continue
         decisions.append(decision)
         last[key] = now
-    return StepOutcome(decisions, StepState(state.plan, last, saturated), held)
+    return StepOutcome(decisions, StepState(state.plan, last, saturated, partial_since), held)
