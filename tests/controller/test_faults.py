@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from sageserve.api.model_deployment import ModelDeployment
 from sageserve.controller.faults import (
     Sizing,
+    lost_pods,
     overdue_pods,
     ownership,
     replicas_writers,
@@ -22,7 +24,9 @@ from sageserve.controller.faults import (
 )
 from sageserve.controller.guard import FaultReport, Guard
 from sageserve.controller.kube import ReplicasMoved
+from sageserve.controller.observe import endpoint_snapshots
 from sageserve.core.labels import ANNOTATION_REPLICAS, ANNOTATION_SCALING
+from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision
 from sageserve.core.types import ActionKind, EndpointKey
 
@@ -242,3 +246,70 @@ def test_a_stuck_pod_is_reported_once_after_the_bound(monkeypatch: pytest.Monkey
     assert [r for _, r, _ in rec.events] == ["TerminationStuck"]
     report.post(guard_of(pod_set(1, 1, [OURS])), owners, set(rec.conditions))
     assert rec.conditions["TerminationStuck"][:2] == (False, "NoneStuck")
+
+
+def test_pods_on_a_lost_node_are_listed_with_how_long_it_has_been_lost() -> None:
+    on_lost = pod("on-lost")
+    on_lost["spec"]["nodeName"] = "gpu-0"
+    leaving = pod("leaving", deletionTimestamp="2025-06-15T15:05:40Z")
+    leaving["spec"]["nodeName"] = "gpu-0"
+    healthy = pod("healthy")
+    healthy["spec"]["nodeName"] = "gpu-1"
+    batch = {"metadata": {"name": "batch", "labels": {}}, "spec": {"nodeName": "gpu-0"}}
+    [lost] = lost_pods([on_lost, leaving, healthy, batch], {"gpu-0": NOW - 30}, NOW)
+    assert (lost.name, lost.node, lost.lost_s, lost.model) == ("on-lost", "gpu-0", 30.0, "llama")
+    assert lost.since == "2025-06-15T15:06:10Z"
+    assert "node gpu-0 not Ready since 2025-06-15T15:06:10Z" in lost.describe()
+
+
+@pytest.mark.parametrize(
+    ("conditions", "since"),
+    [
+        ([], None),  # a hand-written inventory: no condition, taken as Ready
+        ([{"type": "Ready", "status": "True"}], None),
+        (
+            [{"type": "Ready", "status": "False", "lastTransitionTime": "2025-06-15T15:06:10Z"}],
+            NOW - 30,
+        ),
+        ([{"type": "Ready", "status": "Unknown"}], 0.0),
+    ],
+)
+def test_a_node_is_lost_from_when_its_ready_condition_left_true(
+    conditions: list[dict[str, str]], since: float | None
+) -> None:
+    assert not_ready_since({"status": {"conditions": conditions}}) == since
+
+
+def test_a_pod_on_a_lost_node_is_not_serving_even_if_it_still_says_ready() -> None:
+    md = ModelDeployment.model_validate(
+        {
+            "apiVersion": "sageserve.io/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": "llama", "namespace": "llm"},
+            "spec": {
+                "model": {"name": "m"},
+                "variants": [
+                    {
+                        "name": "a100",
+                        "gpuType": "NVIDIA-A100",
+                        "gpusPerInstance": 4,
+                        "capacityTokensPerSecond": 900,
+                    }
+                ],
+                "regions": [{"name": "us-east", "minInstances": 1, "maxInstances": 4}],
+                "tiers": ["iw-f"],
+                "policyRef": {"name": "p"},
+            },
+        }
+    )
+    pods = []
+    for name, node in (("a", "gpu-0"), ("b", "gpu-1")):
+        p = pod(name)
+        p["spec"]["nodeName"] = node
+        p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        pods.append(p)
+    sets = {"llama-us-east-a100": {"spec": {"replicas": 2}}}
+    key = EndpointKey("llama", "us-east")
+    assert endpoint_snapshots(md, "llm", sets, pods, {}, {})[key].serving == 2
+    snap = endpoint_snapshots(md, "llm", sets, pods, {}, {}, lost_nodes={"gpu-1"})[key]
+    assert (snap.serving, snap.replicas) == (1, {"a100": 2})  # the lost one counts as coming

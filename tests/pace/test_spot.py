@@ -1,8 +1,18 @@
-"""Reclaim order and donation candidates of the spot pool."""
+"""Reclaim order, donation candidates and reclaim follow-up of the spot pool."""
 
 from __future__ import annotations
 
-from sageserve.pace.spot import PoolNode, Source, donation_candidates, reclaim_order
+import pytest
+
+from sageserve.pace.spot import (
+    PoolNode,
+    ReclaimStep,
+    Source,
+    donation_candidates,
+    reclaim_order,
+    reclaim_step,
+    under_way,
+)
 
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
 
@@ -51,3 +61,83 @@ def test_only_idle_serving_nodes_are_donated_and_in_a_stable_order() -> None:
         node("other-region", pool="serving", region="us-west"),
     ]
     assert [n.name for n in donation_candidates(nodes, "us-east", H100)] == ["a", "z"]
+
+
+def test_nodes_that_are_not_ready_are_neither_reclaimed_nor_donated() -> None:
+    nodes = [
+        node("spot-lost", model="m", ready=False),
+        node("spot-ok", model="m"),
+        node("serving-lost", pool="serving", ready=False),
+    ]
+    assert [n.name for n, _ in reclaim_order(nodes, "m", "us-east", H100, 8)] == ["spot-ok"]
+    assert donation_candidates(nodes, "us-east", H100) == []
+
+
+def test_a_node_given_up_is_skipped_for_the_retry_window_then_taken_again() -> None:
+    nodes = [node("spot-0", blocked_at=100.0), node("spot-1")]
+
+    def order(now: float | None) -> list[str]:
+        found = reclaim_order(nodes, "m", "us-east", H100, 8, now=now, retry_after_s=50.0)
+        return [n.name for n, _ in found]
+
+    assert order(None) == ["spot-0", "spot-1"]  # no clock given: nothing skipped
+    assert order(120.0) == ["spot-1"]
+    assert order(150.0) == ["spot-0", "spot-1"]  # the window is over: tried again
+
+
+@pytest.mark.parametrize(
+    ("case", "fields", "now", "step"),
+    [
+        ("not reclaimed", {"pool": "serving", "tenants": ("ns/p",)}, 100.0, None),
+        ("still spot", {"pool": "spot", "reclaimed_at": 90.0, "tenants": ("ns/p",)}, 100.0, None),
+        ("emptied", {"pool": "serving", "reclaimed_at": 90.0}, 100.0, None),
+        ("only leaving", {"pool": "serving", "reclaimed_at": 90.0, "leaving": 1}, 100.0, None),
+        (
+            "within bound",
+            {"pool": "serving", "reclaimed_at": 90.0, "tenants": ("ns/p",)},
+            100.0,
+            ReclaimStep.EVICT,
+        ),
+        (
+            "at the bound",
+            {"pool": "serving", "reclaimed_at": 40.0, "tenants": ("ns/p",)},
+            100.0,
+            ReclaimStep.GIVE_UP,
+        ),
+        (
+            "past twice the bound",
+            {"pool": "serving", "reclaimed_at": 0.0, "tenants": ("ns/p",)},
+            121.0,
+            None,
+        ),
+        (
+            "a serving pod landed",
+            {"pool": "serving", "reclaimed_at": 40.0, "tenants": ("ns/p",), "serving_gpus": 4},
+            100.0,
+            None,
+        ),
+        (
+            "lost",
+            {"pool": "serving", "reclaimed_at": 40.0, "tenants": ("ns/p",), "ready": False},
+            100.0,
+            None,
+        ),
+    ],
+)
+def test_reclaim_step_retries_within_the_bound_and_gives_up_after_it(
+    case: str, fields: dict, now: float, step: ReclaimStep | None
+) -> None:
+    pool = fields.pop("pool")
+    assert reclaim_step(node("n", pool=pool, **fields), now, 60.0) == step, case
+
+
+def test_reclaims_under_way_are_those_with_spot_pods_left_within_twice_the_bound() -> None:
+    nodes = [
+        node("evicting", pool="serving", reclaimed_at=90.0, tenants=("ns/p",)),
+        node("leaving", pool="serving", reclaimed_at=90.0, leaving=1),
+        node("done", pool="serving", reclaimed_at=90.0),
+        node("stale", pool="serving", reclaimed_at=-100.0, tenants=("ns/p",)),
+        node("lost", pool="serving", reclaimed_at=90.0, tenants=("ns/p",), ready=False),
+        node("spot", reclaimed_at=90.0, tenants=("ns/p",)),
+    ]
+    assert [n.name for n in under_way(nodes, 100.0, 60.0)] == ["evicting", "leaving"]

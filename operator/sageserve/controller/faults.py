@@ -17,14 +17,20 @@ The faults users of LLM autoscalers report and the pace pass must not make worse
 - **instances that cannot be placed** (no free GPU, nothing to reclaim): the scheduler
   says `Unschedulable`; they stay counted as capacity on its way (`replicas`), so the
   strategy does not ask for more of what cannot be placed, and they are reported per
-  (model, region) once they have waited a bounded time.
+  (model, region) once they have waited a bounded time;
+- **a node lost** (its Ready condition not True: the kubelet says NotReady, or the node
+  controller heard nothing and says Unknown): its pods serve nothing, whatever their own
+  Ready condition still says, so they are not counted as serving; once the node has been
+  lost for a bounded time they are evicted, so that their pod sets' ReplicaSets place
+  replacements where capacity exists (Kubernetes itself waits 300 s, the default
+  toleration of `node.kubernetes.io/unreachable`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -270,3 +276,56 @@ def shortfall_message(unplaced: list[UnplacedPod]) -> str:
             f"(scheduler: {oldest.scheduler[:200]})"
         )
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class LostPod:
+    """A pod of a pod set on a node that is not Ready."""
+
+    name: str
+    model: str
+    region: str
+    node: str
+    #: how long the node has been lost
+    lost_s: float
+    #: when the node's Ready condition left True (RFC 3339)
+    since: str
+
+    def describe(self) -> str:
+        return (
+            f"node {self.node} not Ready since {self.since}: pod {self.name} "
+            f"({self.model}/{self.region}) is not counted as serving and is evicted so that "
+            "its pod set places a replacement where capacity exists"
+        )
+
+
+def lost_pods(
+    pods: Iterable[Mapping[str, Any]], lost: Mapping[str, float], now: float
+) -> list[LostPod]:
+    """Pods of pod sets, not terminating yet, on the nodes of `lost` (`{node: not Ready
+    since}`); the caller evicts those lost for long enough."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        labels = meta.get("labels") or {}
+        if not node or node not in lost or meta.get("deletionTimestamp"):
+            continue
+        if LABEL_DEPLOYMENT not in labels:
+            continue
+        since = lost[node]
+        out.append(
+            LostPod(
+                str(meta.get("name")),
+                str(labels.get(LABEL_DEPLOYMENT)),
+                str(labels.get(LABEL_REGION, "")),
+                str(node),
+                max(0.0, now - since),
+                datetime.fromtimestamp(since, UTC)
+                .isoformat(timespec="seconds")
+                .replace("+00:00", "Z")
+                if since
+                else "an unknown time",
+            )
+        )
+    return sorted(out, key=lambda p: p.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -39,6 +40,22 @@ def _plain(response: Any) -> dict[str, Any]:
     model objects first (and serialising them back) cost seconds and hundreds of MB per
     list of 2,000 Nodes."""
     return cast(dict[str, Any], json.loads(response.data))
+
+
+def refusal(namespace: str, status: int, body: str) -> str:
+    """What refused an eviction, from the API server's answer: `PodDisruptionBudget
+    <namespace>/<name> (<its message>)` when a budget did, else the status and message."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return f"{status} {body[:200]}"
+    causes = (answer.get("details") or {}).get("causes") or []
+    for cause in causes:
+        message = str(cause.get("message") or "")
+        found = re.search(r"disruption budget (\S+)", message)
+        if cause.get("reason") == "DisruptionBudget" and found:
+            return f"PodDisruptionBudget {namespace}/{found.group(1)} ({message})"
+    return f"{status} {answer.get('reason', '')}: {answer.get('message', '')}"[:300]
 
 
 class Kube:
@@ -191,14 +208,22 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def evict(self, namespace: str, name: str) -> None:
-        """Evict a pod through the Eviction API, so PodDisruptionBudgets are honoured."""
+    def evict(self, namespace: str, name: str) -> str | None:
+        """Evict a pod through the Eviction API, so PodDisruptionBudgets are honoured.
+
+        None when the pod is evicted or already gone; what refused it otherwise: a 429
+        (a PodDisruptionBudget allows no disruption now, named from the answer's cause) or a
+        500 (more than one budget selects the pod). The caller retries or gives up."""
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
         try:
             self.core.create_namespaced_pod_eviction(name, namespace, body)
         except ApiException as exc:
-            if exc.status != 404:
-                raise
+            if exc.status == 404:
+                return None
+            if exc.status in (429, 500):
+                return refusal(namespace, exc.status, str(exc.body or exc.reason))
+            raise
+        return None
 
     def mark_node(self, name: str, labels: dict[str, str], annotations: dict[str, str]) -> None:
         """Merge-patch a node's labels and annotations (moving it between pools)."""

@@ -5,7 +5,9 @@ Prometheus) and writes (scale, pod-deletion cost). Building an `EndpointSnapshot
 in the simulator (`sim.cluster.Endpoint.snapshot`) from the same facts gives the same
 value, which the parity test checks:
 
-- serving instances are the Ready pods that are not terminating; the rest of each pod
+- serving instances are the Ready pods that are not terminating and whose node is Ready
+  (a pod on a lost node may still say Ready: nothing on the node can say otherwise); the
+  rest of each pod
   set's `spec.replicas` is capacity on its way (pods still loading count as coming, not as
   missing), terminating pods are draining;
 - each serving pod that reports KV usage becomes an `InstanceView` with its KV capacity
@@ -19,7 +21,7 @@ value, which the parity test checks:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
@@ -53,8 +55,10 @@ def endpoint_snapshots(
     loads: Mapping[str, PodLoad],
     tokens_per_s: Series,
     held_requests: Series | None = None,
+    lost_nodes: Collection[str] = frozenset(),
 ) -> dict[EndpointKey, EndpointSnapshot]:
-    """One snapshot per region of `md` that has a pod set (existing Deployments only)."""
+    """One snapshot per region of `md` that has a pod set (existing Deployments only);
+    pods on `lost_nodes` (not Ready) are not serving."""
     name = md.metadata.name
     variants = tuple(v.name for v in md.spec.variants)
     mine: dict[str, list[Mapping[str, Any]]] = {}
@@ -67,7 +71,13 @@ def endpoint_snapshots(
         sets = {v: deployments.get(pod_set_name(name, region.name, v)) for v in variants}
         if all(d is None for d in sets.values()):
             continue
-        serving = [p for p in mine.get(region.name, []) if _ready(p) and not _terminating(p)]
+        serving = [
+            p
+            for p in mine.get(region.name, [])
+            if _ready(p)
+            and not _terminating(p)
+            and (p.get("spec") or {}).get("nodeName") not in lost_nodes
+        ]
         reporting = [p for p in serving if p["metadata"]["name"] in loads]
         sized = all(loads[p["metadata"]["name"]].kv_capacity_tokens for p in reporting)
         views = []

@@ -13,7 +13,9 @@ query at a time, each bounded by what is left of the pace interval: a slow Prome
 costs one pass at most one interval, and queries never pile up. `dryRun` decides and reports
 (Events) without changing replicas. Around the pod sets (`controller.guard`): a pod set
 someone else sizes is held (`Conflict`), no scale-in goes where an earlier one is stuck
-(`TerminationStuck`), instances nothing can place are reported (`CapacityShortfall`).
+(`TerminationStuck`), instances nothing can place are reported (`CapacityShortfall`),
+pods on a lost node are not serving and are evicted after a bound (`NodeLost` Events), a
+spot reclaim a PodDisruptionBudget refuses is given up after a bound (`ReclaimBlocked`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
+from sageserve.controller.faults import lost_pods
 from sageserve.controller.guard import FaultReport, Guard, report_after_s
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.leader import LeaderElection, identity
@@ -44,6 +47,7 @@ from sageserve.core.labels import (
     LABEL_DEPLOYMENT,
     NodeLabels,
 )
+from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
@@ -60,7 +64,15 @@ WRITERS = int(os.environ.get("SAGESERVE_WRITERS", "8"))
 T = TypeVar("T")
 R = TypeVar("R")
 #: Condition types that are bad when True (the others, Ready and PlanReady, when False).
-ABNORMAL_WHEN_TRUE = frozenset({"Degraded", "Conflict", "TerminationStuck", "CapacityShortfall"})
+ABNORMAL_WHEN_TRUE = frozenset(
+    {"Degraded", "Conflict", "TerminationStuck", "CapacityShortfall", "ReclaimBlocked"}
+)
+
+
+def node_lost_s() -> float:
+    """Pods on a node that is not Ready are evicted (to be replaced) once it has been lost
+    this long (SAGESERVE_NODE_LOST_SECONDS, 60 s; Kubernetes' own default is 300 s)."""
+    return float(os.environ.get("SAGESERVE_NODE_LOST_SECONDS", "60"))
 
 
 def concurrently(fn: Callable[[T], R], items: list[T]) -> list[R]:
@@ -130,6 +142,13 @@ class PacePass:
         self.dry_run = forced or self.policy.spec.dry_run
         #: the pod sets as this pass listed them, by name (writes test against them)
         self.observed: dict[str, dict[str, Any]] = {}
+        self._nodes: list[dict[str, Any]] | None = None
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every Node, listed once per pass (the spot pass, the checks and lost nodes)."""
+        if self._nodes is None:
+            self._nodes = self.kube.nodes()
+        return self._nodes
 
     def condition(self, type_: str, status: bool, reason: str, message: str) -> None:
         """Set a condition on the policy (written when its status, reason or message
@@ -210,6 +229,16 @@ class PacePass:
         self.observed = {name: d for sets in pod_sets.values() for name, d in sets.items()}
         if not self.dry_run:
             guard.settle(self.kube, self.observed, self.logger)
+        lost = {
+            name: since
+            for obj in self.nodes()
+            if (since := not_ready_since(obj)) is not None
+            and (name := str((obj.get("metadata") or {}).get("name")))
+        }
+        mine_pods = [
+            p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) in mine
+        ]
+        self.replace_lost(lost, mine_pods, {md.metadata.name: raw for raw, md in fleet})
         endpoints: dict[EndpointKey, EndpointSnapshot] = {}
         owner: dict[EndpointKey, tuple[dict[str, Any], ModelDeployment]] = {}
         for raw, md in fleet:
@@ -221,6 +250,7 @@ class PacePass:
                 loads,
                 tps,
                 held_requests,
+                lost,
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
@@ -249,12 +279,33 @@ class PacePass:
         self.report_faults(guard, fleet)
         self.condition("Degraded", *degraded(outcome.held))
 
+    def replace_lost(
+        self,
+        lost: dict[str, float],
+        pods: list[dict[str, Any]],
+        owners: dict[str, dict[str, Any]],
+    ) -> None:
+        """Evict the pods of nodes lost for longer than the bound (their pod sets' ReplicaSets
+        replace them where capacity exists), with a Warning Event on the ModelDeployment."""
+        if self.dry_run or not lost:
+            return
+        bound = node_lost_s()
+        for pod in lost_pods(pods, lost, self.now):
+            if pod.lost_s < bound:
+                continue
+            refused = self.kube.evict(self.namespace, pod.name)
+            message = pod.describe() + (f"; eviction refused: {refused}" if refused else "")
+            self.logger.warning("%s", message)
+            body = owners.get(pod.model)
+            if body is not None:
+                self.kube.event(body, "Warning", "NodeLost", message)
+
     def problems(self) -> list[SemanticProblem]:
         """What in the policy passes the schema but cannot be acted on (the nodes are
         listed only when the policy names GPU types)."""
         if not self.policy.spec.optimizer.gpu_hour_costs:
             return []
-        shapes = node_shapes(self.kube.nodes(), NodeLabels.from_env(os.environ))
+        shapes = node_shapes(self.nodes(), NodeLabels.from_env(os.environ))
         return policy_problems(self.policy.spec, (n.gpu_type for n in shapes))
 
     def report_faults(
@@ -308,7 +359,7 @@ class PacePass:
                     busy.add(region_of[name])
         dry = self.dry_run
         spot_pass = SpotPass(self.kube, NodeLabels.from_env(os.environ))
-        reclaimed, donated = spot_pass.run(region_of, busy, dry)
+        reclaimed, donated = spot_pass.run(region_of, busy, dry, self.nodes())
         if spot_pass.spot_nodes != self.state.donated_nodes:
             self.state.donated_nodes = spot_pass.spot_nodes
             self.kube.patch_status(
@@ -324,6 +375,24 @@ class PacePass:
         if donated:
             message = f"idle serving node(s) {', '.join(donated)} donated to the spot pool"
             self.kube.event(self.body, "Normal", prefix + "Donated", message)
+        self.report_blocked(spot_pass)
+
+    def report_blocked(self, spot_pass: SpotPass) -> None:
+        """`ReclaimBlocked` while a node whose reclaim was given up is skipped; a Warning
+        Event for each give-up (the condition's own Event names the first ones)."""
+        was = any(
+            c["type"] == "ReclaimBlocked" and c["status"] == "True" for c in self.state.conditions
+        )
+        if was:
+            for blocked in spot_pass.given_up:
+                message = blocked.describe(spot_pass.timeout_s)
+                self.kube.event(self.body, "Warning", "ReclaimBlocked", message)
+        if spot_pass.blocked:
+            message = "; ".join(b.describe(spot_pass.timeout_s) for b in spot_pass.blocked)
+            self.condition("ReclaimBlocked", True, "EvictionRefused", message)
+        elif any(c["type"] == "ReclaimBlocked" for c in self.state.conditions):
+            message = "no spot reclaim is blocked"
+            self.condition("ReclaimBlocked", False, "NoneBlocked", message)
 
     def act(self, raw: dict[str, Any], md: ModelDeployment, decision: Decision) -> tuple[str, str]:
         """Carry out one decision (unless dry run); the Event's (reason, message) saying why.

@@ -26,6 +26,10 @@ LABEL_VARIANT = "sageserve.io/variant"
 ANNOTATION_LAST_MODEL = "sageserve.io/last-model"
 ANNOTATION_DONATED_AT = "sageserve.io/donated-at"
 ANNOTATION_RECLAIMED_AT = "sageserve.io/reclaimed-at"
+#: Written when a reclaim is given up because its spot pods' eviction was refused (a
+#: PodDisruptionBudget): when, and which pod and budget refused it.
+ANNOTATION_BLOCKED_AT = "sageserve.io/reclaim-blocked-at"
+ANNOTATION_BLOCKED_BY = "sageserve.io/reclaim-blocked-by"
 
 #: The ReplicaSet controller removes the pods with the lowest cost first on scale-in: the
 #: operator sets it on the instance the decision step chose to drain.

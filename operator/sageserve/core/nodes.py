@@ -56,6 +56,18 @@ def _ready(status: Mapping[str, Any]) -> bool:
     return not ready or ready[0].get("status") == "True"
 
 
+def not_ready_since(obj: Mapping[str, Any]) -> float | None:
+    """When the node's Ready condition left True (its `lastTransitionTime`); None while it
+    is Ready or reports no Ready condition (a hand-written inventory). A node whose
+    kubelet says NotReady, or that the node controller marks Unknown, is lost for the pods
+    on it; 0.0 when the condition carries no time."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    ready = [c for c in conditions if c.get("type") == "Ready"]
+    if not ready or ready[0].get("status") == "True":
+        return None
+    return parse_time(ready[0].get("lastTransitionTime")) or 0.0
+
+
 def parse_node(obj: Mapping[str, Any], labels: NodeLabels = DEFAULT_NODE_LABELS) -> NodeInfo | None:
     """The node's GPU shape, pool and donation annotations; None if sageserve cannot use it.
 
