@@ -110,6 +110,8 @@ POOL_ANNOTATIONS = (
     "sageserve.io/last-model",
     "sageserve.io/donated-at",
     "sageserve.io/reclaimed-at",
+    "sageserve.io/reclaim-blocked-at",
+    "sageserve.io/reclaim-blocked-by",
 )
 
 

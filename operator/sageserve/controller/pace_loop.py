@@ -378,15 +378,12 @@ class PacePass:
         self.report_blocked(spot_pass)
 
     def report_blocked(self, spot_pass: SpotPass) -> None:
-        """`ReclaimBlocked` while a node whose reclaim was given up is skipped; a Warning
-        Event for each give-up (the condition's own Event names the first ones)."""
-        was = any(
-            c["type"] == "ReclaimBlocked" and c["status"] == "True" for c in self.state.conditions
-        )
-        if was:
-            for blocked in spot_pass.given_up:
-                message = blocked.describe(spot_pass.timeout_s)
-                self.kube.event(self.body, "Warning", "ReclaimBlocked", message)
+        """A Warning Event `ReclaimBlocked` for each reclaim given up (naming the node, the
+        pod and the PodDisruptionBudget); `ReclaimBlocked=True` while a node given up is
+        skipped."""
+        for blocked in spot_pass.given_up:
+            message = blocked.describe(spot_pass.timeout_s)
+            self.kube.event(self.body, "Warning", "ReclaimBlocked", message)
         if spot_pass.blocked:
             message = "; ".join(b.describe(spot_pass.timeout_s) for b in spot_pass.blocked)
             self.condition("ReclaimBlocked", True, "EvictionRefused", message)
