@@ -8,6 +8,7 @@ picks them up without a restart.
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,3 +119,28 @@ def stop(root: Path) -> None:
     pid = procs.read_pid(PrometheusPaths(root).pid_file)
     if pid is not None:
         procs.stop_pid(pid)
+
+
+def restart(root: Path, down_s: float, timeout: float = 60.0) -> float:
+    """Stop the Prometheus recorded under ``root``, leave it down ``down_s`` (its port held,
+    connections refused), start it again with the same command line (same port, config and
+    data); the seconds it was unavailable, until /-/ready is 200 again."""
+    from e2e.kwok_cluster import _held_port
+
+    paths = PrometheusPaths(root)
+    pid = procs.read_pid(paths.pid_file)
+    if pid is None or not procs.is_alive(pid):
+        raise PrometheusError(f"no Prometheus running under {root}")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+    address = next(a.split("=", 1)[1] for a in argv if a.startswith("--web.listen-address="))
+    port = int(address.rsplit(":", 1)[1])
+    stopped = time.monotonic()
+    procs.stop_pid(pid)
+    with _held_port(port):
+        time.sleep(down_s)
+    pid = procs.start_daemon(argv, log=paths.log, pid_file=paths.pid_file)
+    url = f"http://{address}"
+    procs.wait_until(
+        lambda: procs.is_alive(pid) and procs.http_ok(f"{url}/-/ready"), timeout, "Prometheus back"
+    )
+    return time.monotonic() - stopped

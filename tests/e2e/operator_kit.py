@@ -38,7 +38,9 @@ class FakeVllm:
     one target per pod of MODEL in the region that the API server lists, labelled with the
     pod's name as the chart's pod scrape labels it, so the operator reads every pod's usage
     (`PrometheusReader.pod_loads`). A thread keeps the per-pod targets in step with the pods
-    while the target file exists; a test that deletes it makes every pod silent.
+    while the target file exists; a test that deletes it makes every pod silent. A pod named
+    in `silent` loses its target (Prometheus stops scraping it, as when its target vanishes
+    from service discovery); `set_pod` gives one pod a KV usage of its own (its own target).
     """
 
     def __init__(self) -> None:
@@ -59,7 +61,21 @@ class FakeVllm:
             self.kv_port, addr="127.0.0.1", registry=self.kv_registry
         )
         self.stopped = threading.Event()
+        #: pods whose KV target is left out of the targets file
+        self.silent: set[str] = set()
+        #: pods with a KV usage of their own: (gauge, port, server)
+        self.own: dict[str, tuple[Gauge, int, Any]] = {}
         self.set(0.5)
+
+    def set_pod(self, pod: str, usage: float) -> None:
+        """One pod's KV usage (the others keep the shared one), served on a port of its own."""
+        if pod not in self.own:
+            registry = CollectorRegistry()
+            gauge = Gauge("vllm:kv_cache_usage_perc", "KV usage", ["model_name"], registry=registry)
+            port = free_port()
+            server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+            self.own[pod] = (gauge, port, server)
+        self.own[pod][0].labels(MODEL).set(usage)
 
     def set(self, usage: float) -> None:
         self.kv.labels(MODEL).set(usage)
@@ -75,8 +91,14 @@ class FakeVllm:
             return json.dumps(
                 [{"targets": [f"127.0.0.1:{self.port}"], "labels": {**labels, "pod": "fake-0"}}]
                 + [
-                    {"targets": [f"127.0.0.1:{self.kv_port}"], "labels": {**labels, "pod": p}}
+                    {
+                        "targets": [
+                            f"127.0.0.1:{self.own[p][1] if p in self.own else self.kv_port}"
+                        ],
+                        "labels": {**labels, "pod": p},
+                    }
                     for p in pods
+                    if p not in self.silent
                 ]
             )
 
@@ -96,6 +118,8 @@ class FakeVllm:
         self.stopped.set()
         self.server.shutdown()
         self.kv_server.shutdown()
+        for _, _, server in self.own.values():
+            server.shutdown()
 
 
 def pod_names(kubeconfig: Path, namespace: str, region: str) -> list[str]:
