@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from e2e import procs, versions
+from e2e import kubectl, procs, versions
 
 CLUSTER_NAME = "sageserve-e2e"
 
@@ -233,3 +233,38 @@ def restart_component(
 
     threading.Thread(target=restart_the_fallen, name="restart-watch", daemon=True).start()
     return unavailable
+
+
+@contextlib.contextmanager
+def kwok_managing(workdir: Path, annotation_selector: str) -> Iterator[None]:
+    """The kwok controller restarted to manage only the nodes whose annotations match
+    `annotation_selector` (kwokctl starts it with `--manage-all-nodes=true`), and restarted
+    as it was on exit. A node whose annotation is changed meanwhile is left alone by KWOK:
+    no heartbeat, no stage rewriting its Ready condition, like a machine whose kubelet died.
+    Every inventory node carries `kwok.x-k8s.io/node: fake`."""
+    name = "kwok-controller"
+    components = _running_components(workdir)
+    if name not in components:
+        raise ClusterError(f"{name} is not running in {cluster_dir(workdir)}")
+    argv, cwd, env = components[name]
+    selective = [a for a in argv if not a.startswith("--manage-all-nodes")]
+    selective.insert(1, f"--manage-nodes-with-annotation-selector={annotation_selector}")
+
+    def restart(how: tuple[list[str], str, dict[str, str]]) -> None:
+        pid = procs.read_pid(cluster_dir(workdir) / "pids" / f"{name}.pid")
+        if pid is not None:
+            procs.stop_pid(pid)
+        # A kwok controller manages a node only while it holds the node's Lease, which the
+        # stopped one held for --node-lease-duration-seconds (200 s): the new one creates
+        # them afresh.
+        kubectl.kubectl(
+            cluster_dir(workdir) / "kubeconfig.yaml",
+            ["delete", "lease", "-n", "kube-node-lease", "--all", "--wait=false"],
+        )
+        _start_component(workdir, name, how)
+
+    restart((selective, cwd, env))
+    try:
+        yield
+    finally:
+        restart((argv, cwd, env))
