@@ -36,6 +36,7 @@ from operator_kit import (
 pytestmark = pytest.mark.slow
 REGION = "us-east"
 SPOT_NODE = f"gpu-{REGION}-a100-spot-0"
+SERVING_NODE = f"gpu-{REGION}-a100-serving-0"
 #: a second spot node of the same shape, for this test only (the inventory has one)
 OTHER_SPOT = f"gpu-{REGION}-a100-spot-1"
 SELECTOR = "sageserve.io/model-deployment=llama8b"
@@ -62,6 +63,21 @@ def add_spot_node(kubeconfig: Path) -> None:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     eventually(ready, 60, f"{OTHER_SPOT} Ready")
+
+
+def others_on(kubeconfig: Path, node: str, namespace: str) -> list[str]:
+    """Pods of other namespaces still on `node` (an earlier test's namespace is deleted
+    without waiting: its pods may hold the serving node's GPUs for a while)."""
+    out = kubectl(
+        kubeconfig,
+        ["get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "json"],
+    ).stdout
+    items = json.loads(out)["items"]
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in items
+        if p["metadata"]["namespace"] != namespace
+    ]
 
 
 @pytest.mark.usefixtures("restore_node_pools")
@@ -115,10 +131,18 @@ def test_a_reclaim_a_disruption_budget_refuses_gives_up_after_a_bound_and_takes_
     def pool(node: str) -> str:
         return str(node_doc(kubeconfig, node)["metadata"]["labels"]["sageserve.io/pool"])
 
+    # the first instance must fit the serving node, or its own reclaim would meet the budget
+    # first and put the spot node out of reach for the bound's five times
+    eventually(
+        lambda: not others_on(kubeconfig, SERVING_NODE, namespace),
+        180,
+        f"{SERVING_NODE} free of earlier tests' pods",
+    )
     try:
         with KopfRunner(operator_args(namespace), timeout=600) as runner:
             apply(kubeconfig, namespace, scaling_policy("reactive"), model)
             eventually(lambda: len(serving_nodes()) == 1, 90, "one instance running")
+            assert serving_nodes() == [SERVING_NODE]
 
             fake.set(0.9)  # a second instance: no serving GPU left, a spot node is reclaimed
             started = time.monotonic()
