@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -93,19 +93,26 @@ class PrometheusReader:
             retry=Retry(total=False),
         )
 
-    def _query(self, expr: str) -> Any:
-        """`expr` as an instant query within the time allowed (see the module doc)."""
+    def _ask(self, call: Callable[[float], Any]) -> Any:
+        """`call(timeout)` within the time allowed (see the module doc), its failures as
+        `MetricsTooSlow` or `MetricsUnavailable`."""
         timeout = request_timeout(self.timeout_s, self.deadline, time.monotonic())
         try:
-            return self._prom.custom_query(
-                expr, params={"timeout": f"{max(1, int(timeout * 1000))}ms"}, timeout=timeout
-            )
+            return call(timeout)
         except requests.Timeout as exc:
             raise MetricsTooSlow(
                 f"Prometheus at {self.url} did not answer within {timeout:.1f} s"
             ) from exc
         except Exception as exc:  # connection, HTTP and decoding errors alike
             raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
+
+    def _query(self, expr: str) -> Any:
+        """`expr` as an instant query, Prometheus' own evaluation timeout the request's."""
+        return self._ask(
+            lambda timeout: self._prom.custom_query(
+                expr, params={"timeout": f"{max(1, int(timeout * 1000))}ms"}, timeout=timeout
+            )
+        )
 
     def instant(self, expr: str) -> Series:
         """An instant vector grouped by (namespace, model deployment, region)."""
@@ -128,21 +135,15 @@ class PrometheusReader:
         """
         n = max(1, int(seconds // step))
         start = end - (n - 1) * step
-        timeout = request_timeout(self.timeout_s, self.deadline, time.monotonic())
-        try:
-            result = self._prom.custom_query_range(
+        result = self._ask(
+            lambda timeout: self._prom.custom_query_range(
                 expr,
                 start_time=datetime.fromtimestamp(start, UTC),
                 end_time=datetime.fromtimestamp(end, UTC),
                 step=f"{step:g}s",
                 timeout=timeout,
             )
-        except requests.Timeout as exc:
-            raise MetricsTooSlow(
-                f"Prometheus at {self.url} did not answer within {timeout:.1f} s"
-            ) from exc
-        except Exception as exc:
-            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        )
         out: dict[tuple[str, str, str], list[float]] = {}
         for series in result:
             values = [math.nan] * n
