@@ -1,6 +1,7 @@
-"""Streaming trace readers: Azure LLM 2023 request CSVs and ServeGen per-client windows.
+"""Streaming trace readers: Azure LLM 2023 request CSVs, JSON-lines request traces and
+ServeGen per-client windows.
 
-Both yield `TraceRow(t, client, prompt, output)` in time order, relative to the trace's
+All yield `TraceRow(t, client, prompt, output)` in time order, relative to the trace's
 own t=0, lazily. Assigning model, region and tier is the workload mapping's job
 (`sim.workload`), because no public trace carries them.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -72,16 +74,39 @@ def azure2023_rows(
     can drive a longer run. `rate_scale` < 1 thins requests at random (seeded); > 1 adds
     copies (integer part) plus a thinned copy (fraction), each copy jittered by up to 1 s.
     """
+    yield from _azure2023(path, start_s, end_s, repeat, rate_scale, seed)
+
+
+def _azure2023(
+    path: Path, start_s: float, end_s: float, repeat: bool, rate_scale: float, seed: int
+) -> Iterator[TraceRow]:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", newline="") as f:
         rd = csv.reader(f)
         next(rd)
         raw = [(_parse_ts(r[0]), int(r[1]), int(r[2])) for r in rd if r]
     # a 1-hour trace is small (≤ 20k rows); keep its rows, stream the replay
+    return _replay(raw, start_s, end_s, repeat, rate_scale, seed)
+
+
+def _replay(
+    raw: list[tuple[float, int, int]],
+    start_s: float,
+    end_s: float,
+    repeat: bool,
+    rate_scale: float,
+    seed: int,
+) -> Iterator[TraceRow]:
+    """Request-level rows (time, prompt, output) replayed from the first one's time, with
+    the `repeat` and `rate_scale` rules of `azure2023_rows`."""
+    if not raw:
+        return
     raw.sort()
     t0 = raw[0][0]
     base = [(t - t0, p, o) for t, p, o in raw]
     span = base[-1][0] + (base[-1][0] / max(1, len(base) - 1))
+    if span <= 0:  # one request, or all at one instant: replay once per second
+        span = 1.0
     rng = np.random.default_rng(seed)
     whole = int(rate_scale)
     frac = rate_scale - whole
@@ -103,6 +128,92 @@ def azure2023_rows(
         offset += span
         if not repeat or offset >= end_s:
             return
+
+
+# ---- JSON-lines request traces ---------------------------------------------------------------
+
+
+class TraceFormatError(ValueError):
+    """A line of a request trace that cannot be read; the message names the line and field."""
+
+
+def _positive_int(doc: dict[str, object], name: str, where: str) -> int:
+    v = doc.get(name)
+    if v is None:
+        raise TraceFormatError(f"{where}: field {name!r} is missing")
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or v < 1:
+        raise TraceFormatError(f"{where}: field {name!r} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def parse_jsonl_line(line: str, where: str) -> tuple[float, int, int] | None:
+    """(time in seconds, prompt tokens, output tokens) of one JSON-lines trace line, None for
+    a blank line. `where` ("path:line") prefixes every error."""
+    if not line.strip():
+        return None
+    try:
+        doc = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(f"{where}: not a JSON object ({e.msg})") from None
+    if not isinstance(doc, dict):
+        raise TraceFormatError(f"{where}: not a JSON object, got {type(doc).__name__}")
+    ts = doc.get("timestamp")
+    if ts is None:
+        raise TraceFormatError(f"{where}: field 'timestamp' is missing")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
+        raise TraceFormatError(
+            f"{where}: field 'timestamp' must be a number of milliseconds ≥ 0, got {ts!r}"
+        )
+    prompt = _positive_int(doc, "input_length", where)
+    output = _positive_int(doc, "output_length", where)
+    hashes = doc.get("hash_ids")
+    if hashes is not None and (
+        not isinstance(hashes, list)
+        or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes)
+    ):
+        raise TraceFormatError(f"{where}: field 'hash_ids' must be a list of integers")
+    return float(ts) / 1000.0, prompt, output
+
+
+def jsonl_rows(
+    path: Path,
+    start_s: float = 0.0,
+    end_s: float = math.inf,
+    repeat: bool = False,
+    rate_scale: float = 1.0,
+    seed: int = 0,
+) -> Iterator[TraceRow]:
+    """Requests of a JSON-lines trace (gz or plain), one request per line:
+    `{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}`
+    (`hash_ids`, the prompt's prefix-block hashes of Mooncake-style traces, is optional and
+    checked but unused: the instance model has no prefix cache). Times are relative to the
+    first request, as for Azure 2023, and `repeat` / `rate_scale` follow the same rules.
+    A bad line stops the read with a `TraceFormatError` naming the line and the field."""
+    yield from _replay(read_jsonl(path), start_s, end_s, repeat, rate_scale, seed)
+
+
+def read_jsonl(path: Path) -> list[tuple[float, int, int]]:
+    """Every request of a JSON-lines trace as (seconds, prompt, output), in file order."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    raw: list[tuple[float, int, int]] = []
+    with opener(path, "rt") as f:
+        for n, line in enumerate(f, 1):
+            row = parse_jsonl_line(line, f"{path}:{n}")
+            if row is not None:
+                raw.append(row)
+    return raw
+
+
+def request_trace(path: Path) -> list[tuple[float, int, int]]:
+    """A request-level trace of either format, by name: `*.jsonl[.gz]` JSON lines, else an
+    Azure 2023 CSV; (seconds from the first request, prompt, output) in time order."""
+    rows = jsonl_rows(path) if is_jsonl(path) else azure2023_rows(path)
+    return [(r.t, r.prompt, r.output) for r in rows]
+
+
+def is_jsonl(path: Path) -> bool:
+    """Whether a request trace's name says JSON lines (`.jsonl`, `.jsonl.gz`)."""
+    return str(path).endswith((".jsonl", ".jsonl.gz"))
 
 
 # ---- ServeGen --------------------------------------------------------------------------------

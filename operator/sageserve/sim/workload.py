@@ -8,7 +8,7 @@ window: {start: 1d, duration: 1d}   # offset into the traces; units s, m, h, d
 regionOrder: [us-east, us-central, us-west]   # router preference after the home region
 sources:
 - name: large
-  type: servegen               # or azure2023
+  type: servegen               # or azure2023, or jsonl (a JSON-lines request trace)
   windows: ../../data/traces/servegen-bailian/language_m-large_client_windows_10min.csv.xz
   tokens:  ../../data/traces/servegen-bailian/language_m-large_client_token_stats_6h.csv
   rateScale: 0.002             # multiplies every client's rate
@@ -153,10 +153,12 @@ def load_workload(path: Path) -> Workload:
             paths = {"windows": base / s["windows"]}
             if s.get("tokens"):
                 paths["tokens"] = base / s["tokens"]
-        elif typ == "azure2023":
+        elif typ in ("azure2023", "jsonl"):
             paths = {"path": base / s["path"]}
         else:
-            raise ValueError(f"source {name}: type must be servegen or azure2023, got {typ!r}")
+            raise ValueError(
+                f"source {name}: type must be servegen, azure2023 or jsonl, got {typ!r}"
+            )
         for p in paths.values():
             if not p.exists():
                 raise FileNotFoundError(f"source {name}: {p} does not exist")
@@ -233,9 +235,8 @@ def labelled_rows(
         )
     else:
         vol = {0: 1.0}
-        rows = traces.azure2023_rows(
-            src.paths["path"], wl.start_s, wl.end_s, src.repeat, src.rate_scale, seed
-        )
+        read = traces.jsonl_rows if src.type == "jsonl" else traces.azure2023_rows
+        rows = read(src.paths["path"], wl.start_s, wl.end_s, src.repeat, src.rate_scale, seed)
     if src.assign == "client":
         m_of = assign_by_volume(vol, src.models, random.Random(seed + 1))
         r_of = assign_by_volume(vol, src.regions, random.Random(seed + 2))
