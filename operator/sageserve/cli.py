@@ -314,6 +314,22 @@ def bench_sim(
     run(scenario, policy, hours, console, sim_only)
 
 
+@bench_app.command("pool")
+def bench_pool(
+    scenario: Annotated[
+        Path, typer.Option("--scenario", "-s", help="A long-tail scenario directory.")
+    ] = Path("scenarios/long-tail"),
+    hours: Annotated[float | None, typer.Option(help="Cut the window to this many hours.")] = None,
+    goodput_gpus: Annotated[int, typer.Option(help="GPUs for the goodput runs.")] = 48,
+    goodput_minutes: Annotated[float, typer.Option(help="Length of each goodput run.")] = 30.0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
+) -> None:
+    """Aegaeon: GPUs for a long tail of models, pooled vs dedicated, request-level, mux2."""
+    from sageserve.commands.bench_pool import bench_pool_command
+
+    bench_pool_command(scenario, hours, goodput_gpus, goodput_minutes, json_out, console)
+
+
 @bench_app.command("router")
 def bench_router(
     rate: Annotated[

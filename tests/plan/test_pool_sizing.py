@@ -18,6 +18,7 @@ from sageserve.plan.pool import (
     round_alpha,
     size_pool,
     split_hot_cold,
+    theta_at_tbt,
     with_pool,
 )
 
@@ -228,3 +229,23 @@ def test_with_pool_refuses_unknown_regions_and_mixed_gpu_types() -> None:
             {("east", "h100"): 1, ("west", "a100"): 1},
             4,
         )
+
+
+def test_dedicated_models_are_sized_for_their_busiest_window() -> None:
+    bursty = ModelForecast("hot", 5.0, 500, 300, peak_tokens_per_s=9000.0)
+    hot, _ = split_hot_cold([bursty], theta_tps=2000.0, threshold=0.5)
+    assert hot == {"hot": 5}  # 9,000 tokens/s at peak over θ 2,000, not the mean's 2
+
+
+def test_theta_at_tbt_keeps_the_decoding_step_within_the_tbt() -> None:
+    # step = 10 ms + 1 µs per context token: within 80 ms up to 70,000 tokens; requests of
+    # 500 + 100/2 context → 127 at once, each 100 steps of 80 ms
+    theta = theta_at_tbt(lambda k: 0.01 + 1e-6 * k, 1_000_000, 0.1, 500, 100)
+    assert theta == pytest.approx(70_000 / 550 / (100 * 0.08) * 600, rel=1e-3)
+    # a looser TBT lets the same instance serve more
+    assert theta_at_tbt(lambda k: 0.01 + 1e-6 * k, 1_000_000, 0.2, 500, 100) > theta
+    # the KV cache caps it when the step never reaches the TBT
+    small = theta_at_tbt(lambda k: 0.01 + 1e-6 * k, 10_000, 0.1, 500, 100)
+    assert small == pytest.approx(10_000 / 550 / (100 * 0.02) * 600, rel=1e-3)
+    with pytest.raises(ValueError, match="tbt_s"):
+        theta_at_tbt(lambda k: 0.5, 1000, 0.1, 500, 100)

@@ -30,7 +30,7 @@ pooled capacity in one plan, under one GPU capacity per (region, GPU type).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sageserve.plan.problem import InstanceBounds, PlanProblem
@@ -177,6 +177,42 @@ def models_per_decode_instance(
     return k
 
 
+def theta_at_tbt(
+    decode_s: Callable[[float], float],
+    kv_capacity_tokens: int,
+    tbt_s: float,
+    prompt_tokens: float,
+    output_tokens: float,
+    headroom: float = 0.8,
+) -> float:
+    """Tokens/s one dedicated instance serves while its decoding step stays within
+    ``headroom`` × TBT: the per-token SLO's θ (Aegaeon §2.1 judges every token).
+
+    A decoding step slows as the batch's context grows (``decode_s`` of context tokens), so
+    the TBT caps the context K an instance may run; K / (prompt + output/2) requests then
+    share it, each done after ``output_tokens`` steps of decode_s(K).
+    """
+    _check_finite("tbt_s", tbt_s, strict=True)
+    _check_finite("output_tokens", output_tokens, strict=True)
+    _check_finite("prompt_tokens", prompt_tokens)
+    limit = headroom * tbt_s
+    if decode_s(1.0) > limit:
+        raise ValueError(f"tbt_s: one decoding step exceeds {limit:.3f} s even for one token")
+    lo, hi = 1.0, float(kv_capacity_tokens)
+    if decode_s(hi) <= limit:
+        lo = hi
+    else:
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if decode_s(mid) <= limit:
+                lo = mid
+            else:
+                hi = mid
+    concurrent = max(1.0, lo / (prompt_tokens + output_tokens / 2))
+    requests_per_s = concurrent / (output_tokens * decode_s(lo))
+    return requests_per_s * (prompt_tokens + output_tokens)
+
+
 # ---- hot / cold split and the pool's size ------------------------------------------------------
 
 
@@ -188,6 +224,9 @@ class ModelForecast:
     rate_rps: float
     prompt_tokens: float
     output_tokens: float
+    #: tokens/s of the busiest forecast window; dedicated instances are sized on it (the
+    #: mean when not given)
+    peak_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_finite(f"{self.name}.rate_rps", self.rate_rps)
@@ -237,7 +276,7 @@ def split_hot_cold(
     models: Sequence[ModelForecast], theta_tps: float, threshold: float
 ) -> tuple[dict[str, int], list[ModelForecast]]:
     """Models whose load is at least ``threshold`` of one dedicated instance stay dedicated
-    (with ⌈load / θ⌉ instances); the rest are pooled.
+    (with ⌈peak load / θ⌉ instances); the rest are pooled.
 
     Why a utilisation threshold: a model that keeps an instance busy gains nothing from
     sharing it and would pay switches for nothing (Aegaeon §2.2 pools the long tail, serves
@@ -251,7 +290,8 @@ def split_hot_cold(
     for m in models:
         load = m.tokens_per_s / theta_tps
         if load >= threshold:
-            hot[m.name] = max(1, math.ceil(load - 1e-9))
+            peak = max(m.tokens_per_s, m.peak_tokens_per_s or 0.0) / theta_tps
+            hot[m.name] = max(1, math.ceil(peak - 1e-9))
         else:
             cold.append(m)
     return hot, cold

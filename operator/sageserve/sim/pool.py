@@ -98,7 +98,7 @@ def tokens_on_time(
     return max(0, min(count, math.floor(b / slope)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PoolRequest:
     """One request of the replayed stream: arrival time, model, prompt and output tokens."""
 
