@@ -77,6 +77,9 @@ class Request:
     region: Region
     prompt_tokens: int
     output_tokens: int
+    #: the client (tenant, API key) that sent it, as the trace names it; 0 when unknown.
+    #: Per-client output-length prediction reads it (PreServe §4.2).
+    client: int = 0
 
 
 class InstanceState(StrEnum):

@@ -23,7 +23,19 @@ from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
-from sageserve.route.instance_picker import pick_instance
+from sageserve.route.anticipator import LoadAnticipator
+from sageserve.route.instance_picker import (
+    DEFAULT_PICKER,
+    Arrival,
+    InstanceLoad,
+    make_picker,
+)
+from sageserve.route.length_predictor import (
+    DEFAULT_PREDICTOR,
+    LengthPredictor,
+    LengthQuery,
+    make_predictor,
+)
 from sageserve.route.priorities import scheduler_priority
 from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, BatchQueueManager
 from sageserve.route.region_router import SpillLedger, preference, route_region
@@ -73,6 +85,10 @@ class SimConfig:
     max_batched_tokens: int = 16384
     plan_s: float = 3600.0
     history_minutes: int = 180
+    #: in-region instance picker (`route.instance_picker`), by name
+    picker: str = DEFAULT_PICKER
+    #: output-length predictor (`route.length_predictor`), by name, one per model
+    predictor: str = DEFAULT_PREDICTOR
 
 
 #: (model, region) -> one value per minute.
@@ -166,11 +182,19 @@ class Simulation(InstanceHooks):
         progress: Callable[[float], None] | None = None,
         planner: Planner | None = None,
         history: tuple[PerKeySeries, PerKeySeries] | None = None,
+        predictors: Callable[[str], LengthPredictor] | None = None,
     ) -> None:
         """`history` = (interactive, batch) tokens/s per minute per (model, region) before the
         window (`workload.tokens_per_minute`), which the planner's first cycles see as the
-        operator sees Prometheus history."""
+        operator sees Prometheus history. `predictors` builds each model's output-length
+        predictor (default: `config.predictor` by name), e.g. one fitted beforehand."""
         self.cfg = config
+        #: the in-region picker and, per model, the output-length predictor it relies on
+        self.picker = make_picker(config.picker)
+        self._make_predictor = predictors or (lambda _model: make_predictor(config.predictor))
+        self._predictors: dict[str, LengthPredictor] = {}
+        #: each instance's load anticipator (PreServe §4.3.1), fed by the instance's hooks
+        self._ant: dict[Instance, LoadAnticipator] = {}
         self.planner = planner if strategy.uses_plan else None
         self.plans = 0
         #: the decision step's state (plan in force, cooldowns), as the operator keeps it
@@ -256,10 +280,18 @@ class Simulation(InstanceHooks):
 
     def on_finish(self, job: Job, now: float) -> None:
         req = job.req
+        load = job.load
+        if load is not None:
+            assert isinstance(load, LoadAnticipator)
+            load.finish(id(job))
+            job.load = None
         st = self.stats[(req.tier.name, req.model)]
         if now < 0:  # dropped: could never fit in KV
             st.dropped += 1
             return
+        predictor = self._predictors.get(req.model)
+        if predictor is not None:  # what a router learns when a response ends
+            predictor.observe(req.client, req.prompt_tokens, req.output_tokens)
         self.finished += 1
         st.finished += 1
         net = job.net_delay
@@ -289,6 +321,24 @@ class Simulation(InstanceHooks):
     def on_idle(self, inst: Instance, now: float) -> None:
         if inst.state is InstanceState.DRAINING:
             self.cluster.donate(inst, now)
+
+    def on_decode(self, job: Job, now: float) -> None:
+        """The request decodes from now on: into its instance's look-ahead map, with the
+        output it is predicted to have left."""
+        load = job.load
+        if load is not None:
+            assert isinstance(load, LoadAnticipator)
+            done = job.req.output_tokens - job.out_left
+            load.start(id(job), int(job.admit_v), job.context, max(1, job.pred_out - done))
+
+    def on_preempt(self, job: Job, now: float) -> None:
+        """A preempted request waits again, its generated tokens now part of its prompt."""
+        load = job.load
+        if load is not None:
+            assert isinstance(load, LoadAnticipator)
+            done = job.req.output_tokens - job.out_left
+            load.finish(id(job))
+            load.enqueue(id(job), job.prompt_left, max(1, job.pred_out - done))
 
     def on_first_token(self, job: Job, now: float) -> None:
         """An interactive request's TTFT into its endpoint's minute histogram (the queue
@@ -383,6 +433,7 @@ class Simulation(InstanceHooks):
             self.stats[(tier.name, req.model)].refused += 1
             return
         job = Job(req, scheduler_priority(tier, 0.0))
+        job.pred_out = self._predict(req)
         if tier.deadline_s is not None:
             job.deadline = req.arrival + tier.deadline_s
         if not tier.interactive and self.qm_active:
@@ -433,11 +484,11 @@ class Simulation(InstanceHooks):
             else:
                 self._niw_tok[hk] += req.prompt_tokens + req.output_tokens
         job.ep = ep
-        inst = self._pick_instance(ep, t)
+        inst = self._pick_instance(ep, t, job)
         if inst is None:
             ep.backlog.append(job)
         else:
-            inst.enqueue(job, t)
+            self._enqueue(inst, job, t)
         if check_scaling:
             self._check_scaling(ep, t)
 
@@ -456,7 +507,28 @@ class Simulation(InstanceHooks):
         self.step_state = outcome.state
         self._apply(outcome.decisions, t)
 
-    def _pick_instance(self, ep: Endpoint, t: float) -> Instance | None:
+    def _predict(self, req: Request) -> int:
+        """The request's predicted output tokens (the truth only for the `oracle`)."""
+        predictor = self._predictors.get(req.model)
+        if predictor is None:
+            predictor = self._predictors[req.model] = self._make_predictor(req.model)
+        return predictor.predict(LengthQuery(req.client, req.prompt_tokens, req.output_tokens))
+
+    def _anticipator(self, inst: Instance) -> LoadAnticipator:
+        ant = self._ant.get(inst)
+        if ant is None:
+            ant = self._ant[inst] = LoadAnticipator(inst.kv_cap)
+        return ant
+
+    def _enqueue(self, inst: Instance, job: Job, t: float) -> None:
+        """Queue a job on an instance, and on the instance's look-ahead map."""
+        ant = self._anticipator(inst)
+        job.load = ant
+        done = job.req.output_tokens - job.out_left
+        ant.enqueue(id(job), job.prompt_left, max(1, job.pred_out - done))
+        inst.enqueue(job, t)
+
+    def _pick_instance(self, ep: Endpoint, t: float, job: Job) -> Instance | None:
         deps = ep.deployments
         if len(deps) == 1:
             dep: Deployment | None = deps[0] if deps[0].instances else None
@@ -468,8 +540,11 @@ class Simulation(InstanceHooks):
         insts = dep.instances
         if len(insts) == 1:
             return insts[0]
-        rem = Instance.remaining_tokens_at
-        return pick_instance([(i, rem(i, t)) for i in insts])
+        cands = [
+            (i, InstanceLoad(self._anticipator(i), int(i.v_at(t)), i.kv_at(t) / i.kv_cap))
+            for i in insts
+        ]
+        return self.picker.pick(Arrival(job.req.prompt_tokens, job.pred_out), cands)
 
     def _lost(self, job: Job) -> None:
         self.stats[(job.req.tier.name, job.req.model)].dropped += 1
@@ -608,7 +683,7 @@ class Simulation(InstanceHooks):
         if ep.backlog:
             backlog, ep.backlog = ep.backlog, []
             for job in backlog:
-                inst.enqueue(job, now)
+                self._enqueue(inst, job, now)
         if self.qm_active:
             self._signal.add(ep)
             self._feed_batch(now)

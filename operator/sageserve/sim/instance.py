@@ -59,8 +59,10 @@ class Job:
         "finish_v",
         "first_token",
         "instance",
+        "load",
         "net_delay",
         "out_left",
+        "pred_out",
         "preemptions",
         "prio",
         "prompt_left",
@@ -83,6 +85,10 @@ class Job:
         self.preemptions = 0
         self.deadline = _INF
         self.ep: object | None = None  # the endpoint that routed it (set by the simulator)
+        #: predicted output tokens (what a router knows; `req.output_tokens` is the truth)
+        self.pred_out = req.output_tokens
+        #: the load anticipator that tracks it on its instance (set by the simulator)
+        self.load: object | None = None
 
 
 class InstanceHooks:
@@ -99,6 +105,15 @@ class InstanceHooks:
 
     def on_first_token(self, job: Job, now: float) -> None:
         """A request's first token (its TTFT ends here); nothing by default."""
+
+    def on_decode(self, job: Job, now: float) -> None:
+        """A request's prefill is done and it joins the decode batch at iteration
+        `job.admit_v` holding `job.context` tokens (again after a preemption); nothing by
+        default."""
+
+    def on_preempt(self, job: Job, now: float) -> None:
+        """A running request was preempted and re-queued with its generated tokens folded
+        into its prompt (`job.prompt_left`); nothing by default."""
 
 
 class Instance:
@@ -308,6 +323,7 @@ class Instance:
             # recompute needs the whole context again; head of its priority queue
             (self.waiting0 if job.prio == 0 else self.waiting1).appendleft(job)
             self.waiting_tokens += job.prompt_left + job.out_left
+            self.hooks.on_preempt(job, self.t0)
 
     def _admit(self, now: float) -> None:
         # vLLM keeps a watermark of free blocks (1%) so admission does not thrash
@@ -403,6 +419,7 @@ class Instance:
             self._running[job] = None
             self._seq += 1
             heappush(self._run_heap, (job.finish_v, self._seq, job))
+            self.hooks.on_decode(job, t)
         self.busy_until = t
         self.t0 = t
 

@@ -207,20 +207,22 @@ def _labelled(
     wl: Workload,
     tiers: Mapping[str, Tier],
     contexts: Mapping[str, int] | None = None,
-) -> Iterator[tuple[float, int, int, str, str, Tier, int, int]]:
-    rows = labelled_rows(src, idx, wl, tiers)
+) -> Iterator[tuple[Any, ...]]:
+    rows = labelled_rows(src, idx, wl, tiers, with_client=True)
     if not src.overflow or not contexts:
         yield from rows
         return
-    for t, i, k, model, region, tier, p, o in rows:
-        yield (t, i, k, overflow_model(model, p + o, src.overflow, contexts), region, tier, p, o)
+    for t, i, k, model, region, tier, p, o, *c in rows:
+        alt = overflow_model(model, p + o, src.overflow, contexts)
+        yield (t, i, k, alt, region, tier, p, o, *c)
 
 
 def labelled_rows(
-    src: Source, idx: int, wl: Workload, tiers: Mapping[str, Tier]
-) -> Iterator[tuple[float, int, int, str, str, Tier, int, int]]:
+    src: Source, idx: int, wl: Workload, tiers: Mapping[str, Tier], with_client: bool = False
+) -> Iterator[tuple[Any, ...]]:
     """Source `idx`'s rows in time order as (time, source, row, model, home region, tier,
-    prompt, output), labelled by the source's shares (before any overflow)."""
+    prompt, output), labelled by the source's shares (before any overflow); with
+    `with_client`, the trace's client id follows."""
     seed = wl.seed * 1009 + idx
     for t in src.tiers:
         if t not in tiers:
@@ -243,7 +245,8 @@ def labelled_rows(
         t_of = assign_by_volume(vol, src.tiers, random.Random(seed + 3))
         for k, row in enumerate(rows):
             c = row.client
-            yield (row.t, idx, k, m_of[c], r_of[c], tiers[t_of[c]], row.prompt, row.output)
+            out = (row.t, idx, k, m_of[c], r_of[c], tiers[t_of[c]], row.prompt, row.output)
+            yield (*out, c) if with_client else out
     else:
         rng = random.Random(seed + 4)
         ms, mw = list(src.models), list(src.models.values())
@@ -251,7 +254,7 @@ def labelled_rows(
         ts, tw = list(src.tiers), list(src.tiers.values())
         choices = rng.choices
         for k, row in enumerate(rows):
-            yield (
+            out = (
                 row.t,
                 idx,
                 k,
@@ -261,6 +264,7 @@ def labelled_rows(
                 row.prompt,
                 row.output,
             )
+            yield (*out, row.client) if with_client else out
 
 
 def requests(
@@ -270,8 +274,9 @@ def requests(
     (context length per model), a source's `overflow` models take what its models cannot."""
     streams = [_labelled(s, i, wl, tiers, contexts) for i, s in enumerate(wl.sources)]
     merged = heapq.merge(*streams) if len(streams) > 1 else streams[0]
-    for n, (t, _, _, model, region, tier, p, o) in enumerate(merged):
-        yield Request(n, t, model, tier, region, p, o)
+    for n, (t, src, _, model, region, tier, p, o, client) in enumerate(merged):
+        # client ids are the trace's own: two sources may both have a client 7
+        yield Request(n, t, model, tier, region, p, o, (src << 32) | client)
 
 
 def window_tokens_per_minute(
