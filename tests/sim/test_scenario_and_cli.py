@@ -68,7 +68,14 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
     assert doc["schema"] == SCHEMA
     for name in ("reactive", "siloed"):
         p = doc["policies"][name]
-        assert set(p) == {"requests", "tiers", "fleet", "scaling_events", "sim"}
+        assert set(p) == {
+            "requests",
+            "tiers",
+            "normalized_latency_s",
+            "fleet",
+            "scaling_events",
+            "sim",
+        }
         assert set(p["fleet"]["gpu_hours"]) == {
             "serving",
             "provisioning",
@@ -84,6 +91,9 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
         tiers = p["tiers"]
         assert sum(m["refused"] for t in tiers.values() for m in t.values()) == req["refused"]
         assert set(tiers["iw-f"]["llama-2-70b"]["ttft_s"]) == {"p50", "p95", "p99"}
+        norm = p["normalized_latency_s"]
+        assert set(norm) == {"p50", "p95", "p99", "peak_5min_mean"}
+        assert 0 < norm["p50"] <= norm["p99"] and norm["peak_5min_mean"] > 0
     header = (tmp_path / "minutes.csv").read_text().splitlines()[0]
     assert tuple(header.split(",")) == MINUTE_COLUMNS
     for f in ("report.html", "instances.png", "emu.png", "gpu_hours.png", "latency.png"):

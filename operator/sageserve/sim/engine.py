@@ -108,6 +108,10 @@ Planner = Callable[
 ]
 
 
+#: PreServe §5's aggregation interval for the mean normalized latency.
+NORM_BUCKET_S = 300.0
+
+
 class TierModelStats:
     """Latencies of finished requests of one (tier, model), in compact arrays."""
 
@@ -116,6 +120,8 @@ class TierModelStats:
         "dropped",
         "e2e",
         "finished",
+        "norm",
+        "norm_buckets",
         "refused",
         "slo_met",
         "tbt",
@@ -126,6 +132,10 @@ class TierModelStats:
         self.ttft = array("d")
         self.tbt = array("d")
         self.e2e = array("d")
+        #: normalized latency, end to end ÷ output tokens (PreServe §5's metric)
+        self.norm = array("d")
+        #: 5-minute bucket of arrival -> [Σ normalized latency, requests]
+        self.norm_buckets: dict[int, list[float]] = {}
         self.finished = 0
         self.slo_met = 0
         self.dropped = 0
@@ -299,6 +309,14 @@ class Simulation(InstanceHooks):
         e2e = now - req.arrival + net
         st.ttft.append(ttft)
         st.e2e.append(e2e)
+        norm = e2e / (req.output_tokens if req.output_tokens > 1 else 1)
+        st.norm.append(norm)
+        b = st.norm_buckets.get(int(req.arrival // NORM_BUCKET_S))
+        if b is None:
+            st.norm_buckets[int(req.arrival // NORM_BUCKET_S)] = [norm, 1.0]
+        else:
+            b[0] += norm
+            b[1] += 1.0
         if req.output_tokens > 1:
             st.tbt.append((now - job.first_token) / (req.output_tokens - 1))
         tier = req.tier

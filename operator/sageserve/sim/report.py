@@ -164,6 +164,10 @@ def refused_table(doc: Mapping[str, Any]) -> str:
     )
 
 
+def _fmt(v: float | None) -> str:
+    return f"{v:.3f}" if v is not None else "-"
+
+
 def write_report(
     out: Path,
     doc: Mapping[str, Any],
@@ -183,6 +187,8 @@ def write_report(
         "provisioning GPU-h",
         "donated GPU-h",
         "IW TTFT p95 s",
+        "norm. latency p99 s",
+        "peak 5-min norm. s",
         "unfinished",
         "refused",
     )
@@ -198,6 +204,8 @@ def write_report(
                 r["provisioning_gpu_hours"],
                 r["donated_gpu_hours"],
                 f"{r['iw_ttft_p95_s']:.3f}" if r["iw_ttft_p95_s"] is not None else "-",
+                _fmt(r.get("norm_latency_p99_s")),
+                _fmt(r.get("norm_latency_peak_5min_s")),
                 r["unfinished"],
                 r.get("refused", 0),
             )

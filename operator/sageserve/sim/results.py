@@ -11,7 +11,9 @@ added, never renamed or removed, within v1):
           "requests": {"arrived", "finished", "unfinished", "refused"},
           "tiers": {"<tier>": {"<model>": {
               "finished", "unfinished", "refused", "slo_attainment", "deadline_misses",
-              "ttft_s": {"p50", "p95", "p99"}, "tbt_s": {...}, "e2e_s": {...}}}},
+              "ttft_s": {"p50", "p95", "p99"}, "tbt_s": {...}, "e2e_s": {...},
+              "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"}}}},
+          "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"},  # all tiers
           "fleet": {
             "instance_hours": float,            # serving + provisioning + draining
             "gpu_hours": {"serving", "provisioning", "draining", "donated", "internal"},
@@ -42,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from sageserve.core.types import InstanceState
-from sageserve.sim.engine import RunResult
+from sageserve.sim.engine import RunResult, TierModelStats
 
 SCHEMA = "sageserve.sim.summary/v1"
 _STATE_KEYS = {
@@ -59,6 +61,23 @@ def _pct(a: Any) -> dict[str, float | None]:
         return {"p50": None, "p95": None, "p99": None}
     q = np.percentile(arr, [50, 95, 99])
     return {k: round(float(v), 4) for k, v in zip(("p50", "p95", "p99"), q, strict=True)}
+
+
+def normalized_latency(stats: Iterable[TierModelStats]) -> dict[str, float | None]:
+    """PreServe §5's normalized latency (end to end ÷ output tokens) of finished requests:
+    percentiles, and the highest mean over the 5-minute buckets of arrival (the paper's
+    "peak normalized latency", Fig. 8)."""
+    sts = list(stats)
+    arrs = [np.frombuffer(st.norm, dtype=np.float64) for st in sts if len(st.norm)]
+    out = _pct(np.concatenate(arrs) if arrs else np.empty(0))
+    buckets: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for st in sts:
+        for b, (total, n) in st.norm_buckets.items():
+            buckets[b][0] += total
+            buckets[b][1] += n
+    peak = max((total / n for total, n in buckets.values() if n), default=None)
+    out["peak_5min_mean"] = round(peak, 4) if peak is not None else None
+    return out
 
 
 def _gpu_hours(items: Iterable[tuple[InstanceState, float]]) -> dict[str, float]:
@@ -93,6 +112,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "ttft_s": _pct(st.ttft if st else np.empty(0)),
             "tbt_s": _pct(st.tbt if st else np.empty(0)),
             "e2e_s": _pct(st.e2e if st else np.empty(0)),
+            "normalized_latency_s": normalized_latency([st] if st else []),
         }
     by_m: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
     by_m_i: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
@@ -114,6 +134,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "refused": r.refused,
         },
         "tiers": dict(tiers),
+        "normalized_latency_s": normalized_latency(r.stats.values()),
         "fleet": {
             "instance_hours": _inst_hours(all_inst),
             "gpu_hours": _gpu_hours(all_gpu),
@@ -233,6 +254,8 @@ def comparison_rows(
                 "provisioning_gpu_hours": p["fleet"]["gpu_hours"]["provisioning"],
                 "donated_gpu_hours": p["fleet"]["gpu_hours"]["donated"],
                 "iw_ttft_p95_s": interactive_ttft_p95(r, interactive_tiers),
+                "norm_latency_p99_s": p["normalized_latency_s"]["p99"],
+                "norm_latency_peak_5min_s": p["normalized_latency_s"]["peak_5min_mean"],
                 "slo": dict(att),
                 "unfinished": p["requests"]["unfinished"],
                 "refused": p["requests"].get("refused", 0),
