@@ -314,6 +314,50 @@ def bench_sim(
     run(scenario, policy, hours, console, sim_only)
 
 
+@bench_app.command("route")
+def bench_route(
+    trace: Annotated[
+        Path, typer.Option("--trace", help="Request trace: Azure 2023 CSV or JSON lines.")
+    ],
+    instances: Annotated[int, typer.Option(help="Fixed fleet size.")] = 4,
+    rates: Annotated[
+        str | None,
+        typer.Option(help="Requests/s, comma-separated (default: 1-6× the trace's own rate)."),
+    ] = None,
+    routers: Annotated[
+        str, typer.Option(help="picker or picker@predictor, comma-separated.")
+    ] = "round-robin,least-request,min-usage,token-jsq,preserve,token-jsq@oracle,preserve@oracle",
+    predictor: Annotated[
+        str, typer.Option(help="Length predictor of pickers named without one.")
+    ] = "input-regression",
+    fit_minutes: Annotated[
+        float, typer.Option(help="Minutes at the trace's start that fit the predictors.")
+    ] = 20.0,
+    model: Annotated[str, typer.Option(help="Perf profile of the instances.")] = "llama-2-70b",
+    gpu_type: Annotated[str, typer.Option("--gpu-type")] = "NVIDIA-H100-80GB-HBM3",
+    gpus: Annotated[int, typer.Option(help="GPUs per instance.")] = 4,
+) -> None:
+    """PreServe's routing benchmark: instance pickers on a fixed fleet over a request trace."""
+    from sageserve.commands.bench_route import bench_route_command
+
+    try:
+        bench_route_command(
+            trace,
+            instances,
+            [float(x) for x in rates.split(",")] if rates else None,
+            [r.strip() for r in routers.split(",") if r.strip()],
+            predictor,
+            fit_minutes,
+            model,
+            gpu_type,
+            gpus,
+            console,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
 @bench_app.command("pool")
 def bench_pool(
     scenario: Annotated[
