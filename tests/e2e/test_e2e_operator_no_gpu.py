@@ -30,6 +30,7 @@ from operator_kit import (
 )
 
 from sageserve.metrics.exporter import OPERATOR_METRICS
+from sageserve.metrics.prometheus import PrometheusReader
 
 pytestmark = pytest.mark.slow
 REGION = "us-central"
@@ -111,6 +112,19 @@ def test_a_scale_out_nothing_can_place_is_reported_once_without_a_cascade_or_a_s
 
             # capacity comes back: the spot node is reclaimed, the instance placed
             fake.set(0.5)
+            # the lower load read by the operator's own query first: at the last scrape's 0.9
+            # the placed instance would be followed at once by a second, correct, scale-out
+            reader = PrometheusReader(prometheus_url, timeout_s=10)
+
+            def lower() -> bool:
+                loads = reader.pod_loads(namespace)
+                return bool(loads) and all(p.kv_usage < 0.7 for p in loads.values())
+
+            eventually(
+                lower,
+                30,
+                "Prometheus reading the lower load",
+            )
             started = time.monotonic()
             pool(kubeconfig, SPOT_NODE, "spot")
             wait_condition(kubeconfig, namespace, "CapacityShortfall", "False", 90, "AllPlaced")
