@@ -18,7 +18,7 @@ BUNDLED = sorted(p.parent.name for p in ROOT.glob("*/scenario.yaml"))
 
 
 def test_the_documented_scenarios_are_bundled() -> None:
-    assert {"default", "peak-day", "servegen-week", "fleet-scale"} <= set(BUNDLED)
+    assert {"default", "peak-day", "servegen-week", "fleet-scale", "fleet-scale-6h"} <= set(BUNDLED)
 
 
 @pytest.mark.parametrize("name", BUNDLED)
