@@ -25,6 +25,6 @@ def test_each_client_is_its_own_model_and_rates_are_skewed() -> None:
 
 
 def test_a_missing_field_is_named(tmp_path: Path) -> None:
-    (tmp_path / "scenario.yaml").write_text("name: x\nwindow: {start: 0s}\n")
+    (tmp_path / "long-tail.yaml").write_text("name: x\nwindow: {start: 0s}\n")
     with pytest.raises(ValueError, match=r"window\.duration"):
         load_long_tail(tmp_path)

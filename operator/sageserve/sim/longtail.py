@@ -8,7 +8,8 @@ requests a day, a handful send several per second). Requests are generated as
 `sim.traces.servegen_rows` does for every other scenario; a request longer than the base
 model's context is refused (vLLM answers HTTP 400), counted, and not replayed.
 
-The scenario file (``scenario.yaml``, see ``scenarios/long-tail``) names the base variant,
+The scenario file (``long-tail.yaml`` in ``scenarios/long-tail``; not named
+``scenario.yaml``, since ``sageserve simulate`` cannot replay it) names the base variant,
 its θ, the trace, the rate scale, the SLO and the pool settings.
 """
 
@@ -75,16 +76,16 @@ def _get(doc: dict[str, Any], path: str) -> Any:
     cur: Any = doc
     for key in path.split("."):
         if not isinstance(cur, dict) or key not in cur:
-            raise ValueError(f"scenario.yaml: {path} is missing")
+            raise ValueError(f"long-tail.yaml: {path} is missing")
         cur = cur[key]
     return cur
 
 
 def load_long_tail(directory: Path, hours: float | None = None) -> LongTail:
-    """Read ``directory/scenario.yaml`` and generate its requests (``hours`` cuts the window)."""
-    path = Path(directory) / "scenario.yaml"
+    """Read ``directory/long-tail.yaml`` and generate its requests (``hours`` cuts the window)."""
+    path = Path(directory) / "long-tail.yaml"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no scenario.yaml")
+        raise FileNotFoundError(f"{path}: no long-tail.yaml")
     doc = yaml.safe_load(path.read_text()) or {}
     start = parse_duration(str(_get(doc, "window.start")))
     span = parse_duration(str(_get(doc, "window.duration")))
@@ -106,7 +107,7 @@ def load_long_tail(directory: Path, hours: float | None = None) -> LongTail:
     tokens = (path.parent / str(_get(doc, "source.tokens"))).resolve()
     for field, p in (("source.windows", windows), ("source.tokens", tokens)):
         if not p.exists():
-            raise FileNotFoundError(f"scenario.yaml: {field}: {p} does not exist")
+            raise FileNotFoundError(f"long-tail.yaml: {field}: {p} does not exist")
     scale = float(src.get("rateScale", 1.0))
     if scale <= 0:
         raise ValueError(f"source.rateScale: must be > 0, got {scale}")
