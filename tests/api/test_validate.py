@@ -125,7 +125,7 @@ def test_cli_crds_check_detects_a_stale_file(tmp_path: Path) -> None:
     assert runner.invoke(app, ["crds", "-o", str(tmp_path), "--check"]).exit_code == 1
     printed = runner.invoke(app, ["crds"])
     assert printed.exit_code == 0
-    assert len(list(yaml.safe_load_all(printed.output))) == 3
+    assert len(list(yaml.safe_load_all(printed.output))) == 4
 
 
 def test_references_to_objects_outside_the_files_are_warnings_not_errors() -> None:

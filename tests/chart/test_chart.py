@@ -317,6 +317,7 @@ def test_router_rbac_is_read_only_and_scoped_to_the_namespaces_it_serves(
     assert granted == {
         ("", "pods"): {"list", "watch"},
         ("sageserve.io", "modeldeployments"): {"list", "watch"},
+        ("sageserve.io", "modelpools"): {"list", "watch"},  # pooled models (Aegaeon)
         ("sageserve.io", "workloadtiers"): {"list", "watch"},
         ("sageserve.io", "scalingpolicies"): {"list", "watch"},  # the plan's spill-over
         ("", "secrets"): {"get"},

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from sageserve.api.common import CATEGORY, GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
 
@@ -62,6 +63,21 @@ KINDS: tuple[Kind, ...] = (
         short_names=("mdep",),
         columns=(
             {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+            {"name": "Policy", "type": "string", "jsonPath": ".spec.policyRef.name"},
+            {"name": "Instances", "type": "integer", "jsonPath": ".status.instances"},
+            {"name": "Target", "type": "integer", "jsonPath": ".status.targetInstances"},
+            _ready_column(),
+            _AGE,
+        ),
+    ),
+    Kind(
+        model=ModelPool,
+        kind="ModelPool",
+        plural="modelpools",
+        singular="modelpool",
+        short_names=("mpool",),
+        columns=(
+            {"name": "Awake", "type": "integer", "jsonPath": ".spec.awakePerInstance"},
             {"name": "Policy", "type": "string", "jsonPath": ".spec.policyRef.name"},
             {"name": "Instances", "type": "integer", "jsonPath": ".status.instances"},
             {"name": "Target", "type": "integer", "jsonPath": ".status.targetInstances"},

@@ -26,13 +26,15 @@ from pydantic_core import ErrorDetails
 from sageserve.api.common import API_VERSION, GROUP
 from sageserve.api.crd import schema_of
 from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
-Manifest = ModelDeployment | WorkloadTier | ScalingPolicy
+Manifest = ModelDeployment | ModelPool | WorkloadTier | ScalingPolicy
 _MODELS: dict[str, type[Manifest]] = {
     "ModelDeployment": ModelDeployment,
+    "ModelPool": ModelPool,
     "WorkloadTier": WorkloadTier,
     "ScalingPolicy": ScalingPolicy,
 }
@@ -276,7 +278,7 @@ def reference_warnings(objects: Iterable[Checked]) -> list[Problem]:
     policies, tiers = names(ScalingPolicy), names(WorkloadTier)
     warnings = []
     for o in objects:
-        if not isinstance(o.parsed, ModelDeployment):
+        if not isinstance(o.parsed, ModelDeployment | ModelPool):
             continue
         ns, spec = o.parsed.metadata.namespace, o.parsed.spec
         if (ns, spec.policy_ref.name) not in policies:
