@@ -131,6 +131,22 @@ class Variant(ApiModel):
         description="Seconds from scheduling to serving when weights are not cached "
         "(SageServe: 10 min redeploy). Enters the ILP's start-up cost σ.",
     )
+    prefill_tokens_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="μ_p: prompt tokens/s one instance prefills within the SLO on a "
+        "prompt-heavy mix (PreServe §4.1, measured by `sageserve calibrate --preserve`). "
+        "Unset: the preserve strategy sizes on capacityTokensPerSecond alone and says so.",
+    )
+    decode_tokens_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="μ_d: output tokens/s one instance generates within the SLO on a "
+        "decode-heavy mix (PreServe §4.1, measured by `sageserve calibrate --preserve`). "
+        "Unset: the preserve strategy sizes on capacityTokensPerSecond alone and says so.",
+    )
 
 
 REGION_RULES = cel(

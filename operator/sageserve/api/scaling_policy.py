@@ -38,6 +38,11 @@ class Strategy(StrEnum):
     lt-utilization (LT-U): step toward the target only while EMU crosses the thresholds.
     lt-utilization-arima (LT-UA): LT-U, plus in the last minutes of the hour keep scaling
     when observed load is far from the forecast.
+    preserve (PreServe §4.1, §4.3.2): size each window from separate prompt and decode
+    forecasts, add an instance per instance whose projected KV cache overflows, scale down
+    at most once per window.
+    static: a fixed fleet sized for the window's peak (PreServe §5's static baseline; a
+    simulation baseline).
     """
 
     REACTIVE = "reactive"
@@ -46,6 +51,8 @@ class Strategy(StrEnum):
     LT_IMMEDIATE = "lt-immediate"
     LT_UTILIZATION = "lt-utilization"
     LT_UTILIZATION_ARIMA = "lt-utilization-arima"
+    PRESERVE = "preserve"
+    STATIC = "static"
 
 
 class ForecastMethod(StrEnum):
@@ -417,6 +424,57 @@ POLICY_RULES = cel(
 )
 
 
+PRESERVE_RULES = cel(
+    (
+        "self.scaleDownKvUsage < self.overloadKvUsage",
+        "spec.preserve.scaleDownKvUsage must be below overloadKvUsage: otherwise an instance "
+        "could be both overloaded and idle (PreServe: 0.3 and 0.95)",
+    ),
+)
+
+
+class Preserve(ApiModel):
+    """The `preserve` strategy's window and thresholds (PreServe §4.1, §4.3.2; paper values)."""
+
+    model_config = ConfigDict(json_schema_extra=PRESERVE_RULES)
+
+    window_seconds: int = Field(
+        default=600,
+        ge=60,
+        le=86400,
+        description="Window of the service-level forecast: prompt and decode tokens are "
+        "forecast, and the fleet resized, once per window (PreServe: 10 min).",
+    )
+    lookahead_iterations: int = Field(
+        default=100,
+        ge=1,
+        le=10000,
+        description="Decode iterations each instance's KV usage is projected over "
+        "(PreServe: l = 100).",
+    )
+    overload_kv_usage: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="Projected KV usage above which an iteration counts as overloaded "
+        "(PreServe: 95 %).",
+    )
+    overload_iteration_share: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="An instance projected overloaded in more than this share of the "
+        "look-ahead gets one more instance within the window (PreServe: 10 %).",
+    )
+    scale_down_kv_usage: float = Field(
+        default=0.3,
+        ge=0,
+        lt=1,
+        description="Within a window the fleet shrinks (at most once) only while every "
+        "instance's projected peak KV usage is below this (PreServe: T_f = 30 %).",
+    )
+
+
 class ScalingPolicySpec(ApiModel):
     """How the fleets of the ModelDeployments referring to this policy are sized."""
 
@@ -435,6 +493,7 @@ class ScalingPolicySpec(ApiModel):
     optimizer: Optimizer = sub_object(Optimizer)
     spot: Spot = sub_object(Spot)
     siloed: Siloed = sub_object(Siloed)
+    preserve: Preserve = sub_object(Preserve)
 
 
 class ForecastEntry(ApiModel):

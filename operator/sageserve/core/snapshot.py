@@ -37,6 +37,9 @@ class InstanceView:
     kv_used_tokens: float
     kv_capacity_tokens: float
     waiting: int = 0
+    #: projected KV usage over the look-ahead (fractions of capacity, PreServe §4.3.1),
+    #: from the instance's load anticipator; empty where no anticipator sees the instance
+    projection: tuple[float, ...] = ()
 
 
 def drain_order(instances: tuple[InstanceView, ...]) -> list[InstanceView]:
@@ -117,6 +120,7 @@ class EndpointSnapshot:
             max_instances=self.max_instances,
             tokens_per_s=self.tokens_per_s,
             waiting=self.waiting,
+            projections=tuple(i.projection for i in self.instances if i.projection),
         )
 
 

@@ -127,6 +127,13 @@ class EndpointObservation:
     waiting: int = 0
     pressure: float = 0.0
     pressure_reason: str = ""
+    #: each reporting instance's projected KV usage over its look-ahead (fractions of its
+    #: capacity, PreServe §4.3.1), where the world anticipates load; empty where it does not
+    projections: tuple[tuple[float, ...], ...] = ()
+    #: when the decision step last scaled this endpoint, and last scaled it in (None: never
+    #: since the caller's state began); strategies with per-window rules read them
+    last_event_at: float | None = None
+    last_scale_in_at: float | None = None
 
     @property
     def active(self) -> int:

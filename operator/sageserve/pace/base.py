@@ -118,7 +118,7 @@ ALIASES = {"lt-i": "lt-immediate", "lt-u": "lt-utilization", "lt-ua": "lt-utiliz
 def make_strategy(name: str, params: Mapping[str, Any] | None = None) -> PacingStrategy:
     """Build the strategy registered under `name` (or its short alias) with `params`."""
     # importing the built-ins registers them
-    from sageserve.pace import longterm, reactive  # noqa: F401
+    from sageserve.pace import longterm, preserve, reactive  # noqa: F401
 
     try:
         factory = _REGISTRY[ALIASES.get(name, name)]
@@ -133,6 +133,6 @@ def make_strategy(name: str, params: Mapping[str, Any] | None = None) -> PacingS
 
 
 def available_strategies() -> list[str]:
-    from sageserve.pace import longterm, reactive  # noqa: F401
+    from sageserve.pace import longterm, preserve, reactive  # noqa: F401
 
     return sorted(_REGISTRY)

@@ -62,6 +62,8 @@ class StepState:
     saturated_at: Mapping[EndpointKey, float] = field(default_factory=dict)
     #: since when each endpoint with partial data has had it (cleared once all report)
     partial_since: Mapping[EndpointKey, float] = field(default_factory=dict)
+    #: each endpoint's last scale-in (PreServe's "at most once per window")
+    last_scale_in: Mapping[EndpointKey, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,35 @@ def _lacking_data(
     return Held(ep.key, reason, ep.reporting, ep.serving, began)
 
 
+def _strategy_action(
+    now: float,
+    ep: EndpointSnapshot,
+    state: StepState,
+    strategy: PacingStrategy,
+    saturated: dict[EndpointKey, float],
+    last_event: float | None,
+    last_scale_in: float | None,
+) -> ScalingAction | None:
+    """The strategy's action on one endpoint with the step's signals added (queue pressure,
+    the endpoint's last events), a scale-in held during the pressure's stabilization."""
+    key = ep.key
+    endpoint_plan = state.plan.for_endpoint(key) if state.plan else None
+    obs = replace(ep.observation(now), last_event_at=last_event, last_scale_in_at=last_scale_in)
+    pressure = endpoint_pressure(ep)
+    if pressure.ratio > 0:
+        obs = replace(obs, pressure=pressure.ratio, pressure_reason=pressure.describe())
+    if pressure.ratio >= 1.0:
+        saturated[key] = now
+    action = strategy.step(obs, endpoint_plan)
+    if (
+        action is not None
+        and action.kind is ActionKind.SCALE_IN
+        and holds_scale_in(now, saturated.get(key))
+    ):
+        return None
+    return action
+
+
 def decide(
     now: float,
     snapshot: Snapshot,
@@ -195,6 +226,7 @@ def decide(
     last = dict(state.last_event)
     saturated = dict(state.saturated_at)
     partial_since = dict(state.partial_since)
+    scaled_in = dict(state.last_scale_in)
     decisions: list[Decision] = []
     held: list[Held] = []
     for key in sorted(snapshot.endpoints):
@@ -209,20 +241,9 @@ def decide(
             continue
         action = _floor_action(ep)
         if action is None and ep.serving + ep.provisioning > 0:
-            endpoint_plan = state.plan.for_endpoint(key) if state.plan else None
-            obs = ep.observation(now)
-            pressure = endpoint_pressure(ep)
-            if pressure.ratio > 0:
-                obs = replace(obs, pressure=pressure.ratio, pressure_reason=pressure.describe())
-            if pressure.ratio >= 1.0:
-                saturated[key] = now
-            action = strategy.step(obs, endpoint_plan)
-            if (
-                action is not None
-                and action.kind is ActionKind.SCALE_IN
-                and holds_scale_in(now, saturated.get(key))
-            ):
-                action = None
+            action = _strategy_action(
+                now, ep, state, strategy, saturated, since, scaled_in.get(key)
+            )
         if action is not None and action.kind is ActionKind.SCALE_IN and ep.partial_data:
             action = None  # a silent instance may be the full one
         if action is None:
@@ -232,4 +253,8 @@ def decide(
             continue
         decisions.append(decision)
         last[key] = now
-    return StepOutcome(decisions, StepState(state.plan, last, saturated, partial_since), held)
+        if decision.kind is ActionKind.SCALE_IN:
+            scaled_in[key] = now
+    return StepOutcome(
+        decisions, StepState(state.plan, last, saturated, partial_since, scaled_in), held
+    )

@@ -29,22 +29,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.snapshot import Plan
-from sageserve.core.types import Request, Tier, TierKind
+from sageserve.core.types import EndpointKey, Request, Tier, TierKind
 from sageserve.pace.base import PacingStrategy, make_strategy
 from sageserve.perf.model import PerfCatalog, load_catalog
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
 from sageserve.sim.workload import (
+    TokenSeries,
     Workload,
     load_workload,
     parse_duration,
     requests,
+    token_series,
     tokens_per_minute,
 )
 
@@ -151,6 +154,87 @@ class Scenario:
     def history(self, minutes: int) -> tuple[PerKeySeries, PerKeySeries]:
         """The planner's history before the window: (interactive, batch) tokens/s per minute."""
         return tokens_per_minute(self.workload, self.tiers, minutes, self.contexts())
+
+    def planner_for(self, strategy: PacingStrategy, history_minutes: int) -> Planner:
+        """The planner `strategy` follows: PreServe's window plan (`plan.preserve`) for
+        `preserve`, the peak-sized fleet for `static`, else the hourly cycle (`planner`)."""
+        if strategy.name == "preserve":
+            return self.window_planner(history_minutes)
+        if strategy.name == "static":
+            return self.static_planner()
+        return self.planner()
+
+    def _token_series(self, history_minutes: int) -> TokenSeries:
+        return token_series(self.workload, self.tiers, history_minutes, self.contexts())
+
+    def window_planner(self, history_minutes: int) -> Planner:
+        """PreServe's planner for the sim: prompt and decode tokens/s per minute of each
+        (model, home region), read from the trace up to `now` only (what a router has
+        counted), forecast per window (`plan.preserve.plan_window`)."""
+        from sageserve.api.scaling_policy import ScalingPolicySpec
+        from sageserve.plan.preserve import plan_window
+
+        spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
+        series = self._token_series(history_minutes)
+        models = self.models
+
+        def plan(
+            now: float,
+            _history: Mapping[tuple[str, str], Sequence[float]],
+            _batch: Mapping[tuple[str, str], Sequence[float]],
+            current: Mapping[tuple[str, str, str], int],
+        ) -> Plan:
+            window = plan_window(
+                models,
+                spec,
+                series.before(series.iw_prompt, now, history_minutes),
+                series.before(series.iw_decode, now, history_minutes),
+                series.before(series.niw_prompt, now, 60),
+                series.before(series.niw_decode, now, 60),
+                current,
+            )
+            return window.in_force(now)
+
+        return plan
+
+    def static_planner(self) -> Planner:
+        """The static baseline's fleet: per (model, region), PreServe's N at the busiest
+        window of the whole run (window means of interactive prompt and decode tokens/s,
+        plus the batch buffer over the run), known in advance as a static fleet's owner
+        sizes it for the peak."""
+        from sageserve.api.scaling_policy import ScalingPolicySpec
+        from sageserve.forecast.api import batch_buffer_tps
+        from sageserve.plan.preserve import service_rates, window_instances, window_means
+
+        spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
+        series = self._token_series(0)
+        w = float(spec.preserve.window_seconds)
+        frac = spec.forecast.batch_buffer_fraction
+        targets: dict[tuple[EndpointKey, str], int] = {}
+        for md in self.models:
+            first = md.spec.variants[0]
+            mu = service_rates(first)
+            for region in md.spec.regions:
+                key = (md.metadata.name, region.name)
+                zero = np.zeros(1)
+                ps = window_means(list(series.iw_prompt.get(key, zero)), w) or [0.0]
+                ds = window_means(list(series.iw_decode.get(key, zero)), w) or [0.0]
+                bp = batch_buffer_tps(list(series.niw_prompt.get(key, zero)), frac)
+                bd = batch_buffer_tps(list(series.niw_decode.get(key, zero)), frac)
+                n = max(window_instances(p + bp, d + bd, mu) for p, d in zip(ps, ds, strict=True))
+                n = max(region.min_instances, min(region.max_instances, n))
+                for v in md.spec.variants:
+                    targets[(EndpointKey(*key), v.name)] = n if v is first else 0
+
+        def plan(
+            now: float,
+            _history: Mapping[tuple[str, str], Sequence[float]],
+            _batch: Mapping[tuple[str, str], Sequence[float]],
+            _current: Mapping[tuple[str, str, str], int],
+        ) -> Plan:
+            return Plan(now, targets)
+
+        return plan
 
     def planner(self) -> Planner:
         """The hourly plan cycle of the operator (forecast + ILP, `plan.cycle`) for the sim.

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from sageserve.core.types import Request, Tier
@@ -299,6 +300,55 @@ def window_tokens_per_minute(
         idx = min(minutes - 1, max(0, int((req.arrival - wl.start_s) // 60.0)))
         series[key][idx] += (req.prompt_tokens + req.output_tokens) / 60.0
     return iw, niw
+
+
+@dataclass(frozen=True)
+class TokenSeries:
+    """Prompt and output tokens/s per minute of each (model, home region), interactive and
+    batch apart, from `start_s` on (PreServe's planner forecasts prompt and decode apart)."""
+
+    start_s: float
+    iw_prompt: dict[tuple[str, str], np.ndarray]
+    iw_decode: dict[tuple[str, str], np.ndarray]
+    niw_prompt: dict[tuple[str, str], np.ndarray]
+    niw_decode: dict[tuple[str, str], np.ndarray]
+
+    def before(
+        self, series: dict[tuple[str, str], np.ndarray], now: float, minutes: int
+    ) -> dict[tuple[str, str], list[float]]:
+        """The `minutes` whole minutes of `series` that end at or before `now`."""
+        end = int((now - self.start_s) // 60.0)
+        lo = max(0, end - minutes)
+        return {k: [float(x) for x in v[lo:end]] for k, v in series.items()}
+
+
+def token_series(
+    wl: Workload,
+    tiers: Mapping[str, Tier],
+    minutes_before: int,
+    contexts: Mapping[str, int] | None = None,
+) -> TokenSeries:
+    """`TokenSeries` over the `minutes_before` minutes before the window and the window.
+
+    A request's output tokens count in its arrival minute (the trace knows them; a router
+    counts them as they stream, at most a request's duration later)."""
+    minutes_before = min(minutes_before, int(wl.start_s // 60.0))
+    start = wl.start_s - 60.0 * minutes_before
+    whole = replace(wl, start_s=start, duration_s=wl.duration_s + 60.0 * minutes_before)
+    size = max(1, math.ceil(whole.duration_s / 60.0))
+    out: tuple[dict[tuple[str, str], np.ndarray], ...] = ({}, {}, {}, {})
+    for req in requests(whole, tiers, contexts):
+        if contexts and not fits(req.model, req.prompt_tokens + req.output_tokens, contexts):
+            continue
+        prompt, decode = (out[0], out[1]) if req.tier.interactive else (out[2], out[3])
+        key = (req.model, req.region)
+        if key not in prompt:
+            prompt[key] = np.zeros(size)
+            decode[key] = np.zeros(size)
+        idx = min(size - 1, max(0, int((req.arrival - start) // 60.0)))
+        prompt[key][idx] += req.prompt_tokens / 60.0
+        decode[key][idx] += req.output_tokens / 60.0
+    return TokenSeries(start, *out)
 
 
 def tokens_per_minute(
