@@ -17,6 +17,7 @@ from sageserve.plan.pool import (
     models_per_decode_instance,
     round_alpha,
     size_pool,
+    size_switching_pool,
     split_hot_cold,
     theta_at_tbt,
     with_pool,
@@ -249,3 +250,35 @@ def test_theta_at_tbt_keeps_the_decoding_step_within_the_tbt() -> None:
     assert small == pytest.approx(10_000 / 550 / (100 * 0.02) * 600, rel=1e-3)
     with pytest.raises(ValueError, match="tbt_s"):
         theta_at_tbt(lambda k: 0.5, 1000, 0.1, 500, 100)
+
+
+@pytest.mark.parametrize(
+    ("rates", "service", "quota", "quantile", "expected_active", "sized", "instances"),
+    [
+        pytest.param([0.0] * 20, 60.0, 2, None, 0.0, 0, 0, id="no-load-no-pod"),
+        pytest.param([0.037] * 100, 16.79, 4, None, 46.27, 47, 12, id="paper-rates-mean"),
+        pytest.param([1.0 / 60] * 20, 60.0, 2, None, 12.64, 13, 7, id="one-per-minute-mean"),
+        pytest.param([1.0] + [0.0] * 9, 10.0, 3, 0.99, 1.0, 1, 1, id="one-hot-model"),
+    ],
+)
+def test_size_switching_pool(
+    rates: list[float],
+    service: float,
+    quota: int,
+    quantile: float | None,
+    expected_active: float,
+    sized: int,
+    instances: int,
+) -> None:
+    got = size_switching_pool(rates, service, quota, quantile)
+    assert got.expected_active == pytest.approx(expected_active, abs=0.01)
+    assert (got.sized_active, got.instances) == (sized, instances)
+
+
+def test_size_switching_pool_sizes_a_quantile_above_the_mean() -> None:
+    rates = [1.0 / 60] * 20
+    mean = size_switching_pool(rates, 60.0, 2)
+    high = size_switching_pool(rates, 60.0, 2, 0.99)
+    assert high.sized_active > mean.sized_active and high.instances >= mean.instances
+    with pytest.raises(ValueError, match="awake_per_instance"):
+        size_switching_pool(rates, 60.0, 0)

@@ -23,6 +23,7 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.api.workload_tier import TierType
 from sageserve.controller.kube import Kube
+from sageserve.controller.pool import apply_pool_targets, parse_pool
 from sageserve.controller.status import set_condition
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes
@@ -140,6 +141,14 @@ def plan_status(
     return status
 
 
+def pool_expected(cycle: PlanCycle) -> dict[str, float]:
+    """E[m] per pool, summed over its regions."""
+    out: dict[str, float] = {}
+    for t in cycle.pools:
+        out[t.pool] = out.get(t.pool, 0.0) + t.expected_active
+    return out
+
+
 def router_batch_queries(
     window: str, namespace: str, tiers: Sequence[Mapping[str, Any]]
 ) -> tuple[str, str] | None:
@@ -185,7 +194,12 @@ class PlanPass:
             for o in self.kube.objects(self.namespace, "modeldeployments")
             if (o.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
         ]
-        if not mds:
+        pools = [
+            (o, parse_pool(o))
+            for o in self.kube.objects(self.namespace, "modelpools")
+            if (o.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
+        ]
+        if not mds and not pools:
             return None
         step = float(spec.forecast.granularity_seconds)
         window = f"{max(int(step), 60)}s"
@@ -208,6 +222,17 @@ class PlanPass:
             )
             batch = read(batch_query) if batch_query else {}
             received = read(received_query) if received_query else {}
+            pool_rates = {
+                (pool.metadata.name, r.name): {
+                    m: v
+                    for (m, region), v in read(
+                        queries.pool_requests(window, self.namespace, pool.metadata.name)
+                    ).items()
+                    if region == r.name
+                }
+                for _, pool in pools
+                for r in pool.spec.regions
+            }
         except MetricsUnavailable as exc:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")
             return None
@@ -225,6 +250,17 @@ class PlanPass:
                         current[(md.metadata.name, region.name, variant.name)] = int(
                             d["spec"].get("replicas") or 0
                         )
+        pool_current = {
+            (pool.metadata.name, r.name): int(d["spec"].get("replicas") or 0)
+            for _, pool in pools
+            for r in pool.spec.regions
+            if (
+                d := pod_sets.get(pool.metadata.name, {}).get(
+                    pod_set_name(pool.metadata.name, r.name, pool.spec.variant.name)
+                )
+            )
+            is not None
+        }
         cycle = run_plan_cycle(
             mds,
             spec,
@@ -233,7 +269,20 @@ class PlanPass:
             current,
             gpu_capacity(self.kube.nodes(), labels),
             batch_received=received or None,
+            pools=[pool for _, pool in pools],
+            pool_rates=pool_rates,
+            pool_current=pool_current,
         )
+        if pools:
+            apply_pool_targets(
+                self.kube,
+                self.namespace,
+                pools,
+                {(t.pool, t.region): t.target for t in cycle.pools},
+                pool_expected(cycle),
+                self.logger,
+                dry_run=spec.dry_run,
+            )
         status = plan_status(cycle, mds, current, spec.strategy.value, datetime.now(UTC))
         self.kube.patch_status(
             self.namespace, "scalingpolicies", self.policy.metadata.name, {"plan": status}

@@ -112,3 +112,17 @@ def batch_received(window: str, namespace: str, tiers: Sequence[str]) -> str:
 def _tiers(namespace: str, tiers: Sequence[str]) -> str:
     names = "|".join(re.escape(t) for t in sorted(tiers))
     return f'{vllm.LABEL_NAMESPACE}="{namespace}", tier=~"{names}"'
+
+
+#: Requests the router received per pooled model (`router/pool.py`), labelled with the pool
+#: as `model_deployment` and the pooled model as `model`.
+ROUTER_POOL_REQUESTS = "sageserve_router_pool_requests"
+
+
+def pool_requests(window: str, namespace: str, pool: str) -> str:
+    """Requests/s per (pooled model, region) of one ModelPool over `window`, the pooled
+    model's name in `model_deployment` so the series key as every endpoint's do."""
+    selector = f'namespace="{namespace}", model_deployment="{pool}"'
+    inner = f"rate({ROUTER_POOL_REQUESTS}_total{{{selector}}}[{window}])"
+    moved = f'label_replace({inner}, "model_deployment", "$1", "model", "(.+)")'
+    return f"sum by ({GROUP_BY}) ({moved})"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
@@ -40,6 +41,7 @@ from sageserve.plan.fleet import (
 )
 from sageserve.plan.flow import spillover
 from sageserve.plan.ilp import PlanOptions, solve_plan
+from sageserve.plan.pool_cycle import PoolRates, PoolTarget, add_pools, granted, size_pools
 from sageserve.plan.result import PlanResult
 
 #: (model deployment, region) → a series or a value.
@@ -61,6 +63,8 @@ class PlanCycle:
     instance_tps: dict[EndpointKey, float]
     #: per model: share of each home region's demand planned to be served elsewhere
     spill: dict[str, dict[str, dict[str, float]]]
+    #: each ModelPool's pods per region, sized from its models' forecast rates (Aegaeon)
+    pools: tuple[PoolTarget, ...] = ()
 
     def in_force(self, computed_at: float) -> Plan:
         """This cycle as the plan the decision step follows (targets per variant)."""
@@ -145,6 +149,9 @@ def run_plan_cycle(
     current: Mapping[tuple[str, str, str], int],
     gpu_capacity: Mapping[tuple[str, str], int] | None = None,
     batch_received: PerEndpoint | None = None,
+    pools: Sequence[ModelPool] = (),
+    pool_rates: PoolRates | None = None,
+    pool_current: Mapping[tuple[str, str], int] | None = None,
 ) -> PlanCycle:
     """Forecast, plan and derive targets for `mds` under `policy`.
 
@@ -152,7 +159,9 @@ def run_plan_cycle(
     ending now (NaN for gaps); `batch_tps_last_hour` the batch tokens/s served over the last
     hour; `batch_received` the batch tokens/s received (accepted into a queue) over the last
     hour, which β is taken from when given (it differs from what was served while a queue
-    waits for the troughs).
+    waits for the troughs). `pools` are sized from `pool_rates` (requests/s per pooled
+    model and step) and enter the same ILP as GPU demand (`plan.pool_cycle`);
+    `pool_current[(pool, region)]` are their pods now.
     """
     spec = forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
@@ -186,8 +195,14 @@ def run_plan_cycle(
                 )
     windows = max((len(v) for v in paths.values()), default=1)
     per_window = {k: paths.get(k) or [v] * windows for k, v in demand.items()}
-    problem = build_problem(mds, policy, current, per_window, gpu_capacity)
+    problem = build_problem(mds, policy, current, per_window, gpu_capacity) if mds else None
+    pool_targets = size_pools(pools, spec, policy, pool_rates or {}, pool_current or {})
+    if pool_targets:
+        problem = add_pools(problem, pools, pool_targets, policy, pool_current or {}, gpu_capacity)
+    if problem is None:
+        raise ValueError("mds: nothing to plan (no ModelDeployment and no ModelPool)")
     result = solve_plan(problem, plan_options(policy))
+    pool_targets = granted(pool_targets, result)
     targets = variant_targets(mds, result) if result.target else {}
     return PlanCycle(
         forecasts=forecasts,
@@ -199,6 +214,7 @@ def run_plan_cycle(
         endpoint_targets=endpoint_targets(targets),
         instance_tps=instance_capacity(mds, targets),
         spill=spill_shares(mds, targets, demand),
+        pools=tuple(pool_targets),
     )
 
 

@@ -446,3 +446,39 @@ def with_pool(
         for (r, g), n in current.items():
             data["current"][model].setdefault(r, {})[g] = n
     return PlanProblem.model_validate(data)
+
+
+# ---- request-level switching (vLLM sleep mode on Kubernetes) ------------------------------------
+
+
+@dataclass(frozen=True)
+class SwitchingPoolSize:
+    """Pods a pool of sleep-mode engines needs: `instances` = ⌈active models / awake quota⌉."""
+
+    expected_active: float
+    sized_active: int
+    instances: int
+
+
+def size_switching_pool(
+    rates_rps: Sequence[float],
+    service_s: Sequence[float] | float,
+    awake_per_instance: int,
+    active_quantile: float | None = None,
+) -> SwitchingPoolSize:
+    """Pods for request-level switching: every model with a request in service must be awake
+    somewhere, and a pod keeps at most ``awake_per_instance`` models awake, so the pool
+    needs ⌈k / quota⌉ pods for k active models: E[m] (Aegaeon Theorem 3.1), or its
+    ``active_quantile`` (Poisson-binomial), for a pool that rarely makes a request wait for
+    a slot. Why not :func:`size_pool`: stock vLLM cannot switch models between decoding
+    turns, so the decode quotas of Eqs. 2–3 do not apply; a model holds its slot for its
+    whole request (Aegaeon §2.3, request-level switching).
+    """
+    if awake_per_instance < 1:
+        raise ValueError(f"awake_per_instance: must be >= 1, got {awake_per_instance}")
+    expected = expected_active_models(rates_rps, service_s)
+    if active_quantile is None:
+        sized = math.ceil(expected - 1e-9)
+    else:
+        sized = active_models_quantile(rates_rps, service_s, active_quantile)
+    return SwitchingPoolSize(expected, sized, math.ceil(sized / awake_per_instance))

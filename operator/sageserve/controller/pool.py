@@ -1,0 +1,366 @@
+"""Pooled pod sets: render a ModelPool's Deployments, reconcile them, apply the plan's size.
+
+Each pod of a pool runs one vLLM engine per pooled model, all on the pod's GPUs, each with
+sleep mode (`--enable-sleep-mode`, and `VLLM_SERVER_DEV_MODE=1`, which vLLM requires to
+expose `/sleep`, `/wake_up` and `/is_sleeping`). Engines start one after another and each
+is put to sleep (`POST /sleep?level=1`: weights to host memory, KV cache dropped) once it
+answers `/health`, so a new pod holds no model on its GPUs and the router wakes what
+requests need. Each engine may use `0.9 / awakePerInstance` of GPU memory: the quota of
+awake models always fits.
+
+Like `controller.podset`, rendering is a pure function of the spec (server-side applied,
+level-triggered); replicas belong to the plan (`apply_pool_targets`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from sageserve.api.common import GROUP, VERSION
+from sageserve.api.model_deployment import pod_set_name
+from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
+from sageserve.controller.kube import Kube, kube
+from sageserve.controller.semantics import SemanticProblem
+from sageserve.controller.status import model_deployment_status
+from sageserve.core.labels import (
+    DEFAULT_NODE_LABELS,
+    GPU_RESOURCE,
+    LABEL_DEPLOYMENT,
+    LABEL_REGION,
+    LABEL_VARIANT,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NodeLabels,
+)
+from sageserve.core.pool import (
+    ANNOTATION_AWAKE_PER_INSTANCE,
+    ANNOTATION_POOLED_MODELS,
+    LABEL_POOL,
+    PooledEngine,
+    encode_engines,
+)
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+#: GPU memory all awake engines of a pod may use together (vLLM's default per engine).
+GPU_MEMORY_SHARE = 0.9
+
+
+def engines(pool: ModelPool) -> list[PooledEngine]:
+    spec = pool.spec
+    return [
+        PooledEngine(m.name, served_name(m), model_port(spec, i)) for i, m in enumerate(spec.models)
+    ]
+
+
+def engine_args(pool: ModelPool, index: int) -> list[str]:
+    """vLLM arguments of the engine of `spec.models[index]` (then the user's extra ones)."""
+    spec = pool.spec
+    m = spec.models[index]
+    tp = spec.variant.tensor_parallel or spec.variant.gpus_per_instance
+    share = GPU_MEMORY_SHARE / spec.awake_per_instance
+    return [
+        "--model",
+        m.model,
+        "--served-model-name",
+        served_name(m),
+        "--port",
+        str(model_port(spec, index)),
+        "--tensor-parallel-size",
+        str(tp),
+        "--enable-sleep-mode",
+        "--gpu-memory-utilization",
+        f"{share:.3f}",
+        *(["--max-model-len", str(m.context_length)] if m.context_length else []),
+        *spec.engine.args,
+    ]
+
+
+_WAIT_THEN_SLEEP = (
+    "import sys, time, urllib.request as u\n"
+    "port = sys.argv[1]\n"
+    "while True:\n"
+    "    try:\n"
+    "        u.urlopen(f'http://127.0.0.1:{port}/health', timeout=5)\n"
+    "        break\n"
+    "    except Exception:\n"
+    "        time.sleep(2)\n"
+    "u.urlopen(u.Request(f'http://127.0.0.1:{port}/sleep?level=1', method='POST'), timeout=600)\n"
+)
+
+
+def launcher_script(pool: ModelPool) -> str:
+    """The pod's shell script: each engine started, awaited and put to sleep in turn (one
+    at a time, so two engines never profile the GPU memory at once), then wait on all."""
+    lines = ["set -e"]
+    for i in range(len(pool.spec.models)):
+        args = " ".join(shlex.quote(a) for a in engine_args(pool, i))
+        port = model_port(pool.spec, i)
+        lines.append(f"vllm serve {args} &")
+        lines.append(f"python3 -c {shlex.quote(_WAIT_THEN_SLEEP)} {port}")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+def render_pool_pod_set(
+    pool: ModelPool,
+    region: PoolRegion,
+    replicas: int,
+    namespace: str,
+    owner_uid: str | None = None,
+    node_labels: NodeLabels = DEFAULT_NODE_LABELS,
+) -> dict[str, Any]:
+    """The apps/v1 Deployment of `pool` in `region`, with `replicas` pooled pods."""
+    name = pool.metadata.name
+    variant = pool.spec.variant
+    selector = {LABEL_DEPLOYMENT: name, LABEL_REGION: region.name, LABEL_VARIANT: variant.name}
+    labels = {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "pooled-inference",
+        MANAGED_BY_LABEL: MANAGED_BY,
+        LABEL_POOL: name,
+        **selector,
+    }
+    metadata: dict[str, Any] = {
+        "name": pod_set_name(name, region.name, variant.name),
+        "namespace": namespace,
+        "labels": labels,
+    }
+    if owner_uid is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": pool.api_version,
+                "kind": pool.kind,
+                "name": name,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    match = [
+        {"key": node_labels.region, "operator": "In", "values": [region.name]},
+        {"key": node_labels.gpu_type, "operator": "In", "values": [variant.gpu_type]},
+        {"key": node_labels.pool, "operator": "In", "values": [node_labels.serving_pool]},
+    ]
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": match}]
+            }
+        }
+    }
+    found = engines(pool)
+    gpus = str(variant.gpus_per_instance)
+    # every engine loads before the pod is Ready: startup covers them all
+    startup = variant.startup_seconds * len(found)
+    probe = {"path": "/health", "port": found[0].port}
+    container = {
+        "name": "vllm",
+        "image": pool.spec.engine.image,
+        "command": ["/bin/sh", "-c", launcher_script(pool)],
+        "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+        "ports": [
+            {"name": f"m{i}", "containerPort": e.port, "protocol": "TCP"}
+            for i, e in enumerate(found)
+        ],
+        "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
+        "startupProbe": {
+            "httpGet": probe,
+            "periodSeconds": 10,
+            "failureThreshold": max(1, -(-startup // 10)) + 6,
+        },
+        "readinessProbe": {"httpGet": probe, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": probe, "periodSeconds": 15, "failureThreshold": 4},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        ANNOTATION_POOLED_MODELS: encode_engines(found),
+                        ANNOTATION_AWAKE_PER_INSTANCE: str(pool.spec.awake_per_instance),
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(found[0].port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "affinity": affinity,
+                    "tolerations": [
+                        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "containers": [container],
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                    "terminationGracePeriodSeconds": 60,
+                },
+            },
+        },
+    }
+
+
+def initial_size(region: PoolRegion) -> int:
+    return region.min_instances if region.initial_instances is None else region.initial_instances
+
+
+def render_pool_pod_sets(
+    pool: ModelPool,
+    replicas: Mapping[str, int],
+    namespace: str,
+    owner_uid: str | None = None,
+    node_labels: NodeLabels = DEFAULT_NODE_LABELS,
+) -> list[dict[str, Any]]:
+    """Every pod set of `pool`; `replicas[region]` defaults to the region's initial size."""
+    return [
+        render_pool_pod_set(
+            pool,
+            r,
+            replicas.get(r.name, initial_size(r)),
+            namespace,
+            owner_uid,
+            node_labels,
+        )
+        for r in pool.spec.regions
+    ]
+
+
+def pool_problems(
+    pool: ModelPool, policies: Sequence[str], tiers: Sequence[str]
+) -> list[SemanticProblem]:
+    """What passes the schema but cannot be acted on: a missing policy or tier."""
+    out = []
+    if pool.spec.policy_ref.name not in policies:
+        out.append(
+            SemanticProblem(
+                "PolicyNotFound",
+                f"spec.policyRef.name: ScalingPolicy {pool.spec.policy_ref.name!r} does not "
+                "exist in this namespace; create it or fix the name",
+            )
+        )
+    missing = [t for t in pool.spec.tiers if t not in tiers]
+    if missing:
+        out.append(
+            SemanticProblem(
+                "TierNotFound",
+                f"spec.tiers: WorkloadTier(s) {', '.join(missing)} do not exist in this "
+                "namespace; create them or remove them from spec.tiers",
+            )
+        )
+    return out
+
+
+def parse_pool(body: Mapping[str, Any]) -> ModelPool:
+    return ModelPool.model_validate(
+        {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+    )
+
+
+def reconcile_pool(body: Mapping[str, Any], namespace: str, uid: str) -> dict[str, Any]:
+    """One level-triggered pass over a ModelPool; returns its new status."""
+    pool = parse_pool(body)
+    k = kube()
+    labels = NodeLabels.from_env(os.environ)
+    problems = pool_problems(
+        pool, k.names(namespace, "scalingpolicies"), k.names(namespace, "workloadtiers")
+    )
+    existing = k.deployments_of(namespace, pool.metadata.name)
+    applied: list[dict[str, Any]] = []
+    if not problems:
+        variant = pool.spec.variant.name
+        current = {
+            r.name: int(existing[n]["spec"].get("replicas") or 0)
+            for r in pool.spec.regions
+            if (n := pod_set_name(pool.metadata.name, r.name, variant)) in existing
+        }
+        desired = render_pool_pod_sets(pool, current, namespace, uid, labels)
+        applied = [k.apply(d) for d in desired]
+        wanted = {d["metadata"]["name"] for d in desired}
+        for name in sorted(set(existing) - wanted):
+            k.delete_deployment(namespace, name)
+    previous = dict(body.get("status") or {})
+    if problems:
+        k.event(dict(body), "Warning", problems[0].reason, "; ".join(p.message for p in problems))
+    status = model_deployment_status(
+        previous,
+        applied,
+        {pool.spec.variant.name: pool.spec.variant.gpu_type},
+        problems,
+        datetime.now(UTC),
+        body["metadata"].get("generation"),
+    )
+    # the plan's size, where a plan set one, stays the target
+    if "targetInstances" in previous and "targetInstances" in status:
+        status["targetInstances"] = previous["targetInstances"]
+    return status
+
+
+@kopf.on.resume(GROUP, VERSION, "modelpools")
+@kopf.on.create(GROUP, VERSION, "modelpools")
+@kopf.on.update(GROUP, VERSION, "modelpools", field="spec")
+def on_model_pool(
+    body: kopf.Body, namespace: str | None, uid: str, patch: kopf.Patch, **_: Any
+) -> None:
+    """Apply the pooled pod sets of a new or changed ModelPool."""
+    assert namespace is not None
+    patch.status.update(reconcile_pool(body, namespace, uid))
+
+
+def bounded(region: PoolRegion, wanted: int) -> int:
+    return max(region.min_instances, min(region.max_instances, wanted))
+
+
+def apply_pool_targets(
+    k: Kube,
+    namespace: str,
+    pools: Sequence[tuple[Mapping[str, Any], ModelPool]],
+    targets: Mapping[tuple[str, str], int],
+    expected_active: Mapping[str, float],
+    logger: Logger,
+    dry_run: bool = False,
+) -> None:
+    """Scale each pooled pod set to the plan's size (`targets[(pool, region)]`, within the
+    region's bounds) and record it in the pool's status, with an Event when it moves."""
+    sets = k.deployments_by_owner(namespace)
+    for raw, pool in pools:
+        name = pool.metadata.name
+        total = 0
+        for region in pool.spec.regions:
+            if (name, region.name) not in targets:
+                continue
+            target = bounded(region, targets[(name, region.name)])
+            total += target
+            set_name = pod_set_name(name, region.name, pool.spec.variant.name)
+            observed = sets.get(name, {}).get(set_name)
+            if observed is None:
+                continue
+            before = int(observed["spec"].get("replicas") or 0)
+            if before == target or dry_run:
+                continue
+            k.set_replicas(namespace, observed, target)
+            message = (
+                f"pool {set_name}: {before} → {target} pooled pod(s) for "
+                f"{expected_active.get(name, 0.0):.2f} expected active model(s)"
+            )
+            logger.info("%s", message)
+            k.event(dict(raw), "Normal", "PoolResized", message)
+        status: dict[str, Any] = {"targetInstances": total}
+        if name in expected_active:
+            status["expectedActiveModels"] = round(expected_active[name], 4)
+        k.patch_status(namespace, "modelpools", name, status)
