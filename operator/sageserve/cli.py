@@ -280,12 +280,20 @@ def calibrate(
         typer.Option(help="Mean KV use to stay under (default: the policy's scaleOutEmu)."),
     ] = None,
     minutes: Annotated[float, typer.Option(help="Simulated minutes per probe.")] = 30.0,
+    preserve: Annotated[
+        bool,
+        typer.Option(
+            "--preserve",
+            help="Also measure PreServe's μ_p / μ_d (prefillTokensPerSecond, "
+            "decodeTokensPerSecond) on the prompt- and decode-heavy quarters of the mix.",
+        ),
+    ] = False,
 ) -> None:
     """Measure θ (capacityTokensPerSecond) of each variant on the scenario's request mix."""
     from sageserve.commands.sim import calibrate_command
 
     try:
-        calibrate_command(scenario, kv_target, minutes, console)
+        calibrate_command(scenario, kv_target, minutes, console, preserve)
     except (FileNotFoundError, ValueError, KeyError) as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

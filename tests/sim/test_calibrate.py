@@ -42,3 +42,35 @@ def test_longer_requests_lower_the_capacity(perf: VariantPerf) -> None:
 def test_probe_of_an_idle_instance_is_fast_and_cool(perf: VariantPerf) -> None:
     p = probe(perf, "v", "m", TIER, SIZES, 50.0, 600)
     assert p.ttft_p95_s < 1.0 and p.mean_kv < 0.1 and math.isclose(p.finished_share, 1.0)
+
+
+def test_skewed_mixes_take_the_most_prompt_and_decode_heavy_quarters() -> None:
+    from sageserve.sim.calibrate import skewed_mix, token_share
+
+    sizes = [(900, 100), (100, 900), (500, 500), (800, 10), (10, 800), (300, 300), (50, 50), (1, 19)]
+    assert skewed_mix(sizes, prompt_heavy=True) == [(800, 10), (900, 100)]
+    assert skewed_mix(sizes, prompt_heavy=False) == [(10, 800), (1, 19)]
+    assert token_share([(300, 100)], prompt=True) == pytest.approx(0.75)
+    assert token_share([(300, 100)], prompt=False) == pytest.approx(0.25)
+
+
+def test_prefill_and_decode_rates_are_each_above_the_mixed_share(perf: VariantPerf) -> None:
+    """μ_p (μ_d) is measured on the mix that loads prefill (decode) most, so each exceeds
+    the prompt (output) share of θ on the mixed traffic: one instance serves more of one
+    kind of token when the other kind does not compete for it."""
+    from sageserve.sim.calibrate import service_rates, token_share
+
+    sizes = [
+        (1800, 20),
+        (1500, 40),
+        (60, 600),
+        (80, 900),
+        (400, 300),
+        (300, 200),
+        (900, 90),
+        (50, 700),
+    ]
+    theta, _ = measure_capacity(perf, "v", "m", TIER, sizes, 0.7, steps=4, duration_s=600)
+    mu_p, mu_d = service_rates(perf, "v", "m", TIER, sizes, 0.7, duration_s=600)
+    assert mu_p > theta * token_share(sizes, prompt=True)
+    assert mu_d > theta * token_share(sizes, prompt=False)

@@ -168,9 +168,14 @@ def bench_sim(
 
 
 def calibrate_command(
-    scenario: Path | None, kv_target: float | None, minutes: float, console: Console
+    scenario: Path | None,
+    kv_target: float | None,
+    minutes: float,
+    console: Console,
+    preserve: bool = False,
 ) -> list[Any]:
-    """Measure θ per (model, variant) and print it next to the manifests' value."""
+    """Measure θ per (model, variant) and print it next to the manifests' value; with
+    `preserve`, PreServe's μ_p and μ_d too, and the variant fields to set."""
     from sageserve.sim.calibrate import calibrate
 
     sc = load_scenario(scenario or default_scenario_dir())
@@ -182,7 +187,7 @@ def calibrate_command(
         def on_probe(model: str, variant: str, p: Any) -> None:
             prog.update(task, description=f"{model}/{variant}: {p.tokens_per_s:,.0f} tokens/s")
 
-        caps = calibrate(sc, kv_target, minutes * 60.0, on_probe)
+        caps = calibrate(sc, kv_target, minutes * 60.0, on_probe, preserve)
     t = Table(title=f"θ (capacityTokensPerSecond) measured on {sc.name}'s request mix")
     for col in ("model", "variant", "tokens/request", "configured", "measured", "probes"):
         t.add_column(col, justify="left" if col in ("model", "variant") else "right")
@@ -196,4 +201,13 @@ def calibrate_command(
             str(len(c.probes)),
         )
     console.print(t)
+    if preserve:
+        console.print("PreServe service rates (set them on each ModelDeployment variant):")
+        for c in caps:
+            mu_p = f"{c.prefill_tps:.0f}" if c.prefill_tps else "n/a"
+            mu_d = f"{c.decode_tps:.0f}" if c.decode_tps else "n/a"
+            console.print(
+                f"  {c.model}/{c.variant}: capacityTokensPerSecond: {c.measured_tps:.0f}, "
+                f"prefillTokensPerSecond: {mu_p}, decodeTokensPerSecond: {mu_d}"
+            )
     return caps

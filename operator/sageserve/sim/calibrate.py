@@ -12,6 +12,14 @@ drawn from the scenario's requests for that model, at increasing token rates.
 - a mean KV-cache use at or below the scale-out threshold (so LT-U/UA's reactive layer does
   not immediately fight the plan).
 The search is a bisection on the rate; each probe is a short, deterministic simulation.
+
+With `preserve=True` it also measures PreServe's μ_p and μ_d (PreServe §4.1, Alg. 1: the
+most prompt and decode tokens/s one instance serves within the SLO). The paper takes the
+best window of a serving history whose mix varies; here the mix is made to vary: μ_p is
+the prompt share of θ measured on the quarter of the requests with the highest prompt share
+(the most prefill-heavy mix the traffic holds), μ_d the output share of θ on the quarter
+with the highest output share. μ_t is θ on the whole mix. The three are written as the
+variant's `prefillTokensPerSecond`, `decodeTokensPerSecond` and `capacityTokensPerSecond`.
 """
 
 from __future__ import annotations
@@ -60,6 +68,9 @@ class Capacity:
     measured_tps: float
     mean_request_tokens: float
     probes: tuple[Probe, ...]
+    #: μ_p and μ_d (PreServe), when measured (`calibrate(..., preserve=True)`)
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
 
 
 def request_sizes(
@@ -177,11 +188,56 @@ def measure_capacity(
     return lo, probes
 
 
+def skewed_mix(
+    sizes: Sequence[tuple[int, int]], prompt_heavy: bool, share: float = 0.25
+) -> list[tuple[int, int]]:
+    """The `share` of `sizes` with the highest prompt share (or output share) of their
+    tokens: the most prefill- (decode-) heavy mix the traffic holds."""
+
+    def weight(s: tuple[int, int]) -> float:
+        p, o = s
+        return (p if prompt_heavy else o) / max(1, p + o)
+
+    ranked = sorted(sizes, key=weight, reverse=True)
+    return ranked[: max(1, math.ceil(len(ranked) * share))]
+
+
+def token_share(sizes: Sequence[tuple[int, int]], prompt: bool) -> float:
+    """Prompt (or output) tokens ÷ all tokens of `sizes`."""
+    total = sum(p + o for p, o in sizes)
+    part = sum(p if prompt else o for p, o in sizes)
+    return part / total if total else 0.0
+
+
+def service_rates(
+    perf: VariantPerf,
+    variant: str,
+    model: str,
+    tier: Tier,
+    sizes: Sequence[tuple[int, int]],
+    kv_target: float,
+    duration_s: float = 1800.0,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> tuple[float, float]:
+    """(μ_p, μ_d): prompt tokens/s at θ of the prefill-heavy mix, output tokens/s at θ of
+    the decode-heavy mix (see the module doc)."""
+    heavy_p = skewed_mix(sizes, prompt_heavy=True)
+    heavy_d = skewed_mix(sizes, prompt_heavy=False)
+    theta_p, _ = measure_capacity(
+        perf, variant, model, tier, heavy_p, kv_target, duration_s=duration_s, on_probe=on_probe
+    )
+    theta_d, _ = measure_capacity(
+        perf, variant, model, tier, heavy_d, kv_target, duration_s=duration_s, on_probe=on_probe
+    )
+    return theta_p * token_share(heavy_p, True), theta_d * token_share(heavy_d, False)
+
+
 def calibrate(
     scenario: Scenario,
     kv_target: float | None = None,
     duration_s: float = 1800.0,
     on_probe: Callable[[str, str, Probe], None] | None = None,
+    preserve: bool = False,
 ) -> list[Capacity]:
     """θ of every (model, variant) of the scenario, against its tightest interactive tier."""
     interactive = [t for t in scenario.tiers.values() if t.interactive and t.ttft_slo_s]
@@ -216,6 +272,12 @@ def calibrate(
                 duration_s=duration_s,
                 on_probe=report,
             )
+            mu_p: float | None = None
+            mu_d: float | None = None
+            if preserve:
+                mu_p, mu_d = service_rates(
+                    perf, v.name, name, tier, sizes[name], kv_target, duration_s, report
+                )
             out.append(
                 Capacity(
                     name,
@@ -224,6 +286,8 @@ def calibrate(
                     theta,
                     mean_tokens,
                     tuple(probes),
+                    mu_p,
+                    mu_d,
                 )
             )
     return out
