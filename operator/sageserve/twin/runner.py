@@ -40,6 +40,7 @@ from sageserve.twin.clock import AcceleratedClock
 from sageserve.twin.exposition import POD_LABELS, encode, families, twin_families
 from sageserve.twin.load import ContextLengthExceeded, PodSample, TwinSim, endpoint_name
 from sageserve.twin.pods import PodInfo
+from sageserve.twin.pool import EngineMode, OutOfMemory, PodEngines, transfer_seconds
 
 log = logging.getLogger("sageserve.twin")
 
@@ -94,6 +95,8 @@ class Twin:
         self.lock = threading.RLock()
         self.stopped = threading.Event()
         self.pods: list[PodInfo] = []
+        #: sleep state of each serving pooled pod's engines (`twin.pool`)
+        self.engines: dict[tuple[str, str], PodEngines] = {}
         self._targets_text: str | None = None
         self.lag_s = 0.0
         self.list_errors = 0
@@ -174,6 +177,7 @@ class Twin:
                 self.on_new_namespaces(namespaces)
             added, removed = self.sim.sync(pods)
             self.pods = pods
+            self._sync_engines()
             problems = {k: v for k, v in self.sim.problems.items() if known.get(k) != v}
         for problem in problems.values():
             log.error("%s", problem)
@@ -186,6 +190,25 @@ class Twin:
             if text != self._targets_text:
                 write_atomically(self.targets_file, text)
                 self._targets_text = text
+
+    def _sync_engines(self) -> None:
+        """Sleep state for every serving pooled pod (all engines asleep when it appears,
+        as its launcher leaves them); gone with the pod. Call under the lock."""
+        live = {}
+        for key, tp in self.sim.pods.items():
+            if not tp.info.engines:
+                continue
+            found = self.engines.get(key)
+            if found is None:
+                perf = tp.instance.perf
+                try:
+                    cost = transfer_seconds(perf.model, perf.gpu_type, perf.gpus)
+                except KeyError as exc:
+                    log.warning("pod %s/%s: no switch time (%s); 1 s", *key, exc)
+                    cost = 1.0
+                found = PodEngines.of(list(tp.info.engines), tp.info.awake_quota, cost)
+            live[key] = found
+        self.engines = live
 
     # ---- what the HTTP server answers ---------------------------------------------------
 
@@ -227,6 +250,9 @@ class Twin:
             "endpoints": endpoints,
             "pods": pods,
             "problems": dict(sim.problems),
+            "engines": {
+                f"{ns}/{pod}": e.state(sim.now) for (ns, pod), e in sorted(self.engines.items())
+            },
             "samples": {
                 f"{s.pod.namespace}/{s.pod.name}": {
                     "kvUsage": round(s.kv_usage, 4),
@@ -289,22 +315,97 @@ def _post(twin: Twin, path: str, body: Any) -> bool:
     return True
 
 
-def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
-    """`/pods/<namespace>/<pod>/v1/completions` or `.../v1/chat/completions`."""
+def pod_route(path: str) -> tuple[str, str, int | None, list[str]] | None:
+    """(namespace, pod, port, the rest) of `/pods/<namespace>/<pod>[/port/<n>]/<rest>`:
+    the port names one engine of a pooled pod (the router's `{port}`)."""
     parts = [unquote(p) for p in path.split("/")[2:]]
-    if len(parts) < 4 or parts[2:] not in (
+    if len(parts) < 3:
+        return None
+    namespace, pod, rest = parts[0], parts[1], parts[2:]
+    port: int | None = None
+    if len(rest) >= 2 and rest[0] == "port":
+        try:
+            port = int(rest[1])
+        except ValueError:
+            return None
+        rest = rest[2:]
+    return namespace, pod, port, rest
+
+
+def wait_simulated(twin: Twin, until: float, timeout_s: float = 600.0) -> bool:
+    """Block until the simulation reaches `until` (False: the twin stopped or timed out)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not twin.stopped.is_set():
+        with twin.lock:
+            twin.sim.advance(twin.clock.now())
+            if twin.sim.now >= until:
+                return True
+        time.sleep(openai.POLL_S)
+    return False
+
+
+def _serve_sleep(handler: Any, twin: Twin, method: str, path: str, query: str) -> bool:
+    """vLLM's sleep-mode API of one engine of a pooled pod (`twin.pool`); False when
+    `path` is not one of its endpoints."""
+    route = pod_route(path)
+    if route is None or route[3] not in (["sleep"], ["wake_up"], ["is_sleeping"]):
+        return False
+    namespace, pod, port, rest = route
+    what = rest[0]
+    handler.rfile.read(int(handler.headers.get("Content-Length") or 0))  # (vLLM takes none)
+    if (what == "is_sleeping") != (method == "GET"):
+        handler._json(405, {"error": {"message": f"{method} {what}: method not allowed"}})
+        return True
+    with twin.lock:
+        engines = twin.engines.get((namespace, pod))
+        model = engines.model_at(port, None) if engines else None
+        if engines is not None and model is None and port is None and len(engines.engines) == 1:
+            model = next(iter(engines.engines))
+    if engines is None or model is None:
+        handler._json(404, {"error": {"message": f"no sleep-mode engine at {path}"}})
+        return True
+    if what == "is_sleeping":
+        with twin.lock:
+            handler._json(200, {"is_sleeping": engines.is_sleeping(model, twin.sim.now)})
+        return True
+    if what == "sleep" and "level=2" in query:
+        handler._json(400, {"error": {"message": "the twin emulates level 1 only"}})
+        return True
+    try:
+        with twin.lock:
+            twin.sim.advance(twin.clock.now())
+            now = twin.sim.now
+            done = engines.wake(model, now) if what == "wake_up" else engines.sleep(model, now)
+    except OutOfMemory as exc:
+        handler._json(500, {"error": {"message": str(exc), "type": "InternalServerError"}})
+        return True
+    log.info("pod %s/%s: %s %s (%.3f s simulated)", namespace, pod, what, model, done - now)
+    if not wait_simulated(twin, done):
+        handler._json(503, {"error": {"message": "the twin stopped"}})
+        return True
+    handler._send(200, b"", "application/json")
+    return True
+
+
+def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
+    """`/pods/<namespace>/<pod>[/port/<n>]/v1/completions` or `.../v1/chat/completions`."""
+    route = pod_route(path)
+    if route is None or route[3] not in (
         ["v1", "completions"],
         ["v1", "chat", "completions"],
     ):
         handler._json(404, {"error": {"message": f"no such API: {path}"}})
         return
-    namespace, pod, chat = parts[0], parts[1], parts[3] == "chat"
+    namespace, pod, port, rest = route
+    chat = rest[1] == "chat"
     length = int(handler.headers.get("Content-Length") or 0)
     try:
         body = json.loads(handler.rfile.read(length) or b"{}")
         prompt, output = openai.request_tokens(body)
     except (ValueError, TypeError) as exc:
         handler._json(400, {"error": {"message": f"bad request: {exc}"}})
+        return
+    if not _until_awake(handler, twin, namespace, pod, port, body):
         return
     try:
         with twin.lock:
@@ -346,6 +447,43 @@ def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
         log.debug("client of %s/%s went away mid-stream", namespace, pod)
 
 
+def _until_awake(
+    handler: Any, twin: Twin, namespace: str, pod: str, port: int | None, body: Any
+) -> bool:
+    """For a pooled pod: the request's engine must be awake (one waking is waited for); a
+    sleeping engine answers 503 as vLLM does. True: go on serving."""
+    with twin.lock:
+        engines = twin.engines.get((namespace, pod))
+        if engines is None:
+            return True
+        model = engines.model_at(port, str(body.get("model", "")))
+        if model is None:
+            handler._json(
+                404,
+                {"error": {"message": f"model {body.get('model')!r} has no engine on {pod}"}},
+            )
+            return False
+        twin.sim.advance(twin.clock.now())
+        engines.settle(twin.sim.now)
+        state = engines.engines[model]
+        waking_until = state.until if state.mode is EngineMode.WAKING else None
+        awake = state.mode is EngineMode.AWAKE
+    if awake:
+        return True
+    if waking_until is not None and wait_simulated(twin, waking_until):
+        return True
+    handler._json(
+        503,
+        {
+            "error": {
+                "message": f"model {model} is sleeping: POST /wake_up first",
+                "type": "ServiceUnavailableError",
+            }
+        },
+    )
+    return False
+
+
 def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
@@ -363,10 +501,15 @@ def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
+            if path.startswith("/pods/") and _serve_sleep(self, twin, "GET", path, ""):
+                return
             self._send(*_get(twin, path, self.headers.get("Accept")))
 
         def do_POST(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/")
+            path, _, query = self.path.partition("?")
+            path = path.rstrip("/")
+            if path.startswith("/pods/") and _serve_sleep(self, twin, "POST", path, query):
+                return
             if path.startswith("/pods/"):
                 _serve_openai(self, twin, path)
                 return
