@@ -106,6 +106,7 @@ def router_command(
     from sageserve.router.fleet import Fleet
     from sageserve.router.load import refresh_load
     from sageserve.router.metrics import RouterMetrics
+    from sageserve.router.pool import PoolSwitcher
     from sageserve.router.release import BatchReleaser, ReleaseConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -131,11 +132,16 @@ def router_command(
         fleet = Fleet()
         metrics = RouterMetrics()
         metrics.watch(fleet)
-        discovery = Discovery(fleet, asyncio.get_running_loop(), namespace, backend_url)
+        pools = PoolSwitcher(metrics.registry, backend_url)
+        discovery = Discovery(
+            fleet, asyncio.get_running_loop(), namespace, backend_url, pools=pools
+        )
         discovery.start()
         reader = PrometheusReader(url, timeout_s=max(1.0, load_refresh_seconds))
         tasks = [asyncio.create_task(refresh_load(fleet, reader, namespace, load_refresh_seconds))]
         router = Router(fleet, config, metrics)
+        router.pools = pools
+        tasks.append(asyncio.create_task(pools.run()))
         releaser = None
         if store is not None:
             release = ReleaseConfig(lease_s=batch_lease_seconds)

@@ -42,6 +42,7 @@ from sageserve.route.tiers import TIER_HEADER, TierError, resolve_tier
 from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
+from sageserve.router.pool import Lease, PoolSwitcher, PoolSwitchFailed
 from sageserve.router.tenancy import key_refusal
 from sageserve.router.usage import TAIL_BYTES, answered_tokens
 
@@ -119,6 +120,8 @@ class Router:
         self.extra_routes = extra_routes  # the Batch API's, when the router has a queue
         self.session: aiohttp.ClientSession | None = None
         self.ejected = Ejections(config.eject_seconds)
+        #: request-level switching of pooled models (None: the router serves no pool)
+        self.pools: PoolSwitcher | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -307,6 +310,13 @@ class Router:
     ) -> web.StreamResponse:
         failures: list[str] = []
         for backend in self._backends(model, region):
+            try:
+                lease = await self._awake(model, backend)
+            except PoolSwitchFailed as exc:
+                log.warning("pool: %s", exc)
+                failures.append(f"{backend.pod}: {exc}")
+                continue
+            backend = lease.backend if lease else backend
             self.fleet.start(backend, tokens)
             try:
                 with self.metrics.flying(model, backend.region, tier):
@@ -318,6 +328,8 @@ class Router:
                 continue
             finally:
                 self.fleet.finish(backend, tokens)
+                if lease is not None and self.pools is not None:
+                    self.pools.release(lease)
             return response
         self.metrics.count(model, region, tier, 502)
         reasons = "; ".join(failures) or "no ready pod left"
@@ -338,12 +350,34 @@ class Router:
                 or self.fleet.choose_backend(model, region, tried)
                 or self._elsewhere(model, tried)
             )
+            if backend is not None and self.pools is not None and self.pools.serves(model):
+                backend = self._pooled_choice(model, backend, avoid) or backend
             if backend is None:
                 return
             tried |= {backend.pod}
             if attempt:
                 self.metrics.retries.labels(model.namespace, model.name, backend.region).inc()
             yield backend
+
+    def _pooled_choice(
+        self, model: ModelRoute, chosen: Backend, avoid: frozenset[str]
+    ) -> Backend | None:
+        """For a pooled model, the pod of `chosen`'s region where it is awake (else the one
+        to wake it on): `route.pool_switch.choose_pod`."""
+        assert self.pools is not None
+        pods = self.fleet.backends.get(chosen.endpoint, [])
+        return self.pools.prefer(
+            model, [b for b in pods if b.pod not in avoid], self.fleet.remaining
+        )
+
+    async def _awake(self, model: ModelRoute, backend: Backend) -> Lease | None:
+        """For a pooled model: its engine on `backend`'s pod awake and leased to this
+        request, the request held meanwhile (as one waiting for a model from zero)."""
+        if self.pools is None or not self.pools.serves(model):
+            return None
+        deadline = time.monotonic() + self.config.hold_seconds
+        with self.metrics.holding(model, backend.region):
+            return await self.pools.acquire(model, backend, deadline)
 
     async def execute(
         self, path: str, body: dict[str, Any], model: ModelRoute, region: str, tier: str
@@ -356,6 +390,12 @@ class Router:
         prompt, tokens = estimated_tokens(body)
         body = {**body, "stream": False}
         for backend in self._backends(model, region):
+            try:
+                lease = await self._awake(model, backend)
+            except PoolSwitchFailed as exc:
+                log.warning("pool: %s", exc)
+                continue
+            backend = lease.backend if lease else backend
             self.fleet.start(backend, tokens)
             try:
                 with self.metrics.flying(model, backend.region, tier):
@@ -366,6 +406,8 @@ class Router:
                 continue
             finally:
                 self.fleet.finish(backend, tokens)
+                if lease is not None and self.pools is not None:
+                    self.pools.release(lease)
             if status >= 500:
                 log.warning("pod %s answered a batch request with HTTP %d", backend.pod, status)
                 continue

@@ -27,6 +27,7 @@ from sageserve.api.workload_tier import TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.route.tiers import TierMatch
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
+from sageserve.router.pool import PoolSwitcher, pool_routes
 
 log = logging.getLogger("sageserve.router")
 #: Where the router forwards a pod's requests; fields: pod_ip, port, namespace, pod.
@@ -89,8 +90,12 @@ class Discovery:
         namespaces: list[str],
         url_template: str = DEFAULT_BACKEND_URL,
         api: client.ApiClient | None = None,
+        pools: PoolSwitcher | None = None,
     ) -> None:
         self.fleet = fleet
+        self.pools = pools
+        #: routes per namespace and source (ModelDeployments, ModelPools), merged into fleet
+        self._routes: dict[str, dict[str, list[ModelRoute]]] = {}
         self.loop = loop
         self.namespaces = namespaces
         self.url_template = url_template
@@ -105,6 +110,10 @@ class Discovery:
                 f"models/{ns}", self._custom_call(ns, "modeldeployments"), self._models_for(ns)
             )
             self._thread(f"tiers/{ns}", self._custom_call(ns, "workloadtiers"), self._tiers_for(ns))
+            if self.pools is not None:
+                self._thread(
+                    f"pools/{ns}", self._custom_call(ns, "modelpools"), self._pools_for(ns)
+                )
             self._thread(
                 f"policies/{ns}", self._custom_call(ns, "scalingpolicies"), self._spill_for(ns)
             )
@@ -134,6 +143,8 @@ class Discovery:
 
             def apply() -> None:  # this namespace's pods replace this namespace's backends
                 others = [b for bs in self.fleet.backends.values() for b in bs if b.namespace != ns]
+                if self.pools is not None:
+                    self.pools.set_pods(ns, objs)
                 self.fleet.set_backends(others + ready)
 
             self.loop.call_soon_threadsafe(apply)
@@ -143,14 +154,31 @@ class Discovery:
     def _models_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
         def on_models(objs: list[dict[str, Any]]) -> None:
             routes = [r for r in (model_route(o) for o in objs) if r]
+            self.loop.call_soon_threadsafe(self._set_routes, ns, "modeldeployments", routes)
+
+        return on_models
+
+    def _pools_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
+        def on_pools(objs: list[dict[str, Any]]) -> None:
+            found = [p for p in (pool_routes(o) for o in objs) if p]
+            routes = [r for _, rs in found for r in rs]
 
             def apply() -> None:
-                others = [m for m in self.fleet.models.values() if m.namespace != ns]
-                self.fleet.set_models(others + routes)
+                if self.pools is not None:
+                    self.pools.set_pools(ns, [info for info, _ in found])
+                self._set_routes(ns, "modelpools", routes)
 
             self.loop.call_soon_threadsafe(apply)
 
-        return on_models
+        return on_pools
+
+    def _set_routes(self, ns: str, source: str, routes: list[ModelRoute]) -> None:
+        """This namespace's routes from one kind of object (on the event loop): the models
+        of ModelDeployments and of ModelPools side by side."""
+        self._routes.setdefault(ns, {})[source] = routes
+        others = [m for m in self.fleet.models.values() if m.namespace not in self._routes]
+        mine = [r for per in self._routes.values() for rs in per.values() for r in rs]
+        self.fleet.set_models(others + mine)
 
     def _tiers_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
         def on_tiers(objs: list[dict[str, Any]]) -> None:
