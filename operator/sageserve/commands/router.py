@@ -92,6 +92,22 @@ def router_command(
         str,
         typer.Option(envvar="POD_NAME", help="This replica's name: the owner of its queue leases."),
     ] = "",
+    picker: Annotated[
+        str,
+        typer.Option(
+            help="In-region pod choice: remaining-tokens (fewest prompt + max_tokens in "
+            "flight), or a picker of route.instance_picker over each pod's load "
+            "anticipator: round-robin, least-request, min-usage, token-jsq, preserve "
+            "(PreServe §4.3.3)."
+        ),
+    ] = "remaining-tokens",
+    predictor: Annotated[
+        str,
+        typer.Option(
+            help="Output-length predictor the anticipators read (route.length_predictor), "
+            "learning from the usage of the answers the router proxies."
+        ),
+    ] = "client-quantile",
 ) -> None:
     """Serve the OpenAI API in front of the pod sets: tiers, regions, scale from zero, and
     the Batch API on a durable queue released into the troughs."""
@@ -101,9 +117,10 @@ def router_command(
     from sageserve.batch.store import BatchStore
     from sageserve.metrics.prometheus import PrometheusReader
     from sageserve.route.tiers import TierMatch
+    from sageserve.router.anticipate import PodAnticipators
     from sageserve.router.app import Router, RouterConfig, run_loop, serve
     from sageserve.router.discovery import Discovery
-    from sageserve.router.fleet import Fleet
+    from sageserve.router.fleet import Fleet, fleet_picker
     from sageserve.router.load import refresh_load
     from sageserve.router.metrics import RouterMetrics
     from sageserve.router.pool import PoolSwitcher
@@ -125,11 +142,15 @@ def router_command(
         upstream_timeout_seconds=upstream_timeout_seconds,
     )
 
+    try:  # a bad name stops the router before it listens, naming the choices
+        chosen_picker, anticipators = fleet_picker(picker), PodAnticipators(predictor)
+    except (ValueError, KeyError) as exc:
+        raise typer.BadParameter(str(exc)) from None
     store = None if batch_db == "off" else BatchStore.open(batch_db)
     owner = replica or f"{socket.gethostname()}-{os.getpid()}"
 
     async def main() -> None:
-        fleet = Fleet()
+        fleet = Fleet(picker=chosen_picker, anticipators=anticipators)
         metrics = RouterMetrics()
         metrics.watch(fleet)
         pools = PoolSwitcher(metrics.registry, backend_url)

@@ -37,19 +37,23 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
+from sageserve.route.instance_picker import Arrival
 from sageserve.route.queue_manager import release_count
 from sageserve.route.tiers import TIER_HEADER, TierError, resolve_tier
+from sageserve.router.anticipate import Ticket, client_id
 from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
 from sageserve.router.pool import Lease, PoolSwitcher, PoolSwitchFailed
 from sageserve.router.tenancy import key_refusal
-from sageserve.router.usage import TAIL_BYTES, answered_tokens
+from sageserve.router.usage import TAIL_BYTES, answered_tokens, reported_completion
 
 log = logging.getLogger("sageserve.router")
 
 #: The client's home region (the router's own region when absent).
 REGION_HEADER = "x-sageserve-region"
+#: The pod that answered, on every proxied answer (which pod the in-region picker chose).
+POD_HEADER = "x-sageserve-pod"
 #: Token budget assumed for a request without `max_tokens` (vLLM's default is up to the
 #: context; a fixed estimate keeps the in-flight accounting bounded).
 DEFAULT_MAX_TOKENS = 256
@@ -261,7 +265,9 @@ class Router:
             )
         if self.fleet.is_batch(model, tier):
             await self._until_trough(model, region, tier)
-        return await self._send(request, body, model, region, tier, started, tokens)
+        user = body.get("user")
+        client = client_id(key or (str(user) if user else None))
+        return await self._send(request, body, model, region, tier, started, tokens, client)
 
     async def _until_trough(self, model: ModelRoute, region: str, tier: str) -> None:
         """A batch-tier request sent synchronously yields to interactive work: it waits
@@ -307,9 +313,11 @@ class Router:
         tier: str,
         started: float,
         tokens: float,
+        client: int = 0,
     ) -> web.StreamResponse:
         failures: list[str] = []
-        for backend in self._backends(model, region):
+        arrival = self.fleet.arrival(model, client, estimated_tokens(body)[0])
+        for backend in self._backends(model, region, arrival):
             try:
                 lease = await self._awake(model, backend)
             except PoolSwitchFailed as exc:
@@ -318,9 +326,12 @@ class Router:
                 continue
             backend = lease.backend if lease else backend
             self.fleet.start(backend, tokens)
+            ticket = self.fleet.track(backend, model, client, arrival)
             try:
                 with self.metrics.flying(model, backend.region, tier):
-                    response = await self._proxy(request, body, backend, model, tier, started)
+                    response = await self._proxy(
+                        request, body, backend, model, tier, started, ticket
+                    )
             except _BeforeFirstByte as exc:
                 log.warning("pod %s failed before the first byte: %s", backend.pod, exc)
                 failures.append(f"{backend.pod}: {exc}")
@@ -330,6 +341,7 @@ class Router:
                 self.fleet.finish(backend, tokens)
                 if lease is not None and self.pools is not None:
                     self.pools.release(lease)
+                self.fleet.anticipators.release(ticket)
             return response
         self.metrics.count(model, region, tier, 502)
         reasons = "; ".join(failures) or "no ready pod left"
@@ -337,7 +349,9 @@ class Router:
             502, f"every pod tried failed before answering ({reasons})", "server_error"
         )
 
-    def _backends(self, model: ModelRoute, region: str) -> Iterator[Backend]:
+    def _backends(
+        self, model: ModelRoute, region: str, arrival: Arrival | None = None
+    ) -> Iterator[Backend]:
         """The pod to try, then (after a failure before the first byte) one other pod: in
         `region` first, then any region of the model; pods that failed lately only when
         no other is left."""
@@ -345,10 +359,10 @@ class Router:
         for attempt in range(2):
             avoid = tried | self.ejected.active(time.monotonic())
             backend = (
-                self.fleet.choose_backend(model, region, avoid)
-                or self._elsewhere(model, avoid)
-                or self.fleet.choose_backend(model, region, tried)
-                or self._elsewhere(model, tried)
+                self.fleet.choose_backend(model, region, avoid, arrival)
+                or self._elsewhere(model, avoid, arrival)
+                or self.fleet.choose_backend(model, region, tried, arrival)
+                or self._elsewhere(model, tried, arrival)
             )
             if backend is not None and self.pools is not None and self.pools.serves(model):
                 backend = self._pooled_choice(model, backend, avoid) or backend
@@ -389,7 +403,10 @@ class Router:
         started = time.monotonic()
         prompt, tokens = estimated_tokens(body)
         body = {**body, "stream": False}
-        for backend in self._backends(model, region):
+        user = body.get("user")
+        client = client_id(str(user) if user else None)
+        arrival = self.fleet.arrival(model, client, prompt)
+        for backend in self._backends(model, region, arrival):
             try:
                 lease = await self._awake(model, backend)
             except PoolSwitchFailed as exc:
@@ -397,6 +414,7 @@ class Router:
                 continue
             backend = lease.backend if lease else backend
             self.fleet.start(backend, tokens)
+            ticket = self.fleet.track(backend, model, client, arrival)
             try:
                 with self.metrics.flying(model, backend.region, tier):
                     async with self.session.post(backend.url.rstrip("/") + path, json=body) as r:
@@ -408,23 +426,30 @@ class Router:
                 self.fleet.finish(backend, tokens)
                 if lease is not None and self.pools is not None:
                     self.pools.release(lease)
+                self.fleet.anticipators.release(ticket)
             if status >= 500:
                 log.warning("pod %s answered a batch request with HTTP %d", backend.pod, status)
                 continue
+            elapsed = time.monotonic() - started
             self.metrics.count(model, backend.region, tier, status)
-            self.metrics.e2e(model, backend.region, tier, time.monotonic() - started)
+            self.metrics.e2e(model, backend.region, tier, elapsed)
             if status < 400:
                 used = answered_tokens(payload[-TAIL_BYTES:], 0, prompt, tokens)
                 self.metrics.served(model, backend.region, tier, used)
+                out = reported_completion(payload[-TAIL_BYTES:])
+                self.fleet.anticipators.answered(ticket, out)
+                self.metrics.normalized(model, backend.region, tier, elapsed, out)
             try:
                 return status, json.loads(payload)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 return status, payload.decode(errors="replace")
         return None
 
-    def _elsewhere(self, model: ModelRoute, tried: frozenset[str]) -> Backend | None:
+    def _elsewhere(
+        self, model: ModelRoute, tried: frozenset[str], arrival: Arrival | None = None
+    ) -> Backend | None:
         for region in model.regions:
-            backend = self.fleet.choose_backend(model, region, tried)
+            backend = self.fleet.choose_backend(model, region, tried, arrival)
             if backend is not None:
                 return backend
         return None
@@ -437,8 +462,10 @@ class Router:
         model: ModelRoute,
         tier: str,
         started: float,
+        ticket: Ticket,
     ) -> web.StreamResponse:
         assert self.session is not None
+        ants = self.fleet.anticipators
         url = backend.url.rstrip("/") + request.path
         stream = bool(body.get("stream"))
         timeout = aiohttp.ClientTimeout(
@@ -455,6 +482,7 @@ class Router:
                 raise _BeforeFirstByte(f"HTTP {upstream.status}")
             response = web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
+            response.headers[POD_HEADER] = backend.pod
             first = True
             tail, events = b"", 0
             try:
@@ -463,9 +491,12 @@ class Router:
                         await response.prepare(request)
                         self.metrics.ttft(model, backend.region, tier, time.monotonic() - started)
                         first = False
+                        ants.first_byte(ticket)
                     await response.write(chunk)
                     tail = (tail + chunk)[-TAIL_BYTES:]
-                    events += chunk.count(b"data: ") if stream else 0
+                    new = chunk.count(b"data: ") if stream else 0
+                    events += new
+                    ants.streamed(ticket, new)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if first:
                     raise _BeforeFirstByte(str(exc) or type(exc).__name__) from exc
@@ -476,14 +507,18 @@ class Router:
             if first:
                 await response.prepare(request)
             await response.write_eof()
+        elapsed = time.monotonic() - started
         self.metrics.count(model, backend.region, tier, upstream.status)
-        self.metrics.e2e(model, backend.region, tier, time.monotonic() - started)
+        self.metrics.e2e(model, backend.region, tier, elapsed)
         if upstream.status < 400:
             prompt, total = estimated_tokens(body)
             done = max(events - 1, 0)  # the last event of a stream is [DONE]
             self.metrics.served(
                 model, backend.region, tier, answered_tokens(tail, done, prompt, total)
             )
+            out = reported_completion(tail) or (done or None)
+            ants.answered(ticket, out)
+            self.metrics.normalized(model, backend.region, tier, elapsed, out)
         return response
 
 

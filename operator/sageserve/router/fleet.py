@@ -3,11 +3,13 @@
 The discovery thread (Kubernetes watches) and the load refresher (Prometheus) write here;
 request handlers read it. Every choice is a call into `route/`, the functions the
 simulator calls: the tier (`route.tiers`), the region (`route.region_router`, SageServe
-§6.1's global router on EMU) and the instance (`route.instance_picker`, fewest remaining
-tokens). The router corrects Prometheus' EMU, which is seconds old, with the tokens it
-sent since the last reading, so a burst does not pile onto one region between scrapes.
-When the plan publishes spill-over weights (ScalingPolicy `status.plan.spillover`), they bound
-how much of a region's traffic goes elsewhere (`route.region_router.route_region`).
+§6.1's global router on EMU) and the instance (`route.instance_picker`: by default the
+fewest remaining tokens, prompt + `max_tokens`; with a picker named, e.g. `preserve` or
+`least-request`, that picker over each pod's load anticipator, `router.anticipate`).
+The router corrects Prometheus' EMU, which is seconds old, with the tokens it sent since
+the last reading, so a burst does not pile onto one region between scrapes. When the plan
+publishes spill-over weights (ScalingPolicy `status.plan.spillover`), they bound how much
+of a region's traffic goes elsewhere (`route.region_router.route_region`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sageserve.core.snapshot import emu
-from sageserve.route.instance_picker import pick_instance
+from sageserve.route.instance_picker import Arrival, InstancePicker, make_picker, pick_instance
 from sageserve.route.region_router import (
     DEFAULT_ROUTE_THRESHOLD,
     SpillBounds,
@@ -27,6 +29,17 @@ from sageserve.route.region_router import (
     route_region,
 )
 from sageserve.route.tiers import TierMatch
+from sageserve.router.anticipate import PodAnticipators, Ticket
+
+#: The in-region rule when no picker is named: fewest tokens still to process, prompt +
+#: `max_tokens` of the requests in flight (the router's rule before pickers had names).
+REMAINING_TOKENS = "remaining-tokens"
+
+
+def fleet_picker(name: str) -> InstancePicker | None:
+    """The picker named `name` (`route.instance_picker`), None for `remaining-tokens`."""
+    return None if name == REMAINING_TOKENS else make_picker(name)
+
 
 #: (namespace, model deployment, region): the unit the operator sizes.
 EndpointId = tuple[str, str, str]
@@ -79,6 +92,12 @@ class Fleet:
     spill: dict[tuple[str, str], Mapping[str, SpillBounds]] = field(default_factory=dict)
     ledger: SpillLedger = field(default_factory=SpillLedger)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the named in-region picker (None: fewest remaining tokens)
+    picker: InstancePicker | None = None
+    #: each pod's load anticipator and each model's output-length predictor
+    anticipators: PodAnticipators = field(default_factory=PodAnticipators)
+    #: each pod's KV usage as Prometheus last reported it (for `min-usage`)
+    pod_kv: dict[str, float] = field(default_factory=dict)
 
     # ---- written by discovery and the load refresher ----------------------------------
 
@@ -99,7 +118,14 @@ class Fleet:
         for b in sorted(backends, key=lambda b: b.pod):
             by_endpoint.setdefault(b.endpoint, []).append(b)
         self.backends = by_endpoint
+        self.anticipators.forget({b.pod for bs in by_endpoint.values() for b in bs})
         self._wake()
+
+    def set_pod_loads(self, pods: Mapping[str, tuple[float, float | None]]) -> None:
+        """Per-pod (KV usage, KV capacity in tokens) from a fresh Prometheus reading."""
+        self.pod_kv = {pod: usage for pod, (usage, _) in pods.items()}
+        for pod, (_, cap) in pods.items():
+            self.anticipators.set_capacity(pod, cap)
 
     def set_load(self, emu_by_endpoint: Mapping[EndpointId, tuple[float, float]]) -> None:
         """(EMU, KV capacity in tokens) per endpoint from a fresh Prometheus reading."""
@@ -164,9 +190,15 @@ class Fleet:
         )
 
     def choose_backend(
-        self, model: ModelRoute, region: str, exclude: frozenset[str] = frozenset()
+        self,
+        model: ModelRoute,
+        region: str,
+        exclude: frozenset[str] = frozenset(),
+        arrival: Arrival | None = None,
     ) -> Backend | None:
-        """The ready pod of `region` with the fewest tokens still to process."""
+        """The ready pod of `region` for a request: the named picker's choice over the pods'
+        load anticipators when there is one (and the request's `arrival` is known), else
+        the pod with the fewest tokens still to process."""
         pods = [
             b
             for b in self.backends.get((model.namespace, model.name, region), [])
@@ -174,7 +206,18 @@ class Fleet:
         ]
         if not pods:
             return None
+        if self.picker is not None and arrival is not None:
+            loads = [(b, self.anticipators.load(b.pod, self.pod_kv.get(b.pod, 0.0))) for b in pods]
+            return self.picker.pick(arrival, loads)
         return pick_instance([(b, self.remaining.get(b.pod, 0.0)) for b in pods])
+
+    def arrival(self, model: ModelRoute, client: int, prompt_tokens: float) -> Arrival:
+        """The request as the pickers see it: prompt tokens, predicted output tokens."""
+        return self.anticipators.arrival(model.served_name, client, prompt_tokens)
+
+    def track(self, backend: Backend, model: ModelRoute, client: int, arrival: Arrival) -> Ticket:
+        """A request sent to `backend`: on the pod's look-ahead map until released."""
+        return self.anticipators.sent(backend.pod, model.served_name, client, arrival)
 
     def start(self, backend: Backend, tokens: float) -> None:
         self.remaining[backend.pod] = self.remaining.get(backend.pod, 0.0) + tokens

@@ -30,5 +30,6 @@ async def refresh_load(
             log.warning("load not refreshed: %s", exc)
         else:
             backends = [b for bs in fleet.backends.values() for b in bs]
+            fleet.set_pod_loads(pods)
             fleet.set_load(endpoint_load(pods, backends))
         await asyncio.sleep(every_s)

@@ -25,6 +25,8 @@ from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.router.fleet import Fleet, ModelRoute
 
 ENDPOINT = ("namespace", "model_deployment", "region")
+#: Seconds per output token: PreServe's SLO is 0.2 s; a healthy 70B decode step is 20-80 ms.
+NORMALIZED_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class RouterMetrics:
@@ -48,6 +50,13 @@ class RouterMetrics:
             "Time to the last byte of the answer",
             [*ENDPOINT, "tier"],
             buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.normalized_latency = Histogram(
+            "sageserve_router_normalized_latency_seconds",
+            "End-to-end time ÷ output tokens of each answer (PreServe §5's normalized latency)",
+            [*ENDPOINT, "tier"],
+            buckets=NORMALIZED_BUCKETS,
             registry=r,
         )
         self.held = Gauge(
@@ -117,6 +126,14 @@ class RouterMetrics:
 
     def e2e(self, m: ModelRoute, region: str, tier: str, seconds: float) -> None:
         self.end_to_end.labels(m.namespace, m.name, region, tier).observe(seconds)
+
+    def normalized(
+        self, m: ModelRoute, region: str, tier: str, seconds: float, output_tokens: int | None
+    ) -> None:
+        """PreServe's normalized latency of one answer, when its output length is known."""
+        if output_tokens:
+            value = seconds / output_tokens
+            self.normalized_latency.labels(m.namespace, m.name, region, tier).observe(value)
 
     def served(self, m: ModelRoute, region: str, tier: str, tokens: float) -> None:
         self.tokens.labels(m.namespace, m.name, region, tier).inc(max(tokens, 0.0))

@@ -30,6 +30,19 @@ def reported_usage(tail: bytes) -> float | None:
     return float(sum(int(v) for v in fields.values()))
 
 
+def reported_completion(tail: bytes) -> int | None:
+    """`completion_tokens` of the last `usage` object in `tail` (the pod's output count),
+    if there is one: what the router's length predictor learns from."""
+    found = None
+    for found in _USAGE.finditer(tail):  # noqa: B007 — the last one is the answer's total
+        pass
+    if found is None:
+        return None
+    fields = dict(_FIELD.findall(found.group(0)))
+    value = fields.get(b"completion_tokens")
+    return int(value) if value is not None else None
+
+
 def answered_tokens(
     tail: bytes, events: int, prompt_estimate: float, total_estimate: float
 ) -> float:
