@@ -1,0 +1,101 @@
+"""A ModelPool's pod set: one sleep-mode vLLM engine per pooled model, each on its own port,
+started and put to sleep one after another; what the router and the twin read on the pod."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sageserve.api.model_pool import ModelPool
+from sageserve.controller.pool import (
+    engine_args,
+    launcher_script,
+    pool_problems,
+    render_pool_pod_sets,
+)
+from sageserve.core.pool import pooled_engines
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def pool(**spec: Any) -> ModelPool:
+    body: dict[str, Any] = {
+        "models": [
+            {"name": "support", "model": "acme/support"},
+            {"name": "legal", "model": "acme/legal", "servedName": "legal", "contextLength": 4096},
+            {"name": "sql", "model": "acme/sql"},
+        ],
+        "variant": {"name": "h100", "gpuType": H100, "gpusPerInstance": 4},
+        "regions": [
+            {"name": "us-east", "minInstances": 1, "maxInstances": 3},
+            {"name": "us-west", "minInstances": 0, "maxInstances": 2, "initialInstances": 2},
+        ],
+        "awakePerInstance": 2,
+        "tiers": ["iw-f"],
+        "policyRef": {"name": "fleet"},
+        **spec,
+    }
+    return ModelPool.model_validate(
+        {
+            "apiVersion": "sageserve.io/v1alpha1",
+            "kind": "ModelPool",
+            "metadata": {"name": "tail"},
+            "spec": body,
+        }
+    )
+
+
+def test_each_region_gets_a_pod_set_at_its_initial_size_unless_sized_already() -> None:
+    sets = render_pool_pod_sets(pool(), {"us-east": 3}, "llm", owner_uid="u1")
+    assert [(d["metadata"]["name"], d["spec"]["replicas"]) for d in sets] == [
+        ("tail-us-east-h100", 3),
+        ("tail-us-west-h100", 2),
+    ]
+    d = sets[0]
+    assert d["metadata"]["ownerReferences"][0]["kind"] == "ModelPool"
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    assert labels["sageserve.io/model-deployment"] == "tail"  # one endpoint per region
+    assert labels["sageserve.io/model-pool"] == "tail"
+    container = d["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert [p["containerPort"] for p in container["ports"]] == [8000, 8001, 8002]
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in container["env"]
+
+
+def test_the_pod_names_its_engines_for_the_router_and_the_twin() -> None:
+    d = render_pool_pod_sets(pool(), {}, "llm")[0]
+    annotations = d["spec"]["template"]["metadata"]["annotations"]
+    engines = pooled_engines(annotations)
+    assert [(e.name, e.served_name, e.port) for e in engines] == [
+        ("support", "acme/support", 8000),
+        ("legal", "legal", 8001),
+        ("sql", "acme/sql", 8002),
+    ]
+    assert annotations["sageserve.io/awake-per-instance"] == "2"
+    assert json.loads(annotations["sageserve.io/pooled-models"])[1]["port"] == 8001
+
+
+def test_every_engine_has_sleep_mode_and_a_share_of_memory_that_fits_the_quota() -> None:
+    args = engine_args(pool(engine={"args": ["--enforce-eager"]}), 1)
+    assert args[:6] == ["--model", "acme/legal", "--served-model-name", "legal", "--port", "8001"]
+    assert "--enable-sleep-mode" in args
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.450"  # 0.9 / 2 awake
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert args[args.index("--max-model-len") + 1] == "4096"
+    assert args[-1] == "--enforce-eager"  # the user's own arguments last
+
+
+def test_the_launcher_starts_and_sleeps_engines_one_at_a_time() -> None:
+    script = launcher_script(pool())
+    lines = script.splitlines()
+    serves = [i for i, ln in enumerate(lines) if ln.startswith("vllm serve")]
+    waits = [i for i, ln in enumerate(lines) if ln.startswith("python3 -c")]
+    assert len(serves) == len(waits) == 3
+    assert all(s + 1 == w for s, w in zip(serves, waits, strict=True))
+    assert "/sleep?level=1" in script and lines[-1] == "wait"
+
+
+def test_a_missing_policy_or_tier_is_named_with_its_fix() -> None:
+    problems = pool_problems(pool(tiers=["iw-f", "gold"]), policies=[], tiers=["iw-f"])
+    assert [p.reason for p in problems] == ["PolicyNotFound", "TierNotFound"]
+    assert "spec.tiers" in problems[1].message and "gold" in problems[1].message
