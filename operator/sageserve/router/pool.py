@@ -325,7 +325,8 @@ class PoolSwitcher:
                     doc = await resp.json(content_type=None)
                 awake = not bool(doc.get("is_sleeping", True))
             except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
-                log.warning("pod %s: is_sleeping of %s unreadable: %s", pod.pod, model, exc)
+                # a pod still starting: read again on the next sweep
+                log.debug("pod %s: is_sleeping of %s unreadable: %s", pod.pod, model, exc)
                 return
             if awake != pod.state(model).awake:
                 pod.set(model, awake=awake, last_used=self.clock())

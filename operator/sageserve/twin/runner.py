@@ -242,6 +242,9 @@ class Twin:
                 }
                 for p in self.pods
             ]
+            engines = {
+                f"{ns}/{pod}": e.state(sim.now) for (ns, pod), e in sorted(self.engines.items())
+            }
         return {
             "simTime": sim.now,
             "speed": self.clock.speed,
@@ -250,9 +253,7 @@ class Twin:
             "endpoints": endpoints,
             "pods": pods,
             "problems": dict(sim.problems),
-            "engines": {
-                f"{ns}/{pod}": e.state(sim.now) for (ns, pod), e in sorted(self.engines.items())
-            },
+            "engines": engines,
             "samples": {
                 f"{s.pod.namespace}/{s.pod.name}": {
                     "kvUsage": round(s.kv_usage, 4),
