@@ -182,3 +182,32 @@ def test_projection_matches_the_papers_map_and_stays_within_capacity(
         assert got == pytest.approx(ref.projection(ref.now))
         assert all(0.0 <= u <= 1.0 for u in got)
         assert ant.predicted_decode_tokens(ref.now) >= 0
+
+
+# ---- a projection as metrics: deciles out (router), projection back (operator) ------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=100, max_size=100))
+def test_a_projection_rebuilt_from_its_quantiles_never_understates_it(values: list[float]) -> None:
+    from sageserve.pace.preserve import overloaded
+    from sageserve.route.anticipator import projection_from_quantiles, projection_quantiles
+
+    rebuilt = projection_from_quantiles(dict(projection_quantiles(values)))
+    assert len(rebuilt) == len(values)
+    assert max(rebuilt) == max(values)  # the peak travels exactly (scale-down reads it)
+    assert all(r >= v for r, v in zip(rebuilt, sorted(values), strict=True))
+    for level in (0.5, 0.8, 0.95):
+        if overloaded(values, level, 0.10):  # an overload is never lost on the way
+            assert overloaded(rebuilt, level, 0.10)
+
+
+def test_projection_quantiles_of_a_known_projection() -> None:
+    from sageserve.route.anticipator import projection_from_quantiles, projection_quantiles
+
+    values = [i / 100 for i in range(100)]
+    q = dict(projection_quantiles(values))
+    assert (q[0.0], q[0.5], q[0.9], q[1.0]) == (0.0, 0.5, 0.89, 0.99)
+    assert projection_quantiles([]) == []
+    assert projection_from_quantiles({}) == ()
+    assert projection_from_quantiles({1.0: 1.7}) == (1.0,) * 100  # summed exports are capped

@@ -175,3 +175,21 @@ def test_proxied_answers_teach_the_predictor_and_export_normalized_latency() -> 
         assert count == 20
 
     run_loop(main())
+
+
+def test_the_router_exports_each_pods_projected_kv_quantiles() -> None:
+    fleet = fleet_with("preserve")
+    fleet.anticipators.set_capacity("pod-a", 1000)
+    fleet.track(A, MODEL, 0, Arrival(500, 600))  # 500 + i tokens: full from i = 500
+    metrics = RouterMetrics()
+    metrics.watch(fleet)
+    labels = {"namespace": "llm", "model_deployment": "llama", "region": "us-east"}
+
+    def q(pod: str, quantile: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "sageserve_router_projected_kv_usage", {**labels, "pod": pod, "quantile": quantile}
+        )
+
+    assert q("pod-a", "0") == pytest.approx(0.5)
+    assert q("pod-a", "1") == pytest.approx(0.599)
+    assert q("pod-b", "1") == 0.0  # an idle pod is exported too: nothing projected

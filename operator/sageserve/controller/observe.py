@@ -14,6 +14,9 @@ value, which the parity test checks:
   from `vllm:cache_config_info` (num_gpu_blocks × block_size), so EMU is Σ used ÷ Σ
   capacity (`core.snapshot.emu`). When some pod does not export its cache size, every pod
   of the endpoint weighs the same (the mean of their usage);
+- each pod's projected KV usage over the look-ahead (PreServe §4.3.1) is what the routers
+  export (`sageserve_router_projected_kv_usage`, rebuilt by
+  `PrometheusReader.pod_projections`): the router sees every request, the operator none;
 - requests waiting are the pods' queues plus the requests the router holds for an
   endpoint with nothing serving (`sageserve_router_held_requests`): the demand that brings
   a model back from zero.
@@ -56,9 +59,11 @@ def endpoint_snapshots(
     tokens_per_s: Series,
     held_requests: Series | None = None,
     lost_nodes: Collection[str] = frozenset(),
+    projections: Mapping[str, tuple[float, ...]] | None = None,
 ) -> dict[EndpointKey, EndpointSnapshot]:
     """One snapshot per region of `md` that has a pod set (existing Deployments only);
-    pods on `lost_nodes` (not Ready) are not serving."""
+    pods on `lost_nodes` (not Ready) are not serving. `projections` are each pod's
+    projected KV usage as the routers export it (`PrometheusReader.pod_projections`)."""
     name = md.metadata.name
     variants = tuple(v.name for v in md.spec.variants)
     mine: dict[str, list[Mapping[str, Any]]] = {}
@@ -85,10 +90,10 @@ def endpoint_snapshots(
             load = loads[pod["metadata"]["name"]]
             cap = load.kv_capacity_tokens if sized and load.kv_capacity_tokens else UNKNOWN_CAPACITY
             variant = str(pod["metadata"]["labels"][LABEL_VARIANT])
+            name_ = pod["metadata"]["name"]
+            projection = (projections or {}).get(name_, ())
             views.append(
-                InstanceView(
-                    pod["metadata"]["name"], variant, load.kv_usage * cap, cap, load.waiting
-                )
+                InstanceView(name_, variant, load.kv_usage * cap, cap, load.waiting, projection)
             )
         key3 = (namespace, name, region.name)
         key = EndpointKey(name, region.name)

@@ -205,11 +205,17 @@ class PacePass:
         # every read of the pass within one pace interval, else the next pass is due and
         # this one's data is late: hold rather than act on it
         interval = float(self.policy.spec.intervals.pace_seconds)
+        strategy = strategy_for(self.policy.spec)
         reader = prometheus_reader(deadline=time.monotonic() + interval)
         try:
             tps = reader.tokens_per_second(self.namespace)
             loads = reader.pod_loads(self.namespace)
             held_requests = reader.held_requests(self.namespace)
+            projections = (
+                reader.pod_projections(self.namespace)
+                if getattr(strategy, "uses_projection", False)
+                else {}
+            )
         except MetricsTooSlow as exc:
             message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
             self.condition("Degraded", True, "PrometheusSlow", f"{message}: {exc}")
@@ -251,6 +257,7 @@ class PacePass:
                 tps,
                 held_requests,
                 lost,
+                projections,
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
@@ -262,7 +269,7 @@ class PacePass:
             Snapshot(self.now, endpoints),
             self.state.plan,
             self.state.step,
-            strategy_for(self.policy.spec),
+            strategy,
             report_partial_after_s=report_after_s(),
         )
         self.state.step = outcome.state

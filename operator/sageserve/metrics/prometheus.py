@@ -186,6 +186,23 @@ class PrometheusReader:
                 loads[pod] = replace(loads[pod], waiting=int(value))
         return loads
 
+    def pod_projections(self, namespace: str) -> dict[str, tuple[float, ...]]:
+        """Each pod's projected KV usage over the look-ahead, rebuilt from the quantiles the
+        routers export (`route.anticipator.projection_from_quantiles`); pods no router
+        projects are absent. Non-finite readings are left out."""
+        from sageserve.route.anticipator import projection_from_quantiles
+
+        by_pod: dict[str, dict[float, float]] = {}
+        for labels, value in self.samples(queries.projected_kv_per_pod(namespace)):
+            pod = labels.get(vllm.LABEL_POD, "")
+            try:
+                q = float(labels.get("quantile", ""))
+            except ValueError:
+                continue
+            if pod and math.isfinite(value) and math.isfinite(q):
+                by_pod.setdefault(pod, {})[q] = value
+        return {pod: projection_from_quantiles(qs) for pod, qs in by_pod.items()}
+
     def held_requests(self, namespace: str) -> Series:
         """Requests the router holds per (model, region) while nothing serves there."""
         return self.instant(queries.held_requests(namespace))

@@ -81,6 +81,19 @@ def held_requests(namespace: str | None = None) -> str:
     return f"sum by ({GROUP_BY}) ({HELD_REQUESTS}{matcher})"
 
 
+#: The router's gauge of each pod's projected KV usage over the look-ahead, by quantile
+#: (`route.anticipator.projection_quantiles`; PreServe §4.3.1).
+PROJECTED_KV = "sageserve_router_projected_kv_usage"
+
+
+def projected_kv_per_pod(namespace: str | None = None) -> str:
+    """Each pod's projected KV-usage quantiles, summed over router replicas (each projects
+    only the requests it sent; the sum of their quantiles is at least the quantile of the
+    sum, so the operator errs toward capacity)."""
+    matcher = f'{{{vllm.LABEL_NAMESPACE}="{namespace}"}}' if namespace else ""
+    return f"sum by ({vllm.LABEL_POD}, quantile) ({PROJECTED_KV}{matcher})"
+
+
 #: The router's counter of tokens answered per endpoint and tier.
 ROUTER_TOKENS = "sageserve_router_tokens"
 

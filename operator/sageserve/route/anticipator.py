@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 #: PreServe §4.3.1: the look-ahead horizon l of the scaler and the router.
@@ -214,7 +215,9 @@ class LoadAnticipator:
     def predicted_decode_tokens(self, now: int) -> int:
         """Output tokens still to generate by the predictions, overruns extended
         (PreServe §4.3.3's current_d)."""
-        self.advance(now)
+        heap = self._heap
+        if now > self.now or (heap and heap[0][0] <= self.now):  # the pickers' hot path
+            self.advance(now)
         return self._ends_sum - self._n * self.now + self._dw
 
     def projection(
@@ -259,4 +262,45 @@ class LoadAnticipator:
         return above > share * self.horizon
 
 
-__all__ = ["LOOKAHEAD_ITERATIONS", "OVERRUN_EXTENSION", "LoadAnticipator"]
+#: Quantiles of a projection that travel as metrics (a router exports them per pod, the
+#: operator rebuilds the projection from them): deciles and the peak.
+PROJECTION_QUANTILES = tuple(i / 10 for i in range(11))
+
+
+def projection_quantiles(projection: Sequence[float]) -> list[tuple[float, float]]:
+    """(q, value) for each of `PROJECTION_QUANTILES`: the value at rank ⌊q·(l−1) + ½⌋ of the
+    sorted projection (q = 1: the peak, PreServe's U_k)."""
+    ranked = sorted(projection)
+    if not ranked:
+        return []
+    last = len(ranked) - 1
+    return [(q, ranked[math.floor(q * last + 0.5)]) for q in PROJECTION_QUANTILES]
+
+
+def projection_from_quantiles(
+    quantiles: Mapping[float, float], horizon: int = LOOKAHEAD_ITERATIONS
+) -> tuple[float, ...]:
+    """A projection of `horizon` iterations with the given quantiles, each iteration at the
+    next exported quantile up: never below the projection it was taken from, so an
+    overload test on it errs (by less than one decile of the iterations) toward overload
+    and a scale-down test toward keeping capacity. Sorted, since the rules read shares and
+    the peak, not the order. Values capped at 1 (several routers' exports are summed)."""
+    known = sorted((q, min(1.0, max(0.0, v))) for q, v in quantiles.items())
+    if not known or horizon < 1:
+        return ()
+    out: list[float] = []
+    for i in range(horizon):
+        at = i / (horizon - 1) if horizon > 1 else 1.0
+        value = next((v for q, v in known if q >= at - 1e-9), known[-1][1])
+        out.append(value)
+    return tuple(out)
+
+
+__all__ = [
+    "LOOKAHEAD_ITERATIONS",
+    "OVERRUN_EXTENSION",
+    "PROJECTION_QUANTILES",
+    "LoadAnticipator",
+    "projection_from_quantiles",
+    "projection_quantiles",
+]

@@ -20,8 +20,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from sageserve.batch.objects import QueueDepth
-from sageserve.metrics.queries import BATCH_ACCEPTED_TOKENS, HELD_REQUESTS, ROUTER_TOKENS
+from sageserve.metrics.queries import (
+    BATCH_ACCEPTED_TOKENS,
+    HELD_REQUESTS,
+    PROJECTED_KV,
+    ROUTER_TOKENS,
+)
 from sageserve.metrics.vllm import TTFT_BUCKETS
+from sageserve.route.anticipator import projection_quantiles
 from sageserve.router.fleet import Fleet, ModelRoute
 
 ENDPOINT = ("namespace", "model_deployment", "region")
@@ -166,9 +172,11 @@ class RouterMetrics:
         self.batches_closed.labels(status).inc()
 
     def watch(self, fleet: Fleet) -> None:
-        """Export the router's EMU estimate of each endpoint with a ready pod, as read at
-        scrape time: what its region router and Queue Manager decide on."""
+        """Export the router's EMU estimate of each endpoint with a ready pod, and each
+        pod's projected KV usage, as read at scrape time: what its region router, Queue
+        Manager and the operator's `preserve` strategy decide on."""
         self.registry.register(_EndpointEmu(fleet))
+        self.registry.register(_PodProjection(fleet))
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -191,4 +199,27 @@ class _EndpointEmu(Collector):
         )
         for endpoint in sorted(k for k, pods in self.fleet.backends.items() if pods):
             family.add_metric(list(endpoint), self.fleet.estimated_emu(endpoint))
+        yield family
+
+
+class _PodProjection(Collector):
+    """`sageserve_router_projected_kv_usage{..., pod, quantile}`: the deciles and peak of
+    each ready pod's projected KV usage over the look-ahead (`route.anticipator`), from the
+    requests this router sent it. The operator rebuilds the projection from them for the
+    `preserve` strategy's in-window rules (PreServe §4.3.2)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            PROJECTED_KV,
+            "Quantiles of a pod's projected KV-cache usage over the next decode iterations",
+            labels=[*ENDPOINT, "pod", "quantile"],
+        )
+        for endpoint in sorted(self.fleet.backends):
+            for b in self.fleet.backends[endpoint]:
+                projection = self.fleet.anticipators.projection(b.pod)
+                for q, value in projection_quantiles(projection):
+                    family.add_metric([*endpoint, b.pod, f"{q:g}"], value)
         yield family
