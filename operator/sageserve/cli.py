@@ -344,6 +344,13 @@ def bench_route(
     model: Annotated[str, typer.Option(help="Perf profile of the instances.")] = "llama-2-70b",
     gpu_type: Annotated[str, typer.Option("--gpu-type")] = "NVIDIA-H100-80GB-HBM3",
     gpus: Annotated[int, typer.Option(help="GPUs per instance.")] = 4,
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="KV-cache tokens per instance instead of the profile's (e.g. 60000: a "
+            "memory-bound fleet, where PreServe's memory penalty can act)."
+        ),
+    ] = None,
 ) -> None:
     """PreServe's routing benchmark: instance pickers on a fixed fleet over a request trace."""
     from sageserve.commands.bench_route import bench_route_command
@@ -360,6 +367,7 @@ def bench_route(
             gpu_type,
             gpus,
             console,
+            kv_tokens,
         )
     except (ValueError, KeyError, FileNotFoundError) as e:
         err_console.print(f"[red]error:[/red] {e}")

@@ -62,3 +62,22 @@ def test_bench_route_refuses_a_split_that_leaves_nothing_to_fit(tmp_path: Path) 
     res = CliRunner().invoke(app, ["bench", "route", "--trace", str(trace)])
     assert res.exit_code == 2
     assert "need at least 8 to fit" in res.output
+
+
+def test_kv_tokens_replaces_the_profiles_kv_capacity(tmp_path: Path) -> None:
+    """The instances run with the KV capacity asked for (the header says it); a capacity
+    below one token is refused."""
+    rng = random.Random(1)
+    lines = []
+    for i in range(400):
+        p = rng.randint(500, 3000)
+        lines.append({"timestamp": 300 * i, "input_length": p, "output_length": 400})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["bench", "route", "--trace", str(trace), "--instances", "2", "--rates", "4"]
+    args += ["--routers", "least-request", "--fit-minutes", "0.5"]
+    small = CliRunner().invoke(app, [*args, "--kv-tokens", "8000"], env={"COLUMNS": "200"})
+    assert small.exit_code == 0, small.output
+    assert "(KV 8,000 tokens)" in small.output
+    bad = CliRunner().invoke(app, [*args, "--kv-tokens", "0"])
+    assert bad.exit_code == 2 and "--kv-tokens must be ≥ 1" in bad.output

@@ -194,7 +194,10 @@ def bench_route_command(
     gpu_type: str,
     gpus: int,
     console: Console,
+    kv_tokens: int | None = None,
 ) -> list[RouteResult]:
+    """`kv_tokens` replaces the profile's KV capacity per instance (a memory-bound fleet,
+    as PreServe's LLaMA-2-7B on one A40, so the memory penalty can act)."""
     rows = traces.request_trace(trace)
     fit = [r for r in rows if r[0] < fit_minutes * 60.0]
     held = [r for r in rows if r[0] >= fit_minutes * 60.0]
@@ -206,6 +209,10 @@ def bench_route_command(
     t0 = held[0][0]
     replay = [(t - t0, p, o) for t, p, o in held]
     perf = load_catalog().get(model, gpu_type, gpus)
+    if kv_tokens is not None:
+        if kv_tokens < 1:
+            raise ValueError(f"--kv-tokens must be ≥ 1, got {kv_tokens}")
+        perf = replace(perf, kv_capacity_tokens=kv_tokens)
 
     # the predictors on the held-out part (prequential for the online one)
     held3 = [(0, p, o) for _, p, o in held]
