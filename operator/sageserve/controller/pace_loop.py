@@ -189,12 +189,29 @@ class PacePass:
                 "a simulation baseline (sageserve simulate), the operator runs unified pools",
             )
             return
+        if self.policy.spec.strategy is Strategy.STATIC:
+            self.condition(
+                "Ready",
+                False,
+                "UnsupportedStrategy",
+                "spec.strategy: static sizes a fleet from a whole trace's peak; it is a "
+                "simulation baseline (sageserve simulate), pin minInstances = maxInstances "
+                "for a fixed fleet",
+            )
+            return
         problems = self.problems()
         if problems:
             message = "; ".join(p.message for p in problems) + "; holding every size"
             self.condition("Ready", False, problems[0].reason, message)
             return
-        self.condition("Ready", True, "Pacing", f"strategy {self.policy.spec.strategy.value}")
+        pacing = f"strategy {self.policy.spec.strategy.value}"
+        if self.policy.spec.strategy is Strategy.PRESERVE:
+            # docs/preserve.md: the operator's plan loop has no window plan yet
+            pacing += (
+                ": window targets from the hourly plan cycle (PreServe's per-window plan "
+                "runs in the simulator only), in-window moves from the routers' projections"
+            )
+        self.condition("Ready", True, "Pacing", pacing)
         fleet = [
             (raw, ModelDeployment.model_validate(_essence(raw)))
             for raw in self.kube.objects(self.namespace, "modeldeployments")
