@@ -32,9 +32,10 @@ class Comparison:
 
 def plan_interval(strategy: PacingStrategy, default_s: float, span_s: float) -> float:
     """How often the simulator plans for `strategy`: PreServe once per window, the static
-    fleet once (at the start), the others at the policy's interval."""
+    fleet every minute (its plan never changes: from the first minute on, with or without
+    history before the window, it holds that size), the others at the policy's interval."""
     if strategy.name == "static":
-        return max(default_s, 60.0 * (int(span_s // 60.0) + 1))
+        return 60.0
     window = getattr(strategy, "plan_interval_s", None)
     return float(window) if window else default_s
 
