@@ -220,6 +220,11 @@ class LoadAnticipator:
             self.advance(now)
         return self._ends_sum - self._n * self.now + self._dw
 
+    def tokens_left(self, now: int) -> int:
+        """Prompt tokens to prefill plus predicted output left: token-JSQ's load, read for
+        every candidate of every request (one call instead of two)."""
+        return self._pw + self.predicted_decode_tokens(now)
+
     def projection(
         self, now: int, prompt_tokens: int = 0, predicted_output: int = 0
     ) -> list[float]:

@@ -58,9 +58,24 @@ def pick_instance(candidates: Sequence[tuple[K, float]]) -> K:
     return _argmin(candidates)
 
 
+class LoadView(Protocol):
+    """What a picker may know of one candidate instance, read when the picker asks: the
+    simulator answers from live instance state, so a picker pays only for what it reads
+    (token-JSQ never reads `kv_usage`)."""
+
+    @property
+    def anticipator(self) -> LoadAnticipator: ...
+
+    @property
+    def iteration(self) -> int: ...
+
+    @property
+    def kv_usage(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceLoad:
-    """What a picker may know of one candidate instance."""
+    """A `LoadView` taken once: what the router knows of one candidate pod."""
 
     #: the instance's look-ahead map: requests, queued prompt tokens, predicted decode left
     anticipator: LoadAnticipator
@@ -81,7 +96,7 @@ class Arrival:
 class InstancePicker(Protocol):
     name: str
 
-    def pick(self, req: Arrival, candidates: Sequence[tuple[K, InstanceLoad]]) -> K:
+    def pick(self, req: Arrival, candidates: Sequence[tuple[K, LoadView]]) -> K:
         """The candidate to send `req` to."""
         ...
 
@@ -124,7 +139,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turn = 0
 
-    def pick(self, req: Arrival, candidates: Sequence[tuple[K, InstanceLoad]]) -> K:
+    def pick(self, req: Arrival, candidates: Sequence[tuple[K, LoadView]]) -> K:
         if not candidates:
             raise ValueError("no candidate to route to")
         k = candidates[self._turn % len(candidates)][0]
@@ -138,7 +153,7 @@ class LeastRequest:
 
     name = "least-request"
 
-    def pick(self, req: Arrival, candidates: Sequence[tuple[K, InstanceLoad]]) -> K:
+    def pick(self, req: Arrival, candidates: Sequence[tuple[K, LoadView]]) -> K:
         return _argmin([(k, float(v.anticipator.requests)) for k, v in candidates])
 
 
@@ -148,7 +163,7 @@ class MinUsage:
 
     name = "min-usage"
 
-    def pick(self, req: Arrival, candidates: Sequence[tuple[K, InstanceLoad]]) -> K:
+    def pick(self, req: Arrival, candidates: Sequence[tuple[K, LoadView]]) -> K:
         return _argmin([(k, v.kv_usage) for k, v in candidates])
 
 
@@ -159,22 +174,20 @@ class TokenJsq:
 
     name = "token-jsq"
 
-    def pick(self, req: Arrival, candidates: Sequence[tuple[K, InstanceLoad]]) -> K:
-        return _argmin(
-            [
-                (
-                    k,
-                    float(
-                        v.anticipator.queued_prefill_tokens
-                        + v.anticipator.predicted_decode_tokens(v.iteration)
-                    ),
-                )
-                for k, v in candidates
-            ]
-        )
+    def pick(self, req: Arrival, candidates: Sequence[tuple[K, LoadView]]) -> K:
+        # `_argmin` unrolled: this runs for every candidate of every simulated request
+        if not candidates:
+            raise ValueError("no candidate to route to")
+        best_k, first = candidates[0]
+        best = first.anticipator.tokens_left(first.iteration)
+        for k, v in candidates[1:]:
+            tokens = v.anticipator.tokens_left(v.iteration)
+            if tokens < best:
+                best_k, best = k, tokens
+        return best_k
 
 
-def preserve_score(req: Arrival, load: InstanceLoad) -> float:
+def preserve_score(req: Arrival, load: LoadView) -> float:
     """PreServe §4.3.3, Eq. 1: L = (queued_p + P) + (current_d + D) + β·max(0, U_k − 0.8)·M,
     with U_k the peak projected usage over the look-ahead after virtually adding the
     request. Every term is in tokens. (The paper prints argmax; its text and purpose say
@@ -193,7 +206,7 @@ class PreServe:
 
     name = "preserve"
 
-    def pick(self, req: Arrival, candidates: Sequence[tuple[K, InstanceLoad]]) -> K:
+    def pick(self, req: Arrival, candidates: Sequence[tuple[K, LoadView]]) -> K:
         return _argmin([(k, preserve_score(req, v)) for k, v in candidates])
 
 
@@ -202,6 +215,7 @@ __all__ = [
     "Arrival",
     "InstanceLoad",
     "InstancePicker",
+    "LoadView",
     "make_picker",
     "pick_deployment",
     "pick_instance",

@@ -27,7 +27,6 @@ from sageserve.route.anticipator import LoadAnticipator
 from sageserve.route.instance_picker import (
     DEFAULT_PICKER,
     Arrival,
-    InstanceLoad,
     make_picker,
 )
 from sageserve.route.length_predictor import (
@@ -181,6 +180,38 @@ class RunResult:
     refused: int = 0
 
 
+class _Clock:
+    """The time a routing decision is made at, shared by every instance's view."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+
+class _LiveLoad:
+    """An instance as the in-region picker sees it (`route.instance_picker.LoadView`):
+    one long-lived view per instance, each figure computed only when a picker reads it.
+    Building a snapshot of every candidate for every request doubled the simulator's run
+    time on fleets of tens of instances per endpoint."""
+
+    __slots__ = ("_clock", "_inst", "anticipator")
+
+    def __init__(self, inst: Instance, anticipator: LoadAnticipator, clock: _Clock) -> None:
+        self._inst = inst
+        self.anticipator = anticipator
+        self._clock = clock
+
+    @property
+    def iteration(self) -> int:
+        return int(self._inst.v_at(self._clock.t))
+
+    @property
+    def kv_usage(self) -> float:
+        inst = self._inst
+        return inst.kv_at(self._clock.t) / inst.kv_cap
+
+
 class Simulation(InstanceHooks):
     """Runs one strategy over one request stream."""
 
@@ -203,8 +234,10 @@ class Simulation(InstanceHooks):
         self.picker = make_picker(config.picker)
         self._make_predictor = predictors or (lambda _model: make_predictor(config.predictor))
         self._predictors: dict[str, LengthPredictor] = {}
-        #: each instance's load anticipator (PreServe §4.3.1), fed by the instance's hooks
-        self._ant: dict[Instance, LoadAnticipator] = {}
+        #: each instance's load anticipator (PreServe §4.3.1), fed by the instance's hooks,
+        #: seen by the picker through a view read at the routing time `_clock`
+        self._clock = _Clock()
+        self._views: dict[Instance, _LiveLoad] = {}
         self.planner = planner if strategy.uses_plan else None
         self.plans = 0
         #: the decision step's state (plan in force, cooldowns), as the operator keeps it
@@ -532,11 +565,14 @@ class Simulation(InstanceHooks):
             predictor = self._predictors[req.model] = self._make_predictor(req.model)
         return predictor.predict(LengthQuery(req.client, req.prompt_tokens, req.output_tokens))
 
+    def _view(self, inst: Instance) -> _LiveLoad:
+        view = self._views.get(inst)
+        if view is None:
+            view = self._views[inst] = _LiveLoad(inst, LoadAnticipator(inst.kv_cap), self._clock)
+        return view
+
     def _anticipator(self, inst: Instance) -> LoadAnticipator:
-        ant = self._ant.get(inst)
-        if ant is None:
-            ant = self._ant[inst] = LoadAnticipator(inst.kv_cap)
-        return ant
+        return self._view(inst).anticipator
 
     def _enqueue(self, inst: Instance, job: Job, t: float) -> None:
         """Queue a job on an instance, and on the instance's look-ahead map."""
@@ -558,11 +594,11 @@ class Simulation(InstanceHooks):
         insts = dep.instances
         if len(insts) == 1:
             return insts[0]
-        cands = [
-            (i, InstanceLoad(self._anticipator(i), int(i.v_at(t)), i.kv_at(t) / i.kv_cap))
-            for i in insts
-        ]
-        return self.picker.pick(Arrival(job.req.prompt_tokens, job.pred_out), cands)
+        self._clock.t = t
+        view = self._view
+        return self.picker.pick(
+            Arrival(job.req.prompt_tokens, job.pred_out), [(i, view(i)) for i in insts]
+        )
 
     def _lost(self, job: Job) -> None:
         self.stats[(job.req.tier.name, job.req.model)].dropped += 1
