@@ -16,9 +16,9 @@ import math
 from array import array
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from sageserve.core.snapshot import Decision, Plan, Snapshot
+from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
 from sageserve.pace.step import StepState, decide
@@ -553,10 +553,24 @@ class Simulation(InstanceHooks):
 
     def _decide(self, eps: Iterable[Endpoint], t: float) -> None:
         """`pace.step.decide` on these endpoints' snapshots; its decisions applied."""
-        snapshot = Snapshot(t, {ep.key: ep.snapshot(t) for ep in eps})
-        outcome = decide(t, snapshot, None, self.step_state, self.strategy)
+        snaps = {ep.key: ep.snapshot(t) for ep in eps}
+        if getattr(self.strategy, "uses_projection", False):
+            snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}
+        outcome = decide(t, Snapshot(t, snaps), None, self.step_state, self.strategy)
         self.step_state = outcome.state
         self._apply(outcome.decisions, t)
+
+    def _projected(self, ep: Endpoint, snap: EndpointSnapshot, t: float) -> EndpointSnapshot:
+        """`snap` with each instance's projected KV usage from its load anticipator
+        (PreServe §4.3.1), as the operator reads the routers' (for `preserve`)."""
+        by_id = {i.id: i for d in ep.deployments for i in d.instances}
+        views = tuple(
+            replace(v, projection=tuple(self._anticipator(i).projection(int(i.v_at(t)))))
+            if (i := by_id.get(v.name)) is not None
+            else v
+            for v in snap.instances
+        )
+        return replace(snap, instances=views)
 
     def _predict(self, req: Request) -> int:
         """The request's predicted output tokens (the truth only for the `oracle`)."""
