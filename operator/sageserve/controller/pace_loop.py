@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
 from sageserve.controller.faults import lost_pods
 from sageserve.controller.guard import FaultReport, Guard, report_after_s
@@ -38,6 +39,7 @@ from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.leader import LeaderElection, identity
 from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
+from sageserve.controller.pool import parse_pool
 from sageserve.controller.semantics import SemanticProblem, node_shapes, policy_problems
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
@@ -218,7 +220,7 @@ class PacePass:
             if (raw.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
             and _is_ready(raw)
         ]
-        self.spot([md for _, md in fleet])
+        self.spot([md for _, md in fleet], self.pools())
         # every read of the pass within one pace interval, else the next pass is due and
         # this one's data is late: hold rather than act on it
         interval = float(self.policy.spec.intervals.pace_seconds)
@@ -362,20 +364,37 @@ class PacePass:
             ):
                 OPERATOR_METRICS.gpus.labels(self.namespace, name, key.region, state).set(value)
 
-    def spot(self, mds: list[ModelDeployment]) -> None:
-        """Reclaim spot nodes for unschedulable serving pods; donate idle serving nodes."""
-        if not self.policy.spec.spot.enabled or not mds:
+    def pools(self) -> list[ModelPool]:
+        """The ModelPools this policy sizes (their pods need GPUs as a model's do)."""
+        return [
+            parse_pool(o)
+            for o in self.kube.objects(self.namespace, "modelpools")
+            if (o.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
+        ]
+
+    def spot(self, mds: list[ModelDeployment], pools: list[ModelPool] | None = None) -> None:
+        """Reclaim spot nodes for unschedulable serving pods (pooled ones too); donate idle
+        serving nodes."""
+        pools = pools or []
+        if not self.policy.spec.spot.enabled or not (mds or pools):
             return
         region_of = {
             pod_set_name(md.metadata.name, r.name, v.name): (r.name, v.gpu_type)
             for md in mds
             for r in md.spec.regions
             for v in md.spec.variants
+        } | {
+            pod_set_name(p.metadata.name, r.name, p.spec.variant.name): (
+                r.name,
+                p.spec.variant.gpu_type,
+            )
+            for p in pools
+            for r in p.spec.regions
         }
         busy = set()
         pod_sets = self.kube.deployments_by_owner(self.namespace)
-        for md in mds:
-            for name, d in pod_sets.get(md.metadata.name, {}).items():
+        for owner in [md.metadata.name for md in mds] + [p.metadata.name for p in pools]:
+            for name, d in pod_sets.get(owner, {}).items():
                 wanted = int((d.get("spec") or {}).get("replicas") or 0)
                 if name in region_of and wanted > int(
                     (d.get("status") or {}).get("readyReplicas") or 0
