@@ -127,3 +127,26 @@ def test_no_observation_holds_the_pool_at_its_size() -> None:
         pool_current={("tail", "us-east"): 3},
     )
     assert cycle.pools[0].held and cycle.pools[0].target == 3
+
+
+def test_a_short_drop_is_missing_data_and_a_lasting_one_shrinks_the_pool() -> None:
+    def target(quiet_steps: int) -> int:
+        history = {f"m{i}": [1 / 60] * 40 + [0.0] * quiet_steps for i in range(20)}
+        cycle = run_plan_cycle(
+            [],
+            policy(),
+            {},
+            {},
+            {},
+            {("us-east", A100): 64},
+            pools=[pool()],
+            pool_rates={("tail", "us-east"): history},
+            pool_current={("tail", "us-east"): 7},
+        )
+        return cycle.pools[0].target
+
+    # quiet minutes read as a collection gap at first (forecast.gaps: a drop by an order of
+    # magnitude, judged against the last hour), not as demand gone: no scale-in on it
+    assert target(5) > 1
+    # quiet for an hour: the rate is real, the pool shrinks to its minimum
+    assert target(60) == 1
