@@ -198,6 +198,13 @@ def _least_peak_utilisation(
 
 def _result(x: FloatArray, lam: FloatArray, n: FloatArray, fair: float, status: str) -> Assignment:
     k_count, j_count = n.shape
+    # The solver's feasibility tolerance (~1e-9 absolute) can put a column a hair above its
+    # λ_j; scale it back so C1 holds exactly and the weights of a type sum to at most 1.
+    x = x.copy()
+    for j in range(j_count):
+        col = float(x[:, j].sum())
+        if col > lam[j]:
+            x[:, j] *= float(lam[j]) / col if col > 0 else 0.0
     weights = tuple(
         tuple(float(x[k, j] / lam[j]) if lam[j] > 0 else 0.0 for j in range(j_count))
         for k in range(k_count)

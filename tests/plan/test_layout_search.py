@@ -1,0 +1,122 @@
+"""OServe's layout search (plan/layout_search.py, Algorithm 1): determinism, never worse than
+its start, the obviously better heterogeneous layout on a hand-made two-type case, and the
+Kubernetes filters (TP divides heads, TP inside a node, packing onto nodes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sageserve.perf.capacity import type_capacity
+from sageserve.perf.model import load_catalog
+from sageserve.plan.layout_search import (
+    LayoutSpace,
+    Strategy,
+    best_homogeneous,
+    canonical,
+    describe,
+    packs,
+    search_layout,
+    uniform_layout,
+)
+
+TP4, TP8, TP4PP2 = Strategy(4), Strategy(8), Strategy(4, 2)
+
+# Type A (short outputs): a TP4 replica serves 10/s, an 8-GPU one barely more.
+# Type B (long outputs, memory-bound): a TP4 replica serves 2/s, TP4×PP2 8/s, TP8 7/s.
+HAND = LayoutSpace({TP4: (10.0, 2.0), TP4PP2: (12.0, 8.0), TP8: (11.0, 7.0)}, node_gpus=8)
+HAND_RATES = (20.0, 8.0)
+
+
+def test_hand_case_finds_the_heterogeneous_layout() -> None:
+    # 4 × TP4 serves Φ = 24 (B gets 4 of 8); 2 × 8 GPUs at most 20; TP4×PP2 + 2 × TP4
+    # serves all 28: B on the pipeline replica, A on the two TP4s.
+    home, home_score = best_homogeneous(HAND, HAND_RATES, 16)
+    assert home == (TP4,) * 4 and home_score.throughput == pytest.approx(24.0)
+    for seed in range(3):
+        r = search_layout(HAND, HAND_RATES, 16, seed=seed)
+        assert r.layout == canonical([TP4PP2, TP4, TP4]), describe(r.layout)
+        assert r.score.throughput == pytest.approx(28.0)
+        assert r.idle_gpus == 0
+
+
+def test_deterministic_for_a_seed() -> None:
+    space = _three_type_space()
+    rates = (30.0, 3.0, 1.5)
+    a = search_layout(space, rates, 32, seed=7)
+    b = search_layout(space, rates, 32, seed=7)
+    assert (a.layout, a.score, a.iterations, a.accepted) == (
+        b.layout,
+        b.score,
+        b.iterations,
+        b.accepted,
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("rates", [(30.0, 3.0, 1.5), (5.0, 1.0, 4.0), (200.0, 40.0, 20.0)])
+def test_never_worse_than_the_uniform_start(seed: int, rates: tuple[float, ...]) -> None:
+    space = _three_type_space()
+    r = search_layout(space, rates, 24, seed=seed)
+    assert r.initial == uniform_layout(space, 24) == (TP4,) * 6
+    assert not r.initial_score.beats(r.score, sum(rates))
+    assert r.score.throughput >= r.initial_score.throughput - 1e-6
+    assert sum(s.gpus for s in r.layout) + r.idle_gpus == 24
+    assert packs(r.layout, 24, 8)
+
+
+def test_coordinate_ascent_above_the_enumeration_limit() -> None:
+    r = search_layout(HAND, HAND_RATES, 16, seed=0, enumerate_limit=1)
+    assert r.strategy_choice == "coordinate ascent"
+    assert r.score.throughput >= r.initial_score.throughput
+    assert r.layout == canonical([TP4PP2, TP4, TP4])
+
+
+def test_filters_drop_strategies_vllm_or_the_nodes_cannot_run() -> None:
+    space = LayoutSpace(
+        {Strategy(3, 2): (1.0,), Strategy(2): (1.0,), Strategy(16): (9.0,)},
+        node_gpus=8,
+        attention_heads=64,
+    )
+    assert space.sizes() == [2]  # TP3 does not divide 64 heads; TP16 exceeds a node
+    opt66 = LayoutSpace({Strategy(3, 2): (1.0,)}, node_gpus=8, attention_heads=72)
+    assert opt66.strategies(6) == [Strategy(3, 2)]
+
+
+def test_packing_keeps_every_tp_group_on_one_node() -> None:
+    assert packs([TP4PP2, TP8], 16, 8)
+    assert packs([Strategy(3, 2), Strategy(2)], 8, 8)  # groups 3 + 3 + 2 on one node
+    assert not packs([Strategy(3)] * 3, 8, 8)  # 9 GPUs
+    assert packs([TP4] * 3, 12, 8)  # nodes of 8 and 4
+    assert not packs([Strategy(6)] * 2, 12, 8)  # 6 fits the 8-GPU node, not the 4-GPU one
+
+
+def test_search_on_derived_profiles_never_loses_to_its_start() -> None:
+    cat = load_catalog()
+    types = [(200, 50), (2000, 20), (1000, 1500)]
+    cap = {
+        Strategy(v.tensor_parallel, v.pipeline_parallel): tuple(
+            type_capacity(v, i, o) for i, o in types
+        )
+        for v in cat.layouts("llama-2-70b", "NVIDIA-H100-80GB-HBM3", 16)
+    }
+    space = LayoutSpace(cap, node_gpus=8, attention_heads=64)
+    rates = (10.0, 2.0, 0.5)
+    r = search_layout(space, rates, 16, seed=0)
+    assert r.initial == (TP4,) * 4
+    assert r.score.throughput >= r.initial_score.throughput - 1e-6
+    assert not r.initial_score.beats(r.score, sum(rates))
+
+
+def _three_type_space() -> LayoutSpace:
+    return LayoutSpace(
+        {
+            TP4: (10.0, 2.0, 0.5),
+            TP4PP2: (19.0, 6.0, 2.5),
+            TP8: (15.0, 5.0, 2.0),
+            Strategy(4, 3): (27.0, 9.0, 4.5),
+            Strategy(4, 4): (35.0, 13.0, 7.0),
+            Strategy(8, 2): (30.0, 11.0, 6.0),
+        },
+        node_gpus=8,
+        attention_heads=64,
+    )
