@@ -390,6 +390,45 @@ def bench_pool(
     bench_pool_command(scenario, hours, goodput_gpus, goodput_minutes, json_out, console)
 
 
+@bench_app.command("layout")
+def bench_layout(
+    model: Annotated[str, typer.Option(help="Perf profile of the model.")] = "llama-2-70b",
+    gpu_type: Annotated[str, typer.Option("--gpu-type")] = "NVIDIA-H100-80GB-HBM3",
+    gpus: Annotated[int, typer.Option(help="GPU budget of the search.")] = 16,
+    types: Annotated[int, typer.Option(help="Request types (k-means clusters).")] = 5,
+    trace: Annotated[
+        list[Path] | None,
+        typer.Option("--trace", help="Request traces (default: Azure 2023 code + conversation)."),
+    ] = None,
+    load: Annotated[
+        float,
+        typer.Option(help="Offered load as a multiple of the best homogeneous layout's capacity."),
+    ] = 1.2,
+    seed: Annotated[int, typer.Option(help="Seed of k-means and of the search.")] = 0,
+    node_gpus: Annotated[int, typer.Option("--node-gpus", help="GPUs per node.")] = 8,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
+) -> None:
+    """OServe: the layout search (Algorithm 1) against the best homogeneous layout."""
+    from sageserve.commands.bench_layout import DEFAULT_TRACES, bench_layout_command
+
+    try:
+        bench_layout_command(
+            model,
+            gpu_type,
+            gpus,
+            types,
+            trace or list(DEFAULT_TRACES),
+            load,
+            seed,
+            node_gpus,
+            json_out,
+            console,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
 @bench_app.command("router")
 def bench_router(
     rate: Annotated[

@@ -66,9 +66,19 @@ def test_never_worse_than_the_uniform_start(seed: int, rates: tuple[float, ...])
 
 def test_coordinate_ascent_above_the_enumeration_limit() -> None:
     r = search_layout(HAND, HAND_RATES, 16, seed=0, enumerate_limit=1)
-    assert r.strategy_choice == "coordinate ascent"
+    assert "coordinate ascent" in r.strategy_choice
     assert r.score.throughput >= r.initial_score.throughput
     assert r.layout == canonical([TP4PP2, TP4, TP4])
+
+
+def test_a_lone_saturated_replica_is_split_rather_than_stuck() -> None:
+    # Start from one 16-GPU replica: by the paper's rules it can neither merge (no partner)
+    # nor swap (nothing under-utilised); the documented deviation splits it.
+    space = LayoutSpace({**HAND.capacity, Strategy(4, 4): (20.0, 10.0)}, node_gpus=8)
+    r = search_layout(space, HAND_RATES, 16, seed=0, initial=(Strategy(4, 4),))
+    assert r.initial_score.throughput == pytest.approx(20.0)
+    assert r.layout == canonical([TP4PP2, TP4, TP4])
+    assert r.score.throughput == pytest.approx(28.0)
 
 
 def test_filters_drop_strategies_vllm_or_the_nodes_cannot_run() -> None:

@@ -32,6 +32,11 @@ Deviations (marked as such):
   paper's rule). With every replica acting, a deployment whose replicas are all saturated
   (every replica at the max-concurrent solution, usual under load) can only merge all of
   them pairwise at once: from 4 × TP4 it reaches 2 × 8 GPUs, never 8 + 4 + 4;
+- when no replica is under-utilised (U = ∅, the usual case under load: at the max-concurrent
+  solution every replica tends to saturate), a saturated replica may also *split*. By the
+  paper's rules such a deployment can only merge, so the search could only ever grow its
+  replicas: from 4 × TP4 it reaches 2 × 8 GPUs and then 16, never 8 + 4 + 4, and one
+  replica holding the whole budget could never change again;
 - step 5 enumerates every combination of strategies (the paper's rule) only while there are at
   most `enumerate_limit` of them, counted as multisets since replicas of one size are
   interchangeable; above that it runs coordinate ascent (one replica at a time, the others
@@ -298,6 +303,9 @@ class _Search:
         sizes[g] -= delta
         return True
 
+    def _cuts(self, size: int) -> list[int]:
+        return [c for c in range(1, size) if c in self.valid and size - c in self.valid]
+
     def mutate(self, sizes_in: Sequence[int], over: list[int], under: list[int]) -> list[int]:
         """Algorithm 1 steps 3-4 on replica sizes; returns the new sizes (0 = removed)."""
         sizes = list(sizes_in)
@@ -307,19 +315,30 @@ class _Search:
                 continue
             partners = [o for o in over if o != r and sizes[o] > 0]
             merge = [o for o in partners if sizes[r] + sizes[o] in self.valid]
-            ops = (["merge"] if merge else []) + (["swap"] if under else [])
+            # Deviation: with nothing under-utilised, a saturated replica may also split.
+            cuts = self._cuts(sizes[r]) if not under else []
+            ops = (
+                (["merge"] if merge else [])
+                + (["swap"] if under else [])
+                + (["split"] if cuts else [])
+            )
             if not ops:
                 continue
-            if self.rng.choice(ops) == "merge":
+            op = self.rng.choice(ops)
+            if op == "merge":
                 o = self.rng.choice(merge)
                 sizes[r] += sizes[o]
                 sizes[o] = 0
+            elif op == "split":
+                c = self.rng.choice(cuts)
+                extra.append(sizes[r] - c)
+                sizes[r] = c
             else:
                 self._swap(sizes, r, under)
         for r in under:
             if sizes[r] == 0 or self.rng.random() >= self.mutation_rate:
                 continue
-            cuts = [c for c in range(1, sizes[r]) if c in self.valid and sizes[r] - c in self.valid]
+            cuts = self._cuts(sizes[r])
             ops = (["split"] if cuts else []) + (["swap"] if over else [])
             if not ops:
                 continue

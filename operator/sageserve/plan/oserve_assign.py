@@ -252,10 +252,15 @@ def mix_scale(
     Why the layout search needs it: whenever the replicas can serve the whole demand, every
     layout reaches Φ = Σλ and Algorithm 1's "accept if better" cannot tell them apart
     ([GAP] ties, OServe §4.3); θ still can. The utilisations say which replicas are the
-    bottleneck (saturated at θ) and which are not, Algorithm 1's O and U sets.
+    bottleneck (saturated at θ) and which are not, Algorithm 1's O and U sets. Types that
+    none of these replicas can serve are left out of θ (Φ reports them as unserved).
     """
     lam, n, e = _check(rates, capacity, edge_capacity)
     k_count, j_count = n.shape
+    # A type no replica can serve at all (too long for every one) would pin θ at 0 whatever
+    # the rest does; it is left out here and shows as Φ's shortfall instead.
+    servable = np.minimum(n, e).max(axis=0) > 0 if k_count else np.zeros(j_count, dtype=bool)
+    lam = np.where(servable, lam, 0.0)
     if k_count == 0 or float(lam.sum()) <= 0:
         return (math.inf if float(lam.sum()) <= 0 else 0.0), tuple(0.0 for _ in range(k_count))
     b, cols = _base(lam, n, e, demand_capped=False)
