@@ -81,6 +81,17 @@ def test_a_lone_saturated_replica_is_split_rather_than_stuck() -> None:
     assert r.score.throughput == pytest.approx(28.0)
 
 
+def test_a_type_only_some_layouts_can_serve_counts_in_throughput() -> None:
+    # TP4 cannot run type B at all (too long for its KV); the 8-GPU layout can. 4 × TP4
+    # serves only A (Φ = 20), 2 × TP4×PP2 all of A (20/12 of a replica) and 8/3 of B.
+    space = LayoutSpace({TP4: (10.0, 0.0), TP4PP2: (12.0, 8.0)}, node_gpus=8)
+    home, score = best_homogeneous(space, (20.0, 8.0), 16)
+    assert home == (TP4PP2,) * 2 and score.throughput == pytest.approx(20.0 + 8.0 / 3.0)
+    r = search_layout(space, (20.0, 8.0), 16, seed=0)
+    assert r.layout == canonical([TP4PP2, TP4, TP4])
+    assert r.score.throughput == pytest.approx(28.0)
+
+
 def test_filters_drop_strategies_vllm_or_the_nodes_cannot_run() -> None:
     space = LayoutSpace(
         {Strategy(3, 2): (1.0,), Strategy(2): (1.0,), Strategy(16): (9.0,)},

@@ -200,8 +200,13 @@ class Evaluator:
             return found
         cap = [list(self.space.capacity[s]) for s in layout]
         theta, util = mix_scale(self.rates, cap)
-        # θ ≥ 1: the whole demand is servable, Φ = Σλ without a second LP.
-        phi = self.demand if theta >= 1.0 - 1e-12 else max_throughput(self.rates, cap)
+        # θ ≥ 1 with every requested type servable here: Φ = Σλ without a second LP
+        # (`mix_scale` leaves out types no replica of the layout can serve).
+        servable = all(
+            rate <= 0 or any(row[j] > 0 for row in cap) for j, rate in enumerate(self.rates)
+        )
+        whole = servable and theta >= 1.0 - 1e-12
+        phi = self.demand if whole else max_throughput(self.rates, cap)
         ev = Evaluation(Score(phi, theta if math.isfinite(theta) else 0.0), util)
         self.cache[layout] = ev
         return ev
