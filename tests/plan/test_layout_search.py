@@ -5,6 +5,8 @@ Kubernetes filters (TP divides heads, TP inside a node, packing onto nodes)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sageserve.perf.capacity import type_capacity
 from sageserve.perf.model import load_catalog
@@ -141,3 +143,29 @@ def _three_type_space() -> LayoutSpace:
         node_gpus=8,
         attention_heads=64,
     )
+
+
+@st.composite
+def spaces(draw: st.DrawFn) -> tuple[LayoutSpace, tuple[float, ...]]:
+    j = draw(st.integers(1, 3))
+    cap = st.floats(0.0, 30.0, allow_nan=False)
+    table = {
+        s: tuple(draw(cap) for _ in range(j))
+        for s in (TP4, TP4PP2, TP8, Strategy(4, 4), Strategy(8, 2))
+        if draw(st.booleans()) or s == TP4
+    }
+    rates = tuple(draw(st.floats(0.0, 60.0, allow_nan=False)) for _ in range(j))
+    return LayoutSpace(table, node_gpus=8), rates
+
+
+@settings(max_examples=15, deadline=None)
+@given(spaces(), st.integers(0, 3))
+def test_any_space_keeps_the_budget_packs_and_never_loses(
+    case: tuple[LayoutSpace, tuple[float, ...]], seed: int
+) -> None:
+    space, rates = case
+    r = search_layout(space, rates, 16, seed=seed, patience=5)
+    assert sum(s.gpus for s in r.layout) + r.idle_gpus == 16
+    assert packs(r.layout, 16, 8)
+    assert all(s in space.capacity for s in r.layout)
+    assert not r.initial_score.beats(r.score, sum(rates))

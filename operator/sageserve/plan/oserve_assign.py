@@ -45,6 +45,8 @@ from sageserve.plan.mip import FloatArray, ModelBuilder, solve
 
 #: relative slack when an upper level's optimum is held as a constraint of the next level
 _HOLD = 1e-9
+#: requests/s below which a rate or a capacity counts as zero
+_NEGLIGIBLE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,10 @@ def _check(
         raise ValueError(f"rates: finite and >= 0 per type, got {list(rates)}")
     if np.any(~np.isfinite(n)) or np.any(n < 0):
         raise ValueError("capacity: n[k][j] must be finite and >= 0 requests/s")
+    # Rates and capacities under _NEGLIGIBLE requests/s (one request in ~30 years) are 0:
+    # their reciprocals in C3 and θ·λ would reach the solver's infinity.
+    lam = np.where(lam < _NEGLIGIBLE, 0.0, lam)
+    n = np.where(n < _NEGLIGIBLE, 0.0, n)
     if edge_capacity is None:
         e = n.copy()
     else:
