@@ -47,7 +47,16 @@ def test_probe_of_an_idle_instance_is_fast_and_cool(perf: VariantPerf) -> None:
 def test_skewed_mixes_take_the_most_prompt_and_decode_heavy_quarters() -> None:
     from sageserve.sim.calibrate import skewed_mix, token_share
 
-    sizes = [(900, 100), (100, 900), (500, 500), (800, 10), (10, 800), (300, 300), (50, 50), (1, 19)]
+    sizes = [
+        (900, 100),
+        (100, 900),
+        (500, 500),
+        (800, 10),
+        (10, 800),
+        (300, 300),
+        (50, 50),
+        (1, 19),
+    ]
     assert skewed_mix(sizes, prompt_heavy=True) == [(800, 10), (900, 100)]
     assert skewed_mix(sizes, prompt_heavy=False) == [(10, 800), (1, 19)]
     assert token_share([(300, 100)], prompt=True) == pytest.approx(0.75)
