@@ -88,6 +88,28 @@ def test_max_model_len_is_read_from_the_server_arguments() -> None:
     assert pod_info(raw).max_model_len == 4096  # type: ignore[union-attr]
 
 
+def test_tensor_and_pipeline_parallel_sizes_are_read_from_the_server_arguments() -> None:
+    """Both spellings (`--tensor-parallel-size 4`, `-tp=8`); the last occurrence wins, as
+    in argparse, so `spec.engine.args` override what the pod set renders."""
+    from sageserve.twin.pods import pod_info
+    from tests.twin.helpers import api_pod
+
+    raw = api_pod()
+    info = pod_info(raw)
+    assert info is not None and (info.tensor_parallel, info.pipeline_parallel) == (None, None)
+    raw["spec"]["containers"][0]["args"] += [
+        "--tensor-parallel-size",
+        "4",
+        "--pipeline-parallel-size",
+        "2",
+    ]
+    info = pod_info(raw)
+    assert info is not None and (info.tensor_parallel, info.pipeline_parallel) == (4, 2)
+    raw["spec"]["containers"][0]["args"] += ["-tp=8", "-pp", "1"]
+    info = pod_info(raw)
+    assert info is not None and (info.tensor_parallel, info.pipeline_parallel) == (8, 1)
+
+
 def test_the_context_length_of_a_model_deployment_reaches_the_pods_and_the_twin() -> None:
     """spec.model.contextLength → vLLM's --max-model-len on the pod set → the twin's limit;
     an explicit --max-model-len in spec.engine.args comes later and wins, as in argparse."""

@@ -225,3 +225,47 @@ def test_max_model_len_of_the_pod_overrides_the_profile() -> None:
         s.submit("llm", "a", 900, 200)
     assert err.value.limit == 1000
     assert s.submit("llm", "a", 800, 200) is not None
+
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def test_the_profile_follows_the_pods_tensor_and_pipeline_parallel_sizes() -> None:
+    """A TP4×PP2 pod gets the TP4×PP2 layout (derived from the TP4 profile, OServe App. D),
+    not the TP8 profile of the same 8 GPUs; TP8 (or no sizes at all) stays the TP8 table."""
+    from dataclasses import replace
+
+    r = PerfResolver(CATALOG)
+    base = replace(pod("a", md="llama-2-70b"), gpu_type=H100, gpus=8)
+    tp8 = CATALOG.get("llama-2-70b", H100, 8)
+    assert r.resolve(base) is tp8
+    assert r.resolve(replace(base, tensor_parallel=8, pipeline_parallel=1)) is tp8
+    pipe = r.resolve(replace(base, tensor_parallel=4, pipeline_parallel=2))
+    assert (pipe.tensor_parallel, pipe.pipeline_parallel, pipe.gpus) == (4, 2, 8)
+    assert pipe.derived and pipe is CATALOG.layout("llama-2-70b", H100, 4, 2)
+    assert pipe.prefill(16384) != tp8.prefill(16384)
+    # only the pipeline size given: TP is the rest of the pod's GPUs
+    assert r.resolve(replace(base, pipeline_parallel=2)) is pipe
+
+
+def test_a_layout_without_a_profile_to_derive_from_falls_back_to_the_gpu_count() -> None:
+    from dataclasses import replace
+
+    r = PerfResolver(CATALOG)
+    base = replace(pod("a", md="llama-2-70b"), gpu_type=H100, gpus=8)
+    tp8 = CATALOG.get("llama-2-70b", H100, 8)
+    # no measured TP2 profile of llama-2-70b: nothing to derive TP2×PP4 from
+    assert r.resolve(replace(base, tensor_parallel=2, pipeline_parallel=4)) is tp8
+    # TP × PP is not the pod's GPUs (a pooled pod's engines share them): GPU count
+    assert r.resolve(replace(base, tensor_parallel=4, pipeline_parallel=1)) is tp8
+
+
+def test_a_layout_vllm_refuses_is_the_pods_problem() -> None:
+    from dataclasses import replace
+
+    s = sim()
+    bad = replace(pod("b", md="llama-2-70b"), gpu_type=H100, gpus=6, tensor_parallel=3)
+    bad = replace(bad, pipeline_parallel=2)
+    s.sync([pod("a"), bad])
+    assert [x.pod.name for x in s.samples()] == ["a"]
+    assert "spec.variants[].tensorParallel=3 does not divide the 64" in s.problems["b"]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sageserve.core.types import IW_F, Request
 from sageserve.metrics.vllm import TTFT_BUCKETS
-from sageserve.perf.model import PerfCatalog, VariantPerf
+from sageserve.perf.model import DEFAULT_NODE_GPUS, LayoutError, PerfCatalog, VariantPerf
 from sageserve.route.instance_picker import pick_instance
 from sageserve.sim import traces
 from sageserve.sim.instance import Instance, InstanceHooks, Job
@@ -210,9 +210,15 @@ class LoadControl:
 class PerfResolver:
     """The perf profile of a pod: explicit mapping, ModelDeployment annotation, its name.
 
-    Then the variant of (GPU type, GPUs) the pod asks for, else the largest variant on that
-    GPU type, else the largest of the profile. `default` covers model deployments named
-    after no profile.
+    Then the layout the pod runs: with the pod's tensor/pipeline-parallel sizes known (its
+    vLLM arguments, rendered from the ModelDeployment variant), the (TP, PP) profile of
+    `PerfCatalog.layout` (measured, or a pipeline derived from the TP profile, OServe
+    App. D), so a TP4×PP2 pod no longer gets the TP8 profile of the same 8 GPUs; a layout
+    vLLM would refuse (TP not dividing the heads) is reported as the pod's problem, as the
+    pod would not start. Without them, with no TP profile to derive from, or with TP × PP
+    not the pod's GPU count (a pooled pod's engines share its GPUs): the variant of (GPU
+    type, GPUs) the pod asks for, else the largest variant on that GPU type, else the
+    largest of the profile. `default` covers model deployments named after no profile.
     """
 
     def __init__(
@@ -237,6 +243,9 @@ class PerfResolver:
         for name in names:
             if name is None or name not in models:
                 continue
+            found = self._layout(name, pod)
+            if found is not None:
+                return found
             try:
                 return self.catalog.get(name, pod.gpu_type, pod.gpus or None)
             except KeyError:
@@ -254,6 +263,27 @@ class PerfResolver:
             f"the sageserve.io/perf-profile annotation or --default-profile (have "
             f"{', '.join(sorted(models))})"
         )
+
+    def _layout(self, name: str, pod: PodInfo) -> VariantPerf | None:
+        """The (TP, PP) profile of `pod` when its arguments name its parallelism; None to
+        fall back to the GPU count. Raises KeyError (the twin's "no profile" problem) with
+        `check_layout`'s message for a layout vLLM would refuse."""
+        if pod.tensor_parallel is None and pod.pipeline_parallel is None:
+            return None
+        pp = pod.pipeline_parallel or 1
+        tp = pod.tensor_parallel or max(1, pod.gpus // pp)
+        if pod.gpus and tp * pp != pod.gpus:
+            # not one replica over all of the pod's GPUs (a pooled pod's engines share
+            # them): keep the GPU-count lookup
+            return None
+        # a pod runs on one node: every stage hop is inside it
+        node_gpus = max(DEFAULT_NODE_GPUS, tp * pp, pod.gpus)
+        try:
+            return self.catalog.layout(name, pod.gpu_type, tp, pp, node_gpus)
+        except LayoutError as exc:
+            raise KeyError(f"pod {pod.namespace}/{pod.name}: {exc}") from None
+        except KeyError:
+            return None
 
 
 # ---- what each pod reports -----------------------------------------------------------------

@@ -63,6 +63,11 @@ class PodInfo:
     engines: tuple[PooledEngine, ...] = ()
     #: how many of them may be awake at once
     awake_quota: int = 1
+    #: vLLM's `--tensor-parallel-size` / `--pipeline-parallel-size` (or `-tp` / `-pp`) when
+    #: the pod sets them (the pod set renders both from the ModelDeployment variant); the
+    #: twin then picks the (TP, PP) profile, not just one of the same GPU count
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
 
     @property
     def endpoint(self) -> EndpointId:
@@ -95,6 +100,19 @@ def _int_arg(args: Sequence[str], flag: str) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def _int_arg_any(args: Sequence[str], *flags: str) -> int | None:
+    """`_int_arg` over aliases of one flag (`--tensor-parallel-size` and `-tp`): the last
+    occurrence of any of them wins, as argparse's would."""
+    value: int | None = None
+    for i, a in enumerate(args):
+        for flag in flags:
+            if a == flag or a.startswith(flag + "="):
+                found = _int_arg(args[i : i + 2], flag)
+                if found is not None:
+                    value = found
+    return value
 
 
 def _gpu_type(spec: Mapping[str, Any], gpu_label: str) -> str:
@@ -151,6 +169,8 @@ def pod_info(
         max_model_len=_int_arg(args, "--max-model-len"),
         engines=tuple(pooled_engines(meta.get("annotations"))),
         awake_quota=awake_per_instance(meta.get("annotations")),
+        tensor_parallel=_int_arg_any(args, "--tensor-parallel-size", "-tp"),
+        pipeline_parallel=_int_arg_any(args, "--pipeline-parallel-size", "-pp"),
     )
 
 
