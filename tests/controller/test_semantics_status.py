@@ -133,3 +133,74 @@ def test_a_policy_pricing_a_gpu_type_no_node_has_names_the_known_ones() -> None:
     assert problem.reason == "UnknownGpuType"
     assert "'NVIDIA-H100'" in problem.message and H100 in problem.message
     assert policy_problems(spec, ["NVIDIA-H100"]) == []
+
+
+def _layout(md: ModelDeployment, gpus: int, tp: int | None, pp: int = 1) -> ModelDeployment:
+    v = md.spec.variants[0]  # h100
+    v.gpus_per_instance, v.tensor_parallel, v.pipeline_parallel = gpus, tp, pp
+    return md
+
+
+ALL = (["fleet"], ["iw-f", "iw-n", "niw"])
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_not_ready() -> None:
+    """TP3 × PP2 on Llama-2-70B (64 heads): vLLM would refuse to start; Ready=False names
+    the variant's field and the sizes to use instead."""
+    md = _layout(_llama(), 6, 3, 2)
+    [problem] = model_deployment_problems(md, *ALL, NODES)
+    assert problem.reason == "InvalidParallelLayout"
+    assert problem.message.startswith(
+        "spec.variants[h100].tensorParallel=3 does not divide the 64 attention heads of llama-2-70b"
+    )
+    assert "use one of [1, 2, 4, 8] and put the other GPUs in pipelineParallel" in problem.message
+    status = model_deployment_status({}, [], {}, [problem], T0, 2)
+    [ready] = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidParallelLayout")
+    assert ready["message"] == problem.message
+
+
+def test_a_tensor_parallel_group_larger_than_a_node_is_not_ready() -> None:
+    md = _layout(_llama(), 16, 16)  # divides the 64 heads, but the nodes hold 8 GPUs
+    problems = model_deployment_problems(md, *ALL, NODES)
+    # first (Ready's reason): the minInstances then out of reach only follow from it
+    assert [p.reason for p in problems][:1] == ["InvalidParallelLayout"]
+    assert "spec.variants[h100].tensorParallel=16 exceeds the 8 GPUs of one node" in (
+        problems[0].message
+    )
+    assert "use tensorParallel <= 8 and raise pipelineParallel" in problems[0].message
+    # nodes of 16 GPUs hold the group
+    big = [*NODES, NodeShape("us-east", H100, 16)]
+    assert "InvalidParallelLayout" not in {
+        p.reason for p in model_deployment_problems(md, *ALL, big)
+    }
+
+
+def test_valid_pipeline_layouts_and_unknown_models() -> None:
+    assert model_deployment_problems(_layout(_llama(), 8, 4, 2), *ALL, NODES) == []
+    assert model_deployment_problems(_layout(_llama(), 8, None, 2), *ALL, NODES) == []
+    # a model with no perf profile: its heads are unknown, only the node rule applies
+    md = _layout(_llama(), 6, 3, 2)
+    md.metadata.name = "mystery"
+    md.spec.model.name = "acme/mystery-13b"
+    assert model_deployment_problems(md, *ALL, NODES) == []
+    md = _layout(md, 16, 16)
+    problem = model_deployment_problems(md, *ALL, NODES)[0]
+    assert "tensorParallel=16 exceeds the 8 GPUs of one node for acme/mystery-13b" in (
+        problem.message
+    )
+
+
+def test_the_model_is_found_by_annotation_name_or_model_name() -> None:
+    from sageserve.perf.layout_check import profile_names
+
+    md = _llama()
+    md.metadata.name = "chat"
+    assert profile_names(md) == ["chat", "llama-2-70b-hf", "llama-2-70b"]
+    assert model_deployment_problems(_layout(md, 6, 3, 2), *ALL, NODES) != []
+    md.metadata.annotations["sageserve.io/perf-profile"] = "bloom-176b"
+    md.spec.model.name = "meta-llama/Llama-3.1-8B"
+    assert profile_names(md) == ["bloom-176b", "chat", "llama-3-1-8b"]
+    # Bloom-176B has 112 heads: TP 7 divides them (8 does too), TP 3 does not
+    [problem] = model_deployment_problems(_layout(md, 6, 3, 2), *ALL, NODES)
+    assert "the 112 attention heads of bloom-176b" in problem.message

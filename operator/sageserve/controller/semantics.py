@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes
+from sageserve.perf.layout_check import variant_layout_problems
+from sageserve.perf.model import PerfCatalog, load_catalog
+
+
+@cache
+def bundled_catalog() -> PerfCatalog:
+    """The perf profiles shipped with sageserve, read once per process (the layout rules
+    need each model's attention heads and layers)."""
+    return load_catalog()
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,10 @@ def model_deployment_problems(
     policies: Iterable[str],
     tiers: Iterable[str],
     nodes: Iterable[NodeShape],
+    catalog: PerfCatalog | None = None,
 ) -> list[SemanticProblem]:
-    """Problems of `md` given the policies, tiers and nodes of its cluster/namespace."""
+    """Problems of `md` given the policies, tiers and nodes of its cluster/namespace, and
+    the perf profiles (`catalog`, default the bundled ones) for the layout rules."""
     problems: list[SemanticProblem] = []
     spec = md.spec
     if spec.policy_ref.name not in set(policies):
@@ -87,6 +99,14 @@ def model_deployment_problems(
             )
         )
     nodes = list(nodes)
+    # TP must divide the heads and stay inside a node (OServe §4.3's filters, perf/model.py):
+    # vLLM would refuse to start, or the pods would never schedule. Before the node checks,
+    # whose problems (no fitting node, minInstances out of reach) may only follow from it.
+    node_gpus: dict[str, int] = {}
+    for node in nodes:
+        node_gpus[node.gpu_type] = max(node_gpus.get(node.gpu_type, 0), node.gpus)
+    for _, message in variant_layout_problems(md, catalog or bundled_catalog(), node_gpus):
+        problems.append(SemanticProblem("InvalidParallelLayout", message))
     largest: dict[tuple[str, str], int] = {}
     for node in nodes:
         key = (node.region, node.gpu_type)

@@ -183,18 +183,24 @@ def check_layout(
             f"the tensor-parallel group; use one of {ok} and put the other GPUs in "
             "pipelineParallel"
         )
-    if tensor_parallel > node_gpus:
-        raise LayoutError(
-            f"spec.variants[].tensorParallel={tensor_parallel} exceeds the {node_gpus} GPUs of "
-            f"one node for {where}: a tensor-parallel group all-reduces every layer and must "
-            f"stay on one node's NVLink; use tensorParallel <= {node_gpus} and raise "
-            "pipelineParallel (stages may cross nodes)"
-        )
+    check_tensor_group(arch.model, tensor_parallel, node_gpus)
     if pipeline_parallel > arch.layers:
         raise LayoutError(
             f"spec.variants[].pipelineParallel={pipeline_parallel} exceeds the {arch.layers} "
             f"layers of {where}: every stage needs a layer; use pipelineParallel <= "
             f"{arch.layers}"
+        )
+
+
+def check_tensor_group(model: str, tensor_parallel: int, node_gpus: int) -> None:
+    """Refuse a tensor-parallel group larger than one node: it all-reduces twice per layer,
+    which only NVLink makes affordable (`check_layout`'s node rule; it needs no profile)."""
+    if tensor_parallel > node_gpus:
+        raise LayoutError(
+            f"spec.variants[].tensorParallel={tensor_parallel} exceeds the {node_gpus} GPUs of "
+            f"one node for {model}: a tensor-parallel group all-reduces every layer and must "
+            f"stay on one node's NVLink; use tensorParallel <= {node_gpus} and raise "
+            "pipelineParallel (stages may cross nodes)"
         )
 
 
