@@ -49,6 +49,44 @@ def test_an_invalid_manifest_is_reported_with_its_file(tmp_path: Path) -> None:
         load_scenario(tmp_path / "s")
 
 
+@pytest.mark.parametrize(
+    ("variant", "expect"),
+    [
+        (
+            "gpusPerInstance: 6, tensorParallel: 3, pipelineParallel: 2",
+            "spec.variants[h100-tp4].tensorParallel=3 does not divide the 64 attention heads",
+        ),
+        (
+            "gpusPerInstance: 16, tensorParallel: 16",
+            "spec.variants[h100-tp4].tensorParallel=16 exceeds the 8 GPUs of one node",
+        ),
+    ],
+)
+def test_a_layout_vllm_or_the_nodes_cannot_run_is_refused_at_load(
+    tmp_path: Path, variant: str, expect: str
+) -> None:
+    """The operator's Ready=False message (`perf/layout_check.py`), here at load."""
+    shutil.copytree(TINY, tmp_path / "s")
+    models = tmp_path / "s" / "models.yaml"
+    models.write_text(models.read_text().replace("gpusPerInstance: 4", variant, 1))
+    workload = tmp_path / "s" / "workload.yaml"  # its trace path is relative to the fixture
+    data = (TINY / "../../../../data").resolve()
+    workload.write_text(workload.read_text().replace("../../../../data", str(data)))
+    with pytest.raises(ValueError) as err:
+        load_scenario(tmp_path / "s")
+    assert str(err.value).startswith("ModelDeployment llama-2-70b: " + expect)
+
+
+def test_a_pipeline_layout_loads() -> None:
+    sc = load_scenario(TINY)
+    md = sc.models[0]
+    md.spec.variants[0].tensor_parallel, md.spec.variants[0].pipeline_parallel = 2, 2
+    sc.check_layouts()  # TP2 divides the 64 heads and fits a node
+    md.spec.variants[0].tensor_parallel, md.spec.variants[0].pipeline_parallel = 3, 1
+    with pytest.raises(ValueError, match="tensorParallel=3 does not divide"):
+        sc.sim_config()
+
+
 def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         app,

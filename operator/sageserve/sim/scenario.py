@@ -38,6 +38,7 @@ from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey, Request, Tier, TierKind
 from sageserve.pace.base import PacingStrategy, make_strategy
+from sageserve.perf.layout_check import variant_layout_problems
 from sageserve.perf.model import PerfCatalog, load_catalog
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
@@ -88,6 +89,7 @@ class Scenario:
                 for r in md.spec.regions
             )
             context = self.context_length(md)
+            self.check_layouts([md])
             for vname, perf in variants:
                 if context > perf.kv_capacity_tokens:
                     raise ValueError(
@@ -127,6 +129,21 @@ class Scenario:
         if promo:
             cfg = replace(cfg, promotion_age_s=min(promo))
         return cfg
+
+    def check_layouts(self, models: Sequence[ModelDeployment] | None = None) -> None:
+        """Refuse a variant vLLM or the inventory's nodes cannot run: TP not dividing the
+        model's attention heads, or a TP group larger than the largest node of its GPU type
+        (`perf/layout_check.py`; the operator reports the same message as Ready=False).
+        `models`: default every ModelDeployment of the scenario."""
+        node_gpus: dict[str, int] = {}
+        for n in self.nodes:
+            node_gpus[n.gpu_type] = max(node_gpus.get(n.gpu_type, 0), n.gpus)
+        for md in self.models if models is None else models:
+            found = variant_layout_problems(md, self.catalog, node_gpus)
+            if found:
+                raise ValueError(
+                    f"ModelDeployment {md.metadata.name}: " + "; ".join(m for _, m in found)
+                )
 
     def context_length(self, md: ModelDeployment) -> int:
         """The model's context length: `spec.model.contextLength`, else its perf profile's
@@ -338,7 +355,7 @@ def load_scenario(path: Path) -> Scenario:
     nodes = nodes_from_manifests(node_docs)
     if not nodes:
         raise ValueError(f"{root}: no GPU Node in the inventory")
-    return Scenario(
+    scenario = Scenario(
         name=str(meta.get("name", root.name)),
         root=root,
         description=str(meta.get("description", "")),
@@ -350,6 +367,8 @@ def load_scenario(path: Path) -> Scenario:
         drain_s=parse_duration(meta.get("drain", "1h")),
         policies=[str(p) for p in meta.get("policies", ["reactive", "siloed"])],
     )
+    scenario.check_layouts()  # at load, as the operator's Ready=False would stop it
+    return scenario
 
 
 def default_scenario_dir() -> Path:
