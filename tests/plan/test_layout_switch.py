@@ -5,6 +5,8 @@ min(old, new) when the spare GPUs suffice)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,8 +18,10 @@ from sageserve.plan.layout_switch import (
     capacity_at_mix,
     decide,
     evaluate_switch,
+    horizon_rates,
     match_layouts,
     plan_switch,
+    replan,
 )
 
 TP2, TP4, TP8, TP4PP2 = Strategy(2), Strategy(4), Strategy(8), Strategy(4, 2)
@@ -188,7 +192,9 @@ def test_plan_properties(
     plan = plan_switch(HAND_WITH_TP2, current, target, budget, rates, 300)
     assert plan.final_layout == canonical(target)
     assert all(a.gpus_after <= budget for a in plan.actions)
-    _, start, stop = match_layouts(current, target)
+    keep, start, stop = match_layouts(current, target)
+    for step in plan.actions:  # the kept replicas serve throughout
+        assert not Counter(keep) - Counter(step.layout_after)
     assert sorted(a.strategy for a in plan.actions if a.kind == "start") == sorted(start)
     assert sorted(a.strategy for a in plan.actions if a.kind == "stop") == sorted(stop)
     spare = budget - sum(s.gpus for s in current)
@@ -201,3 +207,33 @@ def test_plan_properties(
             again = capacity_at_mix(HAND_WITH_TP2, step.layout_after, rates)
             assert again >= floor * (1 - 1e-6) - 1e-6
         assert plan.min_capacity >= floor * (1 - 1e-6) - 1e-6
+
+
+def test_replan_switches_on_the_second_consecutive_plan() -> None:
+    hour = [Window(600, RATES)] * 6
+    assert horizon_rates([Window(600, (10.0, 0.0)), Window(1800, (30.0, 4.0))]) == (25.0, 3.0)
+    first = replan(HAND, OLD, hour, 16, 600)
+    assert not first.switch and first.gate.streak == 1
+    assert first.gate.target == canonical(NEW)
+    second = replan(HAND, OLD, hour, 16, 600, first.gate)
+    assert second.switch and second.plan is not None
+    assert second.plan.target == canonical(NEW) and not second.plan.make_before_break
+    # once there, the same forecast proposes nothing new
+    settled = replan(HAND, NEW, hour, 16, 600)
+    assert not settled.switch and settled.plan is None
+
+
+def test_replan_with_spare_gpus_prefers_the_cheaper_candidate() -> None:
+    """On 24 GPUs the search fills the spares (TP4xPP2 x2 + TP4 x2, more headroom, same Φ
+    = 28): 16 GPUs started in two waves gain (3,600 − 1,200) × 4 = 9,600 requests for a
+    cost of 16 × 600 × 1.5 = 14,400. The search on the 16 GPUs held finds the same Φ with
+    8 GPUs started, make-before-break: 12,000 against 7,200."""
+    big = canonical((TP4PP2, TP4PP2, TP4, TP4))
+    hour = [Window(600, RATES)] * 6
+    costly = evaluate_switch(HAND, OLD, big, hour, plan_switch(HAND, OLD, big, 24, RATES, 600))
+    assert costly.gain_requests == pytest.approx(9600)
+    assert costly.cost_requests == pytest.approx(14_400) and not costly.worthwhile
+    d = replan(HAND, OLD, hour, 24, 600, confirmations=1)
+    assert d.switch and d.plan is not None and d.plan.target == canonical(NEW)
+    assert d.plan.make_before_break and d.evaluation is not None
+    assert d.evaluation.net_requests == pytest.approx(12_000 - 7200)

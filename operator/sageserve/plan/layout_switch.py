@@ -50,6 +50,10 @@ re-plans (default 2). Why each:
   latest one, re-evaluated on the newest forecast); a re-plan that is not worthwhile
   resets it. `confirmations=1` is the paper's behaviour.
 
+`replan` glues one re-plan together: the layout search on the horizon's mean mix (on the
+whole budget and on the GPUs already held, since Algorithm 1 fills spare GPUs for headroom
+that the switch cost does not pay for), then `decide` on each candidate.
+
 What is not modelled: where pods land (GPU counts and, with `node_gpus`, the first-fit
 packing of `layout_search.packs`; the scheduler places the real pods), KV migration or
 draining of in-flight requests (§5.2: drain short, migrate long; a stopped pod here loses
@@ -65,7 +69,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sageserve.plan.layout_search import Layout, LayoutSpace, Strategy, canonical, packs
+from sageserve.plan.layout_search import (
+    Layout,
+    LayoutSpace,
+    Strategy,
+    canonical,
+    packs,
+    search_layout,
+)
 from sageserve.plan.oserve_assign import max_throughput, mix_scale
 
 #: relative tolerance on capacities (the LP solutions carry ~1e-9 noise)
@@ -461,3 +472,80 @@ def decide(
             f"{ev.reason}; worthwhile in {streak} of {confirmations} consecutive re-plans",
         )
     return SwitchDecision(True, plan, ev, SwitchGate(), ev.reason)
+
+
+def horizon_rates(windows: Sequence[Window]) -> tuple[float, ...]:
+    """The time-weighted mean requests/s per type over the windows."""
+    total = sum(w.duration_s for w in windows)
+    types = max((len(w.rates) for w in windows), default=0)
+    if total <= 0:
+        return tuple(0.0 for _ in range(types))
+    return tuple(
+        sum(w.duration_s * (w.rates[j] if j < len(w.rates) else 0.0) for w in windows) / total
+        for j in range(types)
+    )
+
+
+def replan(
+    space: LayoutSpace,
+    current: Sequence[Strategy],
+    windows: Sequence[Window],
+    budget_gpus: int,
+    startup_s: StartupSeconds,
+    gate: SwitchGate = SwitchGate(),
+    *,
+    seed: int = 0,
+    confirmations: int = 2,
+    min_relative_gain: float = 0.02,
+) -> SwitchDecision:
+    """One re-plan (every 5-10 minutes, issue 18 item 5): search layouts for the horizon's
+    mean mix (Algorithm 1, `layout_search`), `decide` on each over the windows, and keep
+    the worthwhile one with the largest net gain (else the least bad, not switched to).
+
+    Candidates, and why:
+    - the search on the whole budget and on the GPUs the current layout holds (when fewer):
+      Algorithm 1 breaks Φ ties by headroom θ, so on a budget with spare GPUs it fills
+      them, and starting more GPUs costs more than a layout of the same size would (the
+      switch cost is not in the search's objective);
+    - each from the paper's uniform start and from the current layout: Algorithm 1 only
+      accepts improvements, so a search started at the current layout proposes nothing
+      worse and shares more replicas with it;
+    - the mean mix, because the search scores one mix while the switch must pay off over
+      the horizon; `decide` then checks each candidate window by window.
+    Algorithm 1 is random: a fixed `seed` keeps a steady mix from proposing a different
+    layout at every re-plan."""
+    rates = horizon_rates(windows)
+    sizes = [budget_gpus]
+    held = sum(x.gpus for x in current)
+    if 0 < held < budget_gpus:
+        sizes.append(held)
+    candidates: list[Layout] = []
+    for gpus in sizes:
+        starts: list[Layout | None] = [None]
+        if current and packs(current, gpus, space.node_gpus):
+            starts.insert(0, canonical(current))
+        for start in starts:
+            found = search_layout(space, rates, gpus, seed=seed, initial=start).layout
+            if found not in candidates:
+                candidates.append(found)
+    decisions = [
+        decide(
+            space,
+            current,
+            c,
+            windows,
+            budget_gpus,
+            startup_s,
+            gate,
+            confirmations,
+            min_relative_gain,
+            node_gpus=space.node_gpus,
+        )
+        for c in candidates
+    ]
+
+    def rank(d: SwitchDecision) -> tuple[bool, float]:
+        ev = d.evaluation
+        return (ev is not None and ev.worthwhile, ev.net_requests if ev is not None else 0.0)
+
+    return max(decisions, key=rank)  # the first of equals: the order above
