@@ -52,6 +52,10 @@ def test_capacity_at_mix_by_hand() -> None:
     # B fills the pipeline replica (8/8), A the two TP4s (20/10): θ = 1 exactly
     assert capacity_at_mix(HAND, NEW, RATES) == pytest.approx(28.0)
     assert capacity_at_mix(HAND, (), RATES) == 0.0
+    # a replica that serves none of the mix (requests too long for it) adds nothing
+    short = LayoutSpace({TP4: (10.0, 0.0), TP8: (11.0, 7.0)})
+    assert capacity_at_mix(short, (TP4,), (0.0, 5.0)) == 0.0
+    assert capacity_at_mix(short, (TP4, TP8), (0.0, 5.0)) == pytest.approx(7.0)
 
 
 def test_make_before_break_with_spares() -> None:

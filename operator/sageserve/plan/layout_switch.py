@@ -79,9 +79,6 @@ from sageserve.plan.layout_search import (
 )
 from sageserve.plan.oserve_assign import max_throughput, mix_scale
 
-#: relative tolerance on capacities (the LP solutions carry ~1e-9 noise)
-_TOL = 1e-9
-
 StartupSeconds = float | Mapping[Strategy, float]
 
 
@@ -194,14 +191,17 @@ def capacity_at_mix(
     space: LayoutSpace, layout: Sequence[Strategy], rates: Sequence[float]
 ) -> float:
     """Requests/s `layout` could serve at the mix of `rates` (θ·Σλ, `mix_scale`); with no
-    demand at all, at an even mix of the types (each type rate 1)."""
+    demand at all, at an even mix of the types (each type rate 1); 0 when it can serve
+    none of the types in the mix."""
     lam = [max(0.0, float(r)) for r in rates]
     if sum(lam) <= 0:
         lam = [1.0] * max(space.types(), len(lam))
     if not layout:
         return 0.0
     theta, _ = mix_scale(lam, _rows(space, layout))
-    return theta * sum(lam) if math.isfinite(theta) else math.inf
+    # mix_scale leaves out the types no replica serves; with none left θ is infinite, and
+    # the layout serves nothing of this mix
+    return theta * sum(lam) if math.isfinite(theta) else 0.0
 
 
 def match_layouts(
