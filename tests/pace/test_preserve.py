@@ -248,3 +248,28 @@ def test_static_applies_the_plan_once_then_holds() -> None:
     assert [(d.kind, d.count) for d in first.decisions] == [(ActionKind.SCALE_OUT, 4)]
     six = endpoint(*(view(n, COOL, 1.0) for n in "abcdef"))
     assert decide(3600.0, Snapshot(3600.0, {KEY: six}), None, first.state, static).decisions == []
+
+
+def test_queue_pressure_adds_an_instance_only_when_asked() -> None:
+    """A queue at its saturation level with the KV cache projected low: the paper's rule
+    does nothing; with `queue_pressure` one instance more."""
+    queued = EndpointSnapshot(
+        key=KEY,
+        min_instances=1,
+        max_instances=10,
+        replicas={"h100": 2},
+        serving=2,
+        instances=(view("a", WARM), view("b", WARM)),
+        waiting=20,  # 10 per instance: twice the saturation level
+        variants=("h100",),
+    )
+    state = decide(0.0, Snapshot(0.0, {KEY: queued}), plan(0.0, 2), StepState(), PRESERVE).state
+    assert decide(60.0, Snapshot(60.0, {KEY: queued}), None, state, PRESERVE).decisions == []
+    eager = Preserve(PreserveParams(queue_pressure=True))
+    out = decide(60.0, Snapshot(60.0, {KEY: queued}), None, state, eager)
+    assert [(d.kind, d.count) for d in out.decisions] == [(ActionKind.SCALE_OUT, 1)]
+    assert "queue pressure" in out.decisions[0].reason
+    spec = ScalingPolicySpec.model_validate(
+        {"strategy": "preserve", "preserve": {"queuePressure": True}}
+    )
+    assert strategy_for(spec) == Preserve(PreserveParams(queue_pressure=True))

@@ -473,6 +473,13 @@ class Preserve(ApiModel):
         description="Within a window the fleet shrinks (at most once) only while every "
         "instance's projected peak KV usage is below this (PreServe: T_f = 30 %).",
     )
+    queue_pressure: bool = Field(
+        default=False,
+        description="Also add an instance within the window when the decision step's queue "
+        "pressure is at its level (backlog per instance, TTFT P95 over the tier's SLO): "
+        "PreServe's projections see KV memory only, and an instance bound by prefill or "
+        "decode time queues before its KV cache fills. false: the paper's rule.",
+    )
 
 
 class ScalingPolicySpec(ApiModel):

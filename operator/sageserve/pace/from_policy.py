@@ -29,6 +29,7 @@ def strategy_params(spec: ScalingPolicySpec) -> dict[str, Any]:
         "overload_kv": spec.preserve.overload_kv_usage,
         "overload_share": spec.preserve.overload_iteration_share,
         "scale_down_kv": spec.preserve.scale_down_kv_usage,
+        "queue_pressure": spec.preserve.queue_pressure,
     }
 
 

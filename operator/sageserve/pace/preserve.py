@@ -10,6 +10,9 @@ happened:
   "pre-initialisation" at each window;
 - **in-window scale-up**: +1 instance per instance projected above `overload_kv` (95 %) in
   more than `overload_share` (10 %) of its look-ahead iterations;
+- **queue pressure** (`queue_pressure`, off by default: not the paper's): also +1 within
+  the window when the decision step's queue pressure (`pace.pressure`) is at its level, for
+  instances bound by prefill or decode time before their KV cache fills;
 - **in-window scale-down**: only while every instance's projected peak is below
   `scale_down_kv` (T_f = 30 %), down to ⌈Σ peaks ÷ T_f⌉ instances, and at most once per
   window. The window's boundary move counts as that one scale-down when it shrinks the
@@ -53,13 +56,21 @@ class PreserveParams:
     #: the cold-start fallback's thresholds (reactive 70/30)
     scale_out_above: float = 0.70
     scale_in_below: float = 0.30
+    #: also scale out within the window on the step's queue pressure (not in the paper)
+    queue_pressure: bool = False
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> PreserveParams:
         known: dict[str, Any] = {}
         for k in cls.__dataclass_fields__:
-            if k in raw:
-                known[k] = int(raw[k]) if k == "lookahead" else float(raw[k])
+            if k not in raw:
+                continue
+            if k == "lookahead":
+                known[k] = int(raw[k])
+            elif k == "queue_pressure":
+                known[k] = bool(raw[k])
+            else:
+                known[k] = float(raw[k])
         return cls(**known)
 
 
@@ -123,6 +134,9 @@ def preserve_step(
             f"than {p.overload_share:.0%} of {p.lookahead} iterations"
         )
         return ScalingAction(ActionKind.SCALE_OUT, obs.key, count, reason)
+    if p.queue_pressure and obs.pressure >= 1.0 and obs.active < obs.max_instances:
+        reason = f"PreServe + queue pressure: {obs.pressure_reason}"
+        return ScalingAction(ActionKind.SCALE_OUT, obs.key, 1, reason)
     scaled_in_this_window = (
         obs.last_scale_in_at is not None and obs.last_scale_in_at >= plan.computed_at
     )
