@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from sageserve.route.instance_picker import Arrival, make_picker
+from sageserve.route.length_predictor import LengthQuery
 from sageserve.router.anticipate import PodAnticipators, client_id
 from sageserve.router.app import POD_HEADER, Router, RouterConfig, run_loop
 from sageserve.router.fleet import REMAINING_TOKENS, Backend, Fleet, ModelRoute, fleet_picker
@@ -47,6 +48,17 @@ def test_streamed_tokens_advance_the_pods_clock_and_finishing_frees_the_projecti
     assert ants.iteration("pod-a") == 20
     assert max(ants.projection("pod-a")) == 0.0
     ants.release(t)  # releasing twice (the handler's finally) is harmless
+    assert ants.anticipator("pod-a").requests == 0
+
+
+def test_an_answer_read_after_its_request_was_released_still_teaches_and_advances() -> None:
+    # the Batch API's executor releases the request in its `finally`, then reads the answer
+    ants = PodAnticipators()
+    t = ants.sent("pod-a", "m", 7, Arrival(100, 50))
+    ants.release(t)
+    ants.answered(t, 30)
+    assert ants.iteration("pod-a") == 30
+    assert ants.predictor("m").predict(LengthQuery(7, 100)) > 0
     assert ants.anticipator("pod-a").requests == 0
 
 

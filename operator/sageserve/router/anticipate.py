@@ -124,12 +124,15 @@ class PodAnticipators:
         return t
 
     def first_byte(self, t: Ticket) -> None:
-        """Prefill done: the request decodes from its pod's current iteration."""
-        if t.released or t.started_at is not None:
+        """Prefill done: the request decodes from its pod's current iteration (on the
+        look-ahead map only while it is there: a batch request's answer is read after
+        its handler released it)."""
+        if t.started_at is not None:
             return
         now = self.iteration(t.pod)
         t.started_at = now
-        self.anticipator(t.pod).start(t.rid, now, t.prompt_tokens, t.predicted_output)
+        if not t.released:
+            self.anticipator(t.pod).start(t.rid, now, t.prompt_tokens, t.predicted_output)
 
     def streamed(self, t: Ticket, tokens: int) -> None:
         """`tokens` more output tokens of a running request: its pod is at least that many
