@@ -52,6 +52,20 @@ def server_args(md: ModelDeployment, variant: Variant) -> list[str]:
     ]
 
 
+def engine_probes(probe: dict[str, Any], startup_seconds: int) -> dict[str, Any]:
+    """The vLLM container's probes: loading weights takes up to `startup_seconds`, and only
+    then do liveness checks begin (one rule for ModelDeployment and ModelPool pods)."""
+    return {
+        "startupProbe": {
+            "httpGet": probe,
+            "periodSeconds": 10,
+            "failureThreshold": max(1, -(-startup_seconds // 10)) + 6,
+        },
+        "readinessProbe": {"httpGet": probe, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": probe, "periodSeconds": 15, "failureThreshold": 4},
+    }
+
+
 def render_pod_set(
     md: ModelDeployment,
     region: RegionPlacement,
@@ -123,14 +137,7 @@ def render_pod_set(
         "args": server_args(md, variant),
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
-        # Loading weights takes up to startupSeconds; only then do liveness checks begin.
-        "startupProbe": {
-            "httpGet": probe_http,
-            "periodSeconds": 10,
-            "failureThreshold": max(1, -(-variant.startup_seconds // 10)) + 6,
-        },
-        "readinessProbe": {"httpGet": probe_http, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": probe_http, "periodSeconds": 15, "failureThreshold": 4},
+        **engine_probes(probe_http, variant.startup_seconds),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     return {

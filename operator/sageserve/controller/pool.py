@@ -27,6 +27,7 @@ from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import pod_set_name
 from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
 from sageserve.controller.kube import Kube, kube
+from sageserve.controller.podset import engine_probes
 from sageserve.controller.semantics import SemanticProblem
 from sageserve.controller.status import model_deployment_status
 from sageserve.core.labels import (
@@ -171,13 +172,7 @@ def render_pool_pod_set(
             for i, e in enumerate(found)
         ],
         "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
-        "startupProbe": {
-            "httpGet": probe,
-            "periodSeconds": 10,
-            "failureThreshold": max(1, -(-startup // 10)) + 6,
-        },
-        "readinessProbe": {"httpGet": probe, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": probe, "periodSeconds": 15, "failureThreshold": 4},
+        **engine_probes(probe, startup),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     return {
