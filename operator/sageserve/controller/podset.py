@@ -52,6 +52,55 @@ def server_args(md: ModelDeployment, variant: Variant) -> list[str]:
     ]
 
 
+def gpu_deployment(
+    metadata: dict[str, Any],
+    replicas: int,
+    selector: dict[str, str],
+    labels: dict[str, str],
+    affinity: dict[str, Any],
+    container: dict[str, Any],
+    metrics_port: int,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The Deployment of a GPU pod set (a ModelDeployment's or a ModelPool's): one vLLM
+    container on tolerated GPU nodes, scraped by Prometheus on `metrics_port`."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            # GPUs are the scarce resource: replace pods in place rather than surge.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        **(annotations or {}),
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(metrics_port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "affinity": affinity,
+                    "tolerations": [
+                        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "containers": [container],
+                    # Tensor parallelism exchanges tensors through shared memory.
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                    "terminationGracePeriodSeconds": 60,
+                },
+            },
+        },
+    }
+
+
 def engine_probes(probe: dict[str, Any], startup_seconds: int) -> dict[str, Any]:
     """The vLLM container's probes: loading weights takes up to `startup_seconds`, and only
     then do liveness checks begin (one rule for ModelDeployment and ModelPool pods)."""
@@ -140,40 +189,7 @@ def render_pod_set(
         **engine_probes(probe_http, variant.startup_seconds),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata,
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": selector},
-            # GPUs are the scarce resource: replace pods in place rather than surge.
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-            },
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(port),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": {
-                    "affinity": affinity,
-                    "tolerations": [
-                        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "containers": [container],
-                    # Tensor parallelism exchanges tensors through shared memory.
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-                    "terminationGracePeriodSeconds": 60,
-                },
-            },
-        },
-    }
+    return gpu_deployment(metadata, replicas, selector, labels, affinity, container, port)
 
 
 def render_pod_sets(

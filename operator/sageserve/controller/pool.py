@@ -27,7 +27,7 @@ from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import pod_set_name
 from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
 from sageserve.controller.kube import Kube, kube
-from sageserve.controller.podset import engine_probes
+from sageserve.controller.podset import engine_probes, gpu_deployment
 from sageserve.controller.semantics import SemanticProblem
 from sageserve.controller.status import model_deployment_status
 from sageserve.core.labels import (
@@ -175,40 +175,13 @@ def render_pool_pod_set(
         **engine_probes(probe, startup),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata,
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": selector},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-            },
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {
-                        ANNOTATION_POOLED_MODELS: encode_engines(found),
-                        ANNOTATION_AWAKE_PER_INSTANCE: str(pool.spec.awake_per_instance),
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(found[0].port),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": {
-                    "affinity": affinity,
-                    "tolerations": [
-                        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "containers": [container],
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-                    "terminationGracePeriodSeconds": 60,
-                },
-            },
-        },
+    annotations = {
+        ANNOTATION_POOLED_MODELS: encode_engines(found),
+        ANNOTATION_AWAKE_PER_INSTANCE: str(pool.spec.awake_per_instance),
     }
+    return gpu_deployment(
+        metadata, replicas, selector, labels, affinity, container, found[0].port, annotations
+    )
 
 
 def initial_size(region: PoolRegion) -> int:
