@@ -15,6 +15,7 @@ from sageserve.api.model_deployment import (
     Variant,
     pod_set_name,
 )
+from sageserve.api.model_pool import ModelPool
 from sageserve.core.labels import (
     DEFAULT_NODE_LABELS,
     GPU_RESOURCE,
@@ -50,6 +51,30 @@ def server_args(md: ModelDeployment, variant: Variant) -> list[str]:
         *(["--max-model-len", str(spec.model.context_length)] if spec.model.context_length else []),
         *spec.engine.args,
     ]
+
+
+def pod_set_metadata(
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    owner: ModelDeployment | ModelPool,
+    owner_uid: str | None,
+) -> dict[str, Any]:
+    """A pod set's metadata, owned (garbage-collected with it) by `owner`, the
+    ModelDeployment or ModelPool it serves, when its uid is known."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if owner_uid is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": owner.api_version,
+                "kind": owner.kind,
+                "name": owner.metadata.name,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return metadata
 
 
 def gpu_deployment(
@@ -140,22 +165,9 @@ def render_pod_set(
         **selector,
     }
     gpus = str(variant.gpus_per_instance)
-    metadata: dict[str, Any] = {
-        "name": pod_set_name(name, region.name, variant.name),
-        "namespace": namespace,
-        "labels": labels,
-    }
-    if owner_uid is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": md.api_version,
-                "kind": md.kind,
-                "name": name,
-                "uid": owner_uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+    metadata = pod_set_metadata(
+        pod_set_name(name, region.name, variant.name), namespace, labels, md, owner_uid
+    )
     affinity = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {

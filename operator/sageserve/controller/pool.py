@@ -27,7 +27,7 @@ from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import pod_set_name
 from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
 from sageserve.controller.kube import Kube, kube
-from sageserve.controller.podset import engine_probes, gpu_deployment
+from sageserve.controller.podset import engine_probes, gpu_deployment, pod_set_metadata
 from sageserve.controller.semantics import SemanticProblem
 from sageserve.controller.status import model_deployment_status
 from sageserve.core.labels import (
@@ -129,22 +129,9 @@ def render_pool_pod_set(
         LABEL_POOL: name,
         **selector,
     }
-    metadata: dict[str, Any] = {
-        "name": pod_set_name(name, region.name, variant.name),
-        "namespace": namespace,
-        "labels": labels,
-    }
-    if owner_uid is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": pool.api_version,
-                "kind": pool.kind,
-                "name": name,
-                "uid": owner_uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+    metadata = pod_set_metadata(
+        pod_set_name(name, region.name, variant.name), namespace, labels, pool, owner_uid
+    )
     match = [
         {"key": node_labels.region, "operator": "In", "values": [region.name]},
         {"key": node_labels.gpu_type, "operator": "In", "values": [variant.gpu_type]},
