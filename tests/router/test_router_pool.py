@@ -180,3 +180,65 @@ def test_the_router_wakes_what_requests_need_and_sleeps_what_stays_idle(twin: Tw
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_a_request_for_a_pod_whose_engines_are_not_up_yet_is_held_not_failed() -> None:
+    """A pooled pod the router meets (Ready in the API) before its engines answer behind
+    the address: requests wait for the pod's engines instead of failing their wake (the
+    pool growing under load dropped requests with 502)."""
+    info = pod_info(pod_object())
+    assert info is not None
+    served: list[Any] = []  # the twin serves the pod only once it is listed here
+    resolve = PerfResolver(CATALOG, {"tail": "llama-2-70b"}).resolve
+    sim = TwinSim(steady(), resolve, LoadControl(scale=0.0))
+    twin = Twin(sim, AcceleratedClock(speed=1), lambda: list(served), refresh_s=0.1, tick_s=0.05)
+
+    async def main() -> None:
+        found = pool_routes(pool_object())
+        assert found is not None
+        pool, routes = found
+        fleet = Fleet()
+        fleet.set_models(routes)
+        fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f")})
+        template = f"http://{twin.address}/pods/{{namespace}}/{{pod}}/port/{{port}}"
+        url = template.format(namespace="llm", pod=POD, port=8000)
+        fleet.set_backends([Backend("llm", POD, "tail", "us-east", "h100", url)])
+        metrics = RouterMetrics()
+        pools = PoolSwitcher(metrics.registry, template)
+        pools.set_pools("llm", [pool])
+        pools.set_pods("llm", [pod_object()])
+        router = Router(fleet, RouterConfig(hold_seconds=30.0), metrics)
+        router.pools = pools
+        runner = aiohttp.web.AppRunner(router.app())
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        sweeper = asyncio.create_task(pools.run())
+        try:
+            async with aiohttp.ClientSession() as client:
+
+                async def ask() -> int:
+                    body = {"model": "acme/ft-0", "prompt": "hi", "max_tokens": 4}
+                    async with client.post(f"{base}/v1/completions", json=body) as resp:
+                        await resp.read()
+                        return resp.status
+
+                asking = asyncio.gather(*(ask() for _ in range(4)))
+                await asyncio.sleep(2.0)  # several sweeps find the engines unanswering
+                assert not pools.pods[("llm", POD)].synced
+                assert (
+                    metrics.registry.get_sample_value(
+                        "sageserve_router_held_requests",
+                        {"namespace": "llm", "model_deployment": "tail", "region": "us-east"},
+                    )
+                    == 4
+                )
+                served.append(info)  # the engines come up
+                assert await asking == [200] * 4
+        finally:
+            sweeper.cancel()
+            await runner.cleanup()
+
+    with twin:
+        asyncio.run(main())

@@ -20,6 +20,7 @@ Sharing the state between replicas is not done (docs/aegaeon.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -111,6 +112,10 @@ class PodPool:
 
     def set(self, model: str, **changes: Any) -> None:
         self.engines[model] = replace(self.state(model), **changes)
+        self.set_changed()
+
+    def set_changed(self) -> None:
+        """Wake the requests waiting on this pod (a slot freed, its engines read)."""
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -225,11 +230,12 @@ class PoolSwitcher:
     ) -> Backend | None:
         """The pod to send a request of a pooled model to (`route.pool_switch.choose_pod`)."""
         by_pod = {b.pod: b for b in candidates}
-        known = [
-            (name, self.pods[(model.namespace, name)].engines)
-            for name in sorted(by_pod)
-            if (model.namespace, name) in self.pods
+        met = [
+            self.pods[k] for name in sorted(by_pod) if (k := (model.namespace, name)) in self.pods
         ]
+        # a pod whose engines have not answered yet (still starting) only when no other is
+        # left: `acquire` holds the request until it answers
+        known = [(p.pod, p.engines) for p in met if p.synced] or [(p.pod, p.engines) for p in met]
         quota = self.pools[(model.namespace, model.name)].awake_per_instance
         chosen = choose_pod(known, model.served_name, quota, load)
         return by_pod.get(chosen) if chosen else None
@@ -249,20 +255,15 @@ class PoolSwitcher:
         ).inc()
         started = self.clock()
         switched = False
+        while not pod.synced:  # its engines have not answered yet: wait for the sweep
+            await self._until(pod, deadline, f"the engines of {backend.pod} never answered")
         while True:
             plan = plan_wake(pod.engines, name, pod.quota)
             if not plan.wait:
                 break
-            waiter = pod.changed
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise PoolSwitchFailed(
-                    f"every awake model on {backend.pod} stayed busy; no slot for {name}"
-                )
-            try:
-                await asyncio.wait_for(waiter.wait(), left)
-            except TimeoutError:
-                continue
+            await self._until(
+                pod, deadline, f"every awake model on {backend.pod} stayed busy; no slot for {name}"
+            )
         if plan.wake:
             switched = True
             for victim in plan.sleep:
@@ -284,6 +285,16 @@ class PoolSwitcher:
             )
         self._count_awake()
         return Lease(pod, name, replace(backend, url=pod.urls[name]))
+
+    @staticmethod
+    async def _until(pod: PodPool, deadline: float, why: str) -> None:
+        """Wait for the pod's next change, at most until `deadline` (monotonic): raises
+        `PoolSwitchFailed(why)` once it has passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PoolSwitchFailed(why)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(pod.changed.wait(), left)
 
     def release(self, lease: Lease) -> None:
         state = lease.pod.state(lease.model)
@@ -322,15 +333,19 @@ class PoolSwitcher:
                 continue
             try:
                 async with self.session.get(base.rstrip("/") + "/is_sleeping") as resp:
-                    doc = await resp.json(content_type=None)
-                awake = not bool(doc.get("is_sleeping", True))
-            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
-                # a pod still starting: read again on the next sweep
+                    doc = await resp.json(content_type=None) if resp.status == 200 else None
+                sleeping = doc.get("is_sleeping") if isinstance(doc, dict) else None
+                if not isinstance(sleeping, bool):
+                    raise ValueError(f"HTTP {resp.status}, no is_sleeping in the answer")
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                # a pod still starting (not listening, or its engines not up behind the
+                # address): read again on the next sweep; requests are held meanwhile
                 log.debug("pod %s: is_sleeping of %s unreadable: %s", pod.pod, model, exc)
                 return
-            if awake != pod.state(model).awake:
-                pod.set(model, awake=awake, last_used=self.clock())
+            if sleeping == pod.state(model).awake:
+                pod.set(model, awake=not sleeping, last_used=self.clock())
         pod.synced = True
+        pod.set_changed()
 
     async def sweep(self) -> None:
         """One pass: read new pods, put engines idle too long to sleep."""
