@@ -523,6 +523,18 @@ class ForecastEntry(ApiModel):
         "planned variants, weighted by their targets): how LT-UA turns observed tokens/s "
         "into instances.",
     )
+    prompt_tokens_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description="strategy preserve: forecast prompt tokens/s P̂ of the window (β "
+        "included), sized against prefillTokensPerSecond (PreServe §4.1, Alg. 2).",
+    )
+    decode_tokens_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description="strategy preserve: forecast generated tokens/s D̂ of the window (β "
+        "included), sized against decodeTokensPerSecond (PreServe §4.1, Alg. 2).",
+    )
     method: str = Field(max_length=64, description="Forecaster actually used.")
     fallback_reason: str | None = Field(default=None, max_length=1024)
     ignored_points: int | None = Field(
@@ -569,7 +581,10 @@ class PlanStatus(ApiModel):
 
     computed_at: datetime
     strategy: Strategy
-    solver_status: Literal["optimal", "shortfall", "time_limit", "infeasible"]
+    solver_status: Literal["optimal", "shortfall", "time_limit", "infeasible", "window"] = Field(
+        description="The ILP's outcome; `window` for strategy preserve, whose plan is "
+        "PreServe's per-window rule (no ILP)."
+    )
     solver_seconds: float = Field(ge=0)
     objective: float | None = None
     forecasts: list[ForecastEntry] = Field(default_factory=list, max_length=4096)

@@ -43,6 +43,7 @@ from sageserve.controller.pool import parse_pool
 from sageserve.controller.semantics import SemanticProblem, node_shapes, policy_problems
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import set_condition
+from sageserve.controller.window_loop import WindowPass
 from sageserve.core.labels import (
     ANNOTATION_DELETION_COST,
     DRAIN_DELETION_COST,
@@ -208,10 +209,10 @@ class PacePass:
             return
         pacing = f"strategy {self.policy.spec.strategy.value}"
         if self.policy.spec.strategy is Strategy.PRESERVE:
-            # docs/preserve.md: the operator's plan loop has no window plan yet
             pacing += (
-                ": window targets from the hourly plan cycle (PreServe's per-window plan "
-                "runs in the simulator only), in-window moves from the routers' projections"
+                f": window targets from PreServe's window plan every "
+                f"{self.policy.spec.preserve.window_seconds} s (prompt and generated tokens "
+                "forecast apart, no hourly plan), in-window moves from the routers' projections"
             )
         self.condition("Ready", True, "Pacing", pacing)
         fleet = [
@@ -472,12 +473,22 @@ class PacePass:
 
 
 def plans(policy: dict[str, Any]) -> bool:
-    """Whether the policy's strategy follows the hourly plan (its `uses_plan`)."""
+    """Whether the policy's strategy follows a plan (its `uses_plan`): the hourly cycle's,
+    or for `preserve` the window plan's."""
     try:
         spec = ScalingPolicy.model_validate(_essence(policy)).spec
     except ValueError:
         return False
     return strategy_for(spec).uses_plan
+
+
+def plan_interval_s(policy: dict[str, Any]) -> float:
+    """Seconds between plans: `spec.preserve.windowSeconds` for `preserve` (PreServe §4.1,
+    Alg. 2: one plan per window), else `spec.intervals.planSeconds`."""
+    spec = ScalingPolicy.model_validate(_essence(policy)).spec
+    if spec.strategy is Strategy.PRESERVE:
+        return float(spec.preserve.window_seconds)
+    return float(spec.intervals.plan_seconds)
 
 
 class Loops(threading.Thread):
@@ -530,7 +541,10 @@ class Loops(threading.Thread):
         return self.is_leader
 
     def plan_if_due(self, k: Kube, policy: dict[str, Any], state: PaceState) -> bool:
-        """Adopt the plan recorded in status if it is fresh, else plan now (LT strategies).
+        """Adopt the plan recorded in status if it is fresh, else plan now: the hourly
+        cycle (`PlanPass`) for the LT strategies, the window plan (`WindowPass`, every
+        `spec.preserve.windowSeconds`) instead of it for `preserve` (see `window_loop` for
+        why it replaces rather than overrides the hourly plan).
 
         Returns whether a plan pass ran."""
         if not plans(policy):
@@ -538,13 +552,20 @@ class Loops(threading.Thread):
         wall = time.time()
         if wall < state.next_plan:
             return False
-        interval = float((policy.get("spec") or {}).get("intervals", {}).get("planSeconds", 3600))
+        interval = plan_interval_s(policy)
         recorded = recorded_plan(policy)
         if state.plan is None and recorded is not None and wall - recorded.computed_at < interval:
             state.plan = recorded  # restart: the plan in status is still in force
             state.next_plan = recorded.computed_at + interval
             return False
         state.next_plan = wall + interval
+        if (policy.get("spec") or {}).get("strategy") == Strategy.PRESERVE.value:
+            window = WindowPass(k, policy, state.conditions, self.logger).run_window(
+                prometheus_reader()
+            )
+            if window is not None:
+                state.plan = window.in_force(wall)
+            return window is not None
         cycle = PlanPass(k, policy, state.conditions, self.logger).run(
             prometheus_reader(), NodeLabels.from_env(os.environ)
         )

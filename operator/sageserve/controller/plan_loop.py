@@ -73,6 +73,34 @@ def gpu_capacity(
     return out
 
 
+def target_entries(
+    planned: Mapping[tuple[str, str, str], int],
+    mds: Sequence[ModelDeployment],
+    current: Mapping[tuple[str, str, str], int],
+) -> list[dict[str, Any]]:
+    """`status.plan.targets`: each planned (model, region, variant) with its current size."""
+    targets = []
+    for md in mds:
+        for gpu, variant in planned_variants(md).items():
+            for region in md.spec.regions:
+                key = (md.metadata.name, region.name, variant.name)
+                if key not in planned:
+                    continue
+                now_n, target = current.get(key, 0), planned[key]
+                targets.append(
+                    {
+                        "model": key[0],
+                        "region": key[1],
+                        "variant": key[2],
+                        "gpuType": gpu,
+                        "current": now_n,
+                        "target": target,
+                        "delta": target - now_n,
+                    }
+                )
+    return targets
+
+
 def plan_status(
     cycle: PlanCycle,
     mds: Sequence[ModelDeployment],
@@ -96,25 +124,7 @@ def plan_status(
         }
         for (m, r), fc in sorted(cycle.forecasts.items())
     ]
-    targets = []
-    for md in mds:
-        for gpu, variant in planned_variants(md).items():
-            for region in md.spec.regions:
-                key = (md.metadata.name, region.name, variant.name)
-                if key not in cycle.targets:
-                    continue
-                now_n, target = current.get(key, 0), cycle.targets[key]
-                targets.append(
-                    {
-                        "model": key[0],
-                        "region": key[1],
-                        "variant": key[2],
-                        "gpuType": gpu,
-                        "current": now_n,
-                        "target": target,
-                        "delta": target - now_n,
-                    }
-                )
+    targets = target_entries(cycle.targets, mds, current)
     shortfalls = [
         {"model": m, "region": r, "tokensPerSecond": round(v, 3)}
         for m, per_region in sorted(result.shortfall_tps.items())
@@ -187,13 +197,7 @@ class PlanPass:
     def run(self, reader: PrometheusReader, labels: NodeLabels) -> PlanCycle | None:
         """Plan, write status, return the cycle (None when the fleet could not be planned)."""
         spec = self.policy.spec
-        mds = [
-            ModelDeployment.model_validate(
-                {k: o[k] for k in ("apiVersion", "kind", "metadata", "spec")}
-            )
-            for o in self.kube.objects(self.namespace, "modeldeployments")
-            if (o.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
-        ]
+        mds = self.models()
         pools = [
             (o, parse_pool(o))
             for o in self.kube.objects(self.namespace, "modelpools")
@@ -239,17 +243,8 @@ class PlanPass:
         if batch:
             per_endpoint, batch = split_batch(per_endpoint, batch, step)
         received = split_batch({}, received, step)[1]
-        current: dict[tuple[str, str, str], int] = {}
         pod_sets = self.kube.deployments_by_owner(self.namespace)
-        for md in mds:
-            deployments = pod_sets.get(md.metadata.name, {})
-            for region in md.spec.regions:
-                for variant in md.spec.variants:
-                    d = deployments.get(pod_set_name(md.metadata.name, region.name, variant.name))
-                    if d is not None:
-                        current[(md.metadata.name, region.name, variant.name)] = int(
-                            d["spec"].get("replicas") or 0
-                        )
+        current = self.sizes(mds, pod_sets)
         pool_current = {
             (pool.metadata.name, r.name): int(d["spec"].get("replicas") or 0)
             for _, pool in pools
@@ -307,6 +302,33 @@ class PlanPass:
                 "PlanReady", True, "Planned", f"{result.status} in {result.solve_seconds:.2f}s"
             )
         return cycle
+
+    def models(self) -> list[ModelDeployment]:
+        """The ModelDeployments of the namespace this policy sizes."""
+        return [
+            ModelDeployment.model_validate(
+                {k: o[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+            )
+            for o in self.kube.objects(self.namespace, "modeldeployments")
+            if (o.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
+        ]
+
+    @staticmethod
+    def sizes(
+        mds: Sequence[ModelDeployment], pod_sets: Mapping[str, Mapping[str, Any]]
+    ) -> dict[tuple[str, str, str], int]:
+        """Replicas of each (model, region, variant) pod set that exists."""
+        current: dict[tuple[str, str, str], int] = {}
+        for md in mds:
+            deployments = pod_sets.get(md.metadata.name, {})
+            for region in md.spec.regions:
+                for variant in md.spec.variants:
+                    d = deployments.get(pod_set_name(md.metadata.name, region.name, variant.name))
+                    if d is not None:
+                        current[(md.metadata.name, region.name, variant.name)] = int(
+                            d["spec"].get("replicas") or 0
+                        )
+        return current
 
     def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
         """Set a condition and post an Event when it changes."""

@@ -210,3 +210,19 @@ class PrometheusReader:
     def tokens_per_second(self, namespace: str, window: str = "1m") -> Series:
         """Observed tokens/s per (model, region) in `namespace`."""
         return self.instant(queries.tokens_per_second(window, namespace))
+
+    def token_histories(
+        self, namespace: str, end: float, seconds: float, step: float = 60.0
+    ) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
+        """(prompt, generation) tokens/s per (model, region) of `namespace` on a grid of
+        `step` seconds ending at `end`: PreServe's P and D series, read apart (§4.1)."""
+        window = f"{max(int(step), 60)}s"
+
+        def read(expr: str) -> dict[tuple[str, str], list[float]]:
+            got = self.history(expr, end=end, seconds=seconds, step=step)
+            return {(m, r): v for (ns, m, r), v in got.items() if ns == namespace}
+
+        return (
+            read(queries.prompt_tokens_per_second(window, namespace)),
+            read(queries.generation_tokens_per_second(window, namespace)),
+        )

@@ -48,14 +48,28 @@ def waiting_per_pod(namespace: str | None = None) -> str:
     return _selector(namespace, vllm.REQUESTS_WAITING)
 
 
+def token_rate(counter: str, window: str = "1m", namespace: str | None = None) -> str:
+    """Tokens/s of one vLLM token counter (`vllm.PROMPT_TOKENS` or `vllm.GENERATION_TOKENS`)
+    per (model, region) over `window`."""
+    return f"sum by ({GROUP_BY}) (rate({_selector(namespace, counter)}[{window}]))"
+
+
+def prompt_tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
+    """Prompt (prefill) tokens/s per (model, region): PreServe's P series (§4.1)."""
+    return token_rate(vllm.PROMPT_TOKENS, window, namespace)
+
+
+def generation_tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
+    """Generated (decode) tokens/s per (model, region): PreServe's D series (§4.1)."""
+    return token_rate(vllm.GENERATION_TOKENS, window, namespace)
+
+
 def tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
     """Input + output tokens/s per (model, region) over `window`: the forecaster's series."""
     # Two sums, not one rate over both names: rate() drops the metric name, and two series
     # of one pod with the same labels are an error in Prometheus 2.x.
-    prompt, output = (
-        f"sum by ({GROUP_BY}) (rate({_selector(namespace, name)}[{window}]))"
-        for name in (vllm.PROMPT_TOKENS, vllm.GENERATION_TOKENS)
-    )
+    prompt = prompt_tokens_per_second(window, namespace)
+    output = generation_tokens_per_second(window, namespace)
     return f"(({prompt}) + ({output})) or ({prompt}) or ({output})"
 
 
