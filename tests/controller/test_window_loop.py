@@ -20,7 +20,7 @@ from sageserve.controller.plan_loop import recorded_plan
 from sageserve.controller.window_loop import apportion_batch, window_status
 from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
-from sageserve.plan.preserve import plan_window
+from sageserve.plan.preserve import plan_window, window_history_minutes
 from sageserve.twin.backfill import create_blocks, install_blocks
 
 NS = "llm"
@@ -105,6 +105,38 @@ def test_a_gap_in_any_series_stays_a_gap() -> None:
     p, d, bp, bd = apportion_batch([100.0, math.nan], [50.0, 50.0], [math.nan, 10.0])
     assert (p[0], d[0]) == (100.0, 50.0) and math.isnan(bp[0]) and math.isnan(bd[0])
     assert math.isnan(p[1]) and math.isnan(bp[1])
+
+
+@pytest.mark.parametrize(
+    ("forecast", "window_s", "minutes"),
+    [
+        ({}, 600, 150),  # the seasonal AR fits on 15 windows
+        ({"method": "persistence"}, 600, 60),  # the training window
+        ({}, 1200, 300),
+        ({"method": "persistence", "trainingWindowSeconds": 7200}, 600, 120),
+        ({"method": "persistence"}, 1800, 90),  # three windows at least
+    ],
+)
+def test_the_window_plan_reads_as_much_history_as_its_forecaster_fits_on(
+    forecast: dict[str, Any], window_s: int, minutes: int
+) -> None:
+    spec = ScalingPolicySpec.model_validate(
+        {"forecast": forecast, "preserve": {"windowSeconds": window_s}}
+    )
+    assert window_history_minutes(spec) == minutes
+
+
+def test_with_that_history_the_default_forecaster_sizes_the_window_not_its_fallback() -> None:
+    md = ModelDeployment.model_validate(model_raw())
+    spec = ScalingPolicySpec()
+    minutes = window_history_minutes(spec)
+    prompt = {(MODEL, r): [300.0 + 10 * math.sin(i / 9) for i in range(minutes)] for r in MIXES}
+    decode = {(MODEL, r): [900.0 + 30 * math.sin(i / 9) for i in range(minutes)] for r in MIXES}
+    window = plan_window([md], spec, prompt, decode, {}, {}, {})
+    assert {f.method for f in window.forecasts.values()} == {"arima"}
+    short = {k: v[-60:] for k, v in prompt.items()}, {k: v[-60:] for k, v in decode.items()}
+    fallback = plan_window([md], spec, *short, {}, {}, {})
+    assert {f.method for f in fallback.forecasts.values()} == {"moving-average"}
 
 
 def test_window_status_is_a_valid_crd_status_and_restores_the_window_plan() -> None:

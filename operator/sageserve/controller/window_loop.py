@@ -3,7 +3,8 @@
 
 Reads, per (model, region), the prompt and the generated tokens/s per minute apart (vLLM's
 `vllm:prompt_tokens_total` and `vllm:generation_tokens_total`, `PrometheusReader.
-token_histories`) over the forecaster's history, and calls `plan.preserve.plan_window`, the
+token_histories`) over as much history as the forecaster fits on
+(`plan.preserve.window_history_minutes`), and calls `plan.preserve.plan_window`, the
 function the simulator's window planner calls (`sim.scenario.Scenario.window_planner`):
 N = ⌈max(P̂/μ_p, D̂/μ_d, (P̂ + D̂)/μ_t)⌉ per endpoint. The plan goes where the hourly cycle's
 goes: `status.plan` (solverStatus `window`, P̂ and D̂ per endpoint) and the pace loop's plan
@@ -35,7 +36,7 @@ from sageserve.api.model_deployment import ModelDeployment
 from sageserve.controller.plan_loop import PlanPass, router_batch_queries, target_entries
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
-from sageserve.plan.preserve import WindowPlan, plan_window, window_forecast_spec
+from sageserve.plan.preserve import WindowPlan, plan_window, window_history_minutes
 
 Series = dict[tuple[str, str], list[float]]
 #: The window plan reads tokens/s per minute (`plan.preserve.window_means`).
@@ -116,7 +117,7 @@ class WindowPass(PlanPass):
             return None
         started = time.monotonic()
         end = time.time()
-        seconds = window_forecast_spec(spec).min_history_seconds
+        seconds = MINUTE * window_history_minutes(spec)
         try:
             prompt, decode = reader.token_histories(self.namespace, end, seconds, MINUTE)
             batch = self.batch(reader, end, seconds)

@@ -106,6 +106,22 @@ def window_forecast_spec(policy: ScalingPolicySpec) -> ForecastSpec:
     )
 
 
+def window_history_minutes(policy: ScalingPolicySpec) -> int:
+    """Minutes of per-minute history a window plan reads: enough whole windows for the
+    policy's forecaster to fit on (its `min_points` on the window grid: 15 windows, 150
+    minutes, for the default seasonal AR) and at least the training window. Fewer, and
+    every window plan would run on the fallback forecaster. The operator reads this much
+    (`controller.window_loop`); the simulator at least this much."""
+    from sageserve.forecast.methods import get_forecaster
+
+    spec = window_forecast_spec(policy)
+    try:
+        points = get_forecaster(policy.forecast.method.value).min_points(spec)
+    except KeyError:
+        points = 0
+    return math.ceil(max(points * spec.step_seconds, spec.min_history_seconds) / 60.0)
+
+
 @dataclass(frozen=True)
 class WindowForecast:
     """P̂ and D̂ of one endpoint (tokens/s, β included), what made them, and N."""
@@ -200,6 +216,7 @@ __all__ = [
     "plan_window",
     "service_rates",
     "window_forecast_spec",
+    "window_history_minutes",
     "window_instances",
     "window_means",
 ]

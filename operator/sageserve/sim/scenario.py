@@ -189,9 +189,10 @@ class Scenario:
         (model, home region), read from the trace up to `now` only (what a router has
         counted), forecast per window (`plan.preserve.plan_window`)."""
         from sageserve.api.scaling_policy import ScalingPolicySpec
-        from sageserve.plan.preserve import plan_window
+        from sageserve.plan.preserve import plan_window, window_history_minutes
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
+        history_minutes = max(history_minutes, window_history_minutes(spec))
         series = self._token_series(history_minutes)
         models = self.models
 
