@@ -429,6 +429,78 @@ def bench_layout(
         raise typer.Exit(2) from None
 
 
+@bench_app.command("oserve")
+def bench_oserve(
+    scenario: Annotated[
+        Path | None,
+        typer.Option("--scenario", "-s", help="Scenario (default: scenarios/oserve-mixed)."),
+    ] = None,
+    model: Annotated[str, typer.Option(help="Perf profile of the model.")] = "llama-2-70b",
+    gpu_type: Annotated[str, typer.Option("--gpu-type")] = "NVIDIA-H100-80GB-HBM3",
+    gpus: Annotated[int, typer.Option(help="GPU budget.")] = 16,
+    node_gpus: Annotated[int, typer.Option("--node-gpus", help="GPUs per node.")] = 8,
+    types: Annotated[int, typer.Option(help="Request types (k-means clusters).")] = 4,
+    tuning_hours: Annotated[
+        str, typer.Option("--tuning-hours", help="Hours of the day that choose, comma-separated.")
+    ] = "0,1,2,3",
+    held_out_hours: Annotated[
+        str, typer.Option("--held-out-hours", help="Hours reported on, comma-separated.")
+    ] = "4,5,6,7",
+    span: Annotated[
+        float, typer.Option("--span", help="Seconds replayed of each hour (3600: all).")
+    ] = 3600.0,
+    replan: Annotated[
+        float, typer.Option(help="Re-plan interval (s) of the heterogeneous plan.")
+    ] = 600.0,
+    startup: Annotated[float, typer.Option(help="Start-up time of a new replica (s).")] = 600.0,
+    ttft_slo: Annotated[float, typer.Option("--ttft-slo", help="TTFT SLO (s).")] = 5.0,
+    tpot_slo: Annotated[
+        float, typer.Option("--tpot-slo", help="Time per output token SLO (s).")
+    ] = 0.2,
+    predictor: Annotated[
+        str, typer.Option(help="Output-length predictor for the request type.")
+    ] = "client-quantile",
+    strategies: Annotated[
+        str, typer.Option(help="Only these layouts, comma-separated (e.g. TP4,TP8); default all.")
+    ] = "",
+    seed: Annotated[int, typer.Option(help="Seed of k-means and of the search.")] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
+) -> None:
+    """OServe: static vs per-hour reload vs heterogeneous layouts on the mixed workload."""
+    from sageserve.commands.bench_oserve import OServeBench, bench_oserve_command
+    from sageserve.sim.scenario import default_scenario_dir
+
+    def hours(v: str, opt: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(x) for x in v.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"{opt}: comma-separated hours, got {v!r}") from None
+
+    try:
+        cfg = OServeBench(
+            scenario=scenario or default_scenario_dir().parent / "oserve-mixed",
+            model=model,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            node_gpus=node_gpus,
+            types=types,
+            tuning_hours=hours(tuning_hours, "--tuning-hours"),
+            held_out_hours=hours(held_out_hours, "--held-out-hours"),
+            span_s=span,
+            replan_s=replan,
+            startup_s=startup,
+            ttft_slo_s=ttft_slo,
+            tpot_slo_s=tpot_slo,
+            predictor=predictor,
+            seed=seed,
+            strategies=tuple(x.strip() for x in strategies.split(",") if x.strip()),
+        )
+        bench_oserve_command(cfg, json_out, console)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
 @bench_app.command("router")
 def bench_router(
     rate: Annotated[

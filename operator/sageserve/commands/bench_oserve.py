@@ -1,0 +1,528 @@
+"""``sageserve bench oserve``: OServe's end-to-end comparison on the mixed workload (issue 18).
+
+On a fixed budget of GPUs of one type (default 16 H100, nodes of 8) and the
+`scenarios/oserve-mixed` day (Azure 2023 code + conversation, a mix that moves over the
+hours), three deployments of one model are replayed through the simulator's instance model
+(`sim/oserve_fleet.py`, which says why it is not the plan-cycle simulator):
+
+(a) **static**: the best homogeneous layout (identical replicas, every (TP, PP) the catalogue
+    offers, as many as pack), chosen by simulating the tuning hours, then run on the held-out
+    hours unchanged (OServe's "vLLM (static)");
+(b) **per-hour reload**: for every held-out hour, the best homogeneous layout *of that hour*,
+    chosen by simulating each candidate on that hour alone (hindsight: more than a real
+    baseline knows), switched to at the hour's start by the switch plan of
+    `plan/layout_switch.plan_switch` (replicas of the same strategy kept, others replaced;
+    every started replica serves after the start-up time, so the switch costs GPUs replaced ×
+    start-up in capacity) (OServe's "vLLM (reload)", with our start-up instead of its 10 s
+    shard transfer);
+(c) **heterogeneous** (sageserve): request types fitted by k-means on the tuning hours
+    (`forecast/request_types.py`), per-type capacity from `perf/capacity.py`; the layout from
+    Algorithm 1 (`plan/layout_search.py`) on the tuning hours' mix; every `--replan` seconds
+    the last interval's per-type arrival rates (classified on predicted output lengths, what
+    the router sees) are the forecast for the next hour, `plan/layout_switch.replan` proposes
+    a layout and switches only when its gain exceeds its cost twice in a row, and the
+    assignment LP (`plan/oserve_assign.py`) of the serving replicas at that mix sets the
+    per-(type, layout) dispatch weights.
+
+Every run starts with its layout deployed and empty at the held-out part's start, and drains
+for `--drain` seconds after the last arrival. Metrics over the held-out arrivals: P99 TTFT,
+P99 end-to-end latency (arrival to last token) and P99 normalized latency (end-to-end per
+output token), throughput (finished requests/s) and throughput at SLO (goodput: requests/s
+that finish with TTFT ≤ `--ttft-slo` and a time per output token after the first ≤
+`--tpot-slo`); an unfinished request counts as infinitely late. "Best" is the highest goodput,
+then the lowest P99 end-to-end latency.
+
+Benchmarks print figures; nothing here is asserted. The pipeline layouts' profiles are
+derived (`perf/pipeline.py`), the per-type capacity analytical, and the output-length
+predictor the default `client-quantile` (per service median) unless `--predictor oracle`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sageserve.core.types import Request
+from sageserve.forecast.request_types import RequestTypes, fit_request_types
+from sageserve.perf.capacity import type_capacity
+from sageserve.perf.model import VariantPerf, load_catalog
+from sageserve.plan.layout_search import (
+    Layout,
+    LayoutSpace,
+    Strategy,
+    canonical,
+    describe,
+    packs,
+    search_layout,
+)
+from sageserve.plan.layout_switch import SwitchGate, Window, plan_switch, replan
+from sageserve.plan.oserve_assign import assign
+from sageserve.route.length_predictor import make_predictor
+from sageserve.sim.oserve_fleet import Fleet, Outcome, strategy_weights
+from sageserve.sim.scenario import load_scenario
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class OServeBench:
+    """What one benchmark run compares (the CLI's options)."""
+
+    scenario: Path
+    model: str = "llama-2-70b"
+    gpu_type: str = "NVIDIA-H100-80GB-HBM3"
+    gpus: int = 16
+    node_gpus: int = 8
+    types: int = 4
+    tuning_hours: tuple[int, ...] = (0, 1, 2, 3)
+    held_out_hours: tuple[int, ...] = (4, 5, 6, 7)
+    #: seconds replayed of each hour (3,600: all of it; less for a quick slice)
+    span_s: float = HOUR_S
+    replan_s: float = 600.0
+    startup_s: float = 600.0
+    confirmations: int = 2
+    ttft_slo_s: float = 5.0
+    tpot_slo_s: float = 0.2
+    predictor: str = "client-quantile"
+    drain_s: float = 1800.0
+    seed: int = 0
+    #: restrict the strategies (e.g. ("TP4", "TP8")); empty: every layout of the catalogue
+    strategies: tuple[str, ...] = ()
+
+
+# ---- the workload ----------------------------------------------------------------------------
+
+
+def part(requests: Sequence[Request], hours: Sequence[int], span_s: float) -> list[Request]:
+    """The requests of `hours` (the first `span_s` seconds of each), back to back from t = 0:
+    hour i of the list occupies [i·span_s, (i+1)·span_s)."""
+    times = [r.arrival for r in requests]
+    out: list[Request] = []
+    for i, h in enumerate(hours):
+        lo = bisect.bisect_left(times, h * HOUR_S)
+        hi = bisect.bisect_left(times, h * HOUR_S + span_s)
+        shift = i * span_s - h * HOUR_S
+        out += [replace(r, arrival=r.arrival + shift) for r in requests[lo:hi]]
+    return out
+
+
+# ---- metrics ---------------------------------------------------------------------------------
+
+
+def _p99(xs: list[float]) -> float:
+    if not xs:
+        return math.nan
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
+
+
+def summarize(
+    outcomes: Sequence[Outcome], duration_s: float, ttft_slo_s: float, tpot_slo_s: float
+) -> dict[str, float]:
+    """Latency percentiles and throughput of one run (see the module doc)."""
+    ttft, e2e, norm = [], [], []
+    finished = good = 0
+    for o in outcomes:
+        if math.isnan(o.e2e):
+            ttft.append(math.inf)
+            e2e.append(math.inf)
+            norm.append(math.inf)
+            continue
+        finished += 1
+        ttft.append(o.ttft)
+        e2e.append(o.e2e)
+        norm.append(o.e2e / max(1, o.output))
+        tpot = (o.e2e - o.ttft) / (o.output - 1) if o.output > 1 else 0.0
+        if o.ttft <= ttft_slo_s and tpot <= tpot_slo_s:
+            good += 1
+    n = len(outcomes)
+    return {
+        "requests": n,
+        "finished": finished,
+        "p99_ttft_s": _p99(ttft),
+        "p99_e2e_s": _p99(e2e),
+        "p99_normalized_s_per_token": _p99(norm),
+        "throughput": finished / duration_s,
+        "goodput": good / duration_s,
+        "slo_attainment": good / n if n else math.nan,
+    }
+
+
+def _score(m: dict[str, float]) -> tuple[float, float]:
+    """Higher is better: goodput, then the lower P99 end-to-end latency."""
+    return (round(m["goodput"], 6), -m["p99_e2e_s"])
+
+
+# ---- the setup ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Setup:
+    cfg: OServeBench
+    perf: dict[Strategy, VariantPerf]
+    types: RequestTypes
+    space: LayoutSpace
+    homogeneous: list[Layout]
+    tuning: list[Request]
+    held_out: list[Request]
+    tuning_rates: tuple[float, ...]
+
+    def perf_of(self, s: Strategy) -> VariantPerf:
+        return self.perf[s]
+
+    def fleet(
+        self, layout: Sequence[Strategy], controller: Any = None, tick_s: float | None = None
+    ) -> Fleet:
+        return Fleet(
+            self.perf_of,
+            layout,
+            self.types,
+            make_predictor(self.cfg.predictor),
+            self.cfg.startup_s,
+            controller,
+            tick_s or self.cfg.replan_s,
+        )
+
+    def simulate(
+        self, fleet: Fleet, requests: Sequence[Request], hours: int
+    ) -> tuple[list[Outcome], dict[str, float]]:
+        end = hours * self.cfg.span_s
+        outs = fleet.run(requests, 0.0, end, self.cfg.drain_s)
+        return outs, summarize(outs, end, self.cfg.ttft_slo_s, self.cfg.tpot_slo_s)
+
+
+def _setup(cfg: OServeBench) -> _Setup:
+    sc = load_scenario(cfg.scenario)
+    requests = sorted(sc.requests(), key=lambda r: r.arrival)
+    tuning = part(requests, cfg.tuning_hours, cfg.span_s)
+    held_out = part(requests, cfg.held_out_hours, cfg.span_s)
+    if not tuning or not held_out:
+        raise ValueError("the tuning or the held-out part holds no request")
+    types = fit_request_types(
+        [r.prompt_tokens for r in tuning], [r.output_tokens for r in tuning], cfg.types, cfg.seed
+    )
+    tuning_rates = types.rates(
+        [r.prompt_tokens for r in tuning],
+        [r.output_tokens for r in tuning],
+        len(cfg.tuning_hours) * cfg.span_s,
+    )
+    cat = load_catalog()
+    arch = cat.architecture(cfg.model)
+    perf: dict[Strategy, VariantPerf] = {}
+    for v in cat.layouts(cfg.model, cfg.gpu_type, cfg.gpus, cfg.node_gpus):
+        s = Strategy(v.tensor_parallel, v.pipeline_parallel)
+        if cfg.strategies and str(s) not in cfg.strategies:
+            continue
+        perf[s] = v
+    if not perf:
+        raise ValueError(f"--strategies: none of {list(cfg.strategies)} is a layout of the model")
+    lengths = [types.centroid_tokens(j) for j in range(types.k)]
+    capacity = {s: tuple(type_capacity(v, i, o) for i, o in lengths) for s, v in perf.items()}
+    space = LayoutSpace(capacity, node_gpus=cfg.node_gpus, attention_heads=arch.attention_heads)
+    homogeneous: list[Layout] = []
+    for d in space.sizes():
+        for s in space.strategies(d):
+            count = cfg.gpus // d
+            while count > 0 and not packs([s] * count, cfg.gpus, cfg.node_gpus):
+                count -= 1
+            if count:
+                homogeneous.append(canonical([s] * count))
+    return _Setup(cfg, perf, types, space, homogeneous, tuning, held_out, tuning_rates)
+
+
+# ---- the three deployments ---------------------------------------------------------------------
+
+
+class _Reload:
+    """Switches to the hour's homogeneous layout at each hour's start (plan_switch's steps)."""
+
+    def __init__(self, setup: _Setup, schedule: Sequence[Layout]) -> None:
+        self.s = setup
+        self.schedule = list(schedule)
+        self.hour = 0
+        self.last_count = [0] * setup.types.k
+        self.last_t = 0.0
+
+    def tick(self, fleet: Fleet, now: float) -> None:
+        cfg = self.s.cfg
+        hour = int(now // cfg.span_s + 1e-9)
+        rates = _observed_rates(fleet, self, now) or self.s.tuning_rates
+        if hour == self.hour or hour >= len(self.schedule):
+            return
+        self.hour = hour
+        target = self.schedule[hour]
+        if canonical(fleet.held()) == canonical(target) or fleet.switching:
+            return
+        plan = plan_switch(
+            self.s.space, fleet.held(), target, cfg.gpus, rates, cfg.startup_s, cfg.node_gpus
+        )
+        fleet.execute(plan, now)
+
+
+def _observed_rates(fleet: Fleet, ctl: Any, now: float) -> tuple[float, ...] | None:
+    """Per-type arrivals/s since the controller's last call (types on predicted lengths)."""
+    dt = now - ctl.last_t
+    counts = list(fleet.type_counts)
+    rates = None
+    if dt > 0:
+        rates = tuple((c - c0) / dt for c, c0 in zip(counts, ctl.last_count, strict=True))
+        if sum(rates) <= 0:
+            rates = None
+    ctl.last_count, ctl.last_t = counts, now
+    return rates
+
+
+class _Hetero:
+    """sageserve's re-plan: layout search + switch gate + assignment weights (module doc)."""
+
+    def __init__(self, setup: _Setup) -> None:
+        self.s = setup
+        self.gate = SwitchGate()
+        self.last_count = [0] * setup.types.k
+        self.last_t = 0.0
+        self.replans = 0
+        self.decisions: list[dict[str, Any]] = []
+
+    def weights(self, fleet: Fleet, rates: Sequence[float]) -> None:
+        serving = [r.strategy for r in fleet.serving()]
+        if not serving:
+            return
+        a = assign(rates, [list(self.s.space.capacity[s]) for s in serving])
+        fleet.set_weights(strategy_weights(serving, a.weights))
+
+    def tick(self, fleet: Fleet, now: float) -> None:
+        cfg = self.s.cfg
+        observed = _observed_rates(fleet, self, now)
+        rates = observed or self.s.tuning_rates
+        if observed is not None and not fleet.switching:
+            self.replans += 1
+            d = replan(
+                self.s.space,
+                fleet.held(),
+                [Window(HOUR_S, tuple(rates))],
+                cfg.gpus,
+                cfg.startup_s,
+                self.gate,
+                seed=cfg.seed,
+                confirmations=cfg.confirmations,
+            )
+            self.gate = d.gate
+            target = d.plan.target if d.plan is not None else fleet.held()
+            self.decisions.append(
+                {"t": now, "switch": d.switch, "target": describe(target), "reason": d.reason}
+            )
+            if d.switch and d.plan is not None:
+                fleet.execute(d.plan, now)
+        self.weights(fleet, rates)
+
+
+def _per_hour(outs: Sequence[Outcome], cfg: OServeBench) -> list[dict[str, float]]:
+    rows = []
+    for i in range(len(cfg.held_out_hours)):
+        lo, hi = i * cfg.span_s, (i + 1) * cfg.span_s
+        sub = [o for o in outs if lo <= o.arrival < hi]
+        rows.append(summarize(sub, cfg.span_s, cfg.ttft_slo_s, cfg.tpot_slo_s))
+    return rows
+
+
+def run_bench(cfg: OServeBench, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The three deployments on the held-out hours (module doc); figures as a dict."""
+    say = progress or (lambda _m: None)
+    t_start = time.perf_counter()
+    s = _setup(cfg)
+    n_tune, n_held = len(cfg.tuning_hours), len(cfg.held_out_hours)
+
+    # (a) static: the best homogeneous layout on the tuning hours
+    tuning_scores: dict[str, dict[str, float]] = {}
+    for lay in s.homogeneous:
+        _, m = s.simulate(s.fleet(lay), s.tuning, n_tune)
+        tuning_scores[describe(lay)] = m
+        say(f"tuning {describe(lay)}: goodput {m['goodput']:.3f}, P99 e2e {m['p99_e2e_s']:.1f} s")
+    static = max(s.homogeneous, key=lambda lay: _score(tuning_scores[describe(lay)]))
+
+    # (b) per-hour reload: the best homogeneous layout of each held-out hour (hindsight)
+    schedule: list[Layout] = []
+    hour_scores: list[dict[str, dict[str, float]]] = []
+    for i in range(n_held):
+        hour = [
+            replace(r, arrival=r.arrival - i * cfg.span_s)
+            for r in s.held_out
+            if i * cfg.span_s <= r.arrival < (i + 1) * cfg.span_s
+        ]
+        scores = {}
+        for lay in s.homogeneous:
+            _, m = s.simulate(s.fleet(lay), hour, 1)
+            scores[describe(lay)] = m
+        hour_scores.append(scores)
+        best = max(s.homogeneous, key=lambda lay: _score(scores[describe(lay)]))
+        schedule.append(best)
+        say(f"held-out hour {cfg.held_out_hours[i]}: best homogeneous {describe(best)}")
+
+    results: dict[str, Any] = {}
+    runs: list[tuple[str, Fleet, Any]] = []
+    runs.append(("static", s.fleet(static), None))
+    reload_ctl = _Reload(s, schedule)
+    # ticks on the hour boundaries
+    runs.append(("per-hour reload", s.fleet(schedule[0], reload_ctl, cfg.span_s), reload_ctl))
+    initial = search_layout(s.space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
+    hetero_ctl = _Hetero(s)
+    runs.append(("heterogeneous", s.fleet(initial, hetero_ctl), hetero_ctl))
+    hetero_outs: list[Outcome] = []
+    for name, fleet, _ctl in runs:
+        outs, m = s.simulate(fleet, s.held_out, n_held)
+        hetero_outs = outs
+        results[name] = {
+            **m,
+            "layouts": [{"t": t, "layout": lay} for t, lay in fleet.stats.layouts],
+            "switches": fleet.stats.switches,
+            "started_gpu_seconds": fleet.stats.started_gpu_seconds,
+            "per_hour": _per_hour(outs, cfg),
+            "requests_per_strategy": _count_by(outs, lambda o: o.strategy),
+        }
+        say(f"{name}: goodput {m['goodput']:.3f}, P99 e2e {m['p99_e2e_s']:.1f} s")
+    results["heterogeneous"]["replans"] = hetero_ctl.replans
+    results["heterogeneous"]["decisions"] = hetero_ctl.decisions
+    results["heterogeneous"]["type_by_strategy"] = {
+        str(j): _count_by([o for o in hetero_outs if o.type == j], lambda o: o.strategy)
+        for j in range(s.types.k)
+    }
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+        "types": [
+            {
+                "prompt_tokens": s.types.centroid_tokens(j)[0],
+                "output_tokens": s.types.centroid_tokens(j)[1],
+                "tuning_rate": s.tuning_rates[j],
+                "capacity": {str(st): s.space.capacity[st][j] for st in s.space.capacity},
+            }
+            for j in range(s.types.k)
+        ],
+        "derived": {str(st): v.derived for st, v in s.perf.items()},
+        "tuning": tuning_scores,
+        "static_layout": describe(static),
+        "reload_schedule": [describe(x) for x in schedule],
+        "hour_scores": hour_scores,
+        "hetero_initial": describe(initial),
+        "results": results,
+        "wall_s": time.perf_counter() - t_start,
+    }
+
+
+def _count_by(outs: Sequence[Outcome], key: Callable[[Outcome], str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in outs:
+        k = key(o)
+        out[k] = out.get(k, 0) + 1
+    return dict(sorted(out.items()))
+
+
+# ---- the command -------------------------------------------------------------------------------
+
+
+def _gain(base: float, new: float) -> str:
+    if not (base > 0 and new > 0) or math.isinf(base) or math.isinf(new):
+        return "n/a"
+    return f"{base / new:.3f}×"
+
+
+def bench_oserve_command(
+    cfg: OServeBench, json_out: Path | None, console: Console
+) -> dict[str, Any]:
+    out = run_bench(cfg, progress=lambda m: console.print(f"[dim]{m}[/dim]"))
+    _print(out, console)
+    if json_out is not None:
+        json_out.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def _print(out: dict[str, Any], console: Console) -> None:
+    cfg = out["config"]
+    console.print(
+        f"OServe on the mixed workload: {cfg['model']} on {cfg['gpus']} × {cfg['gpu_type']} "
+        f"(nodes of {cfg['node_gpus']}), {cfg['scenario']}; tuning hours "
+        f"{list(cfg['tuning_hours'])}, held-out hours {list(cfg['held_out_hours'])} "
+        f"({cfg['span_s']:g} s each); start-up {cfg['startup_s']:g} s, re-plan every "
+        f"{cfg['replan_s']:g} s; SLO: TTFT ≤ {cfg['ttft_slo_s']:g} s and time per output token "
+        f"≤ {cfg['tpot_slo_s']:g} s; predictor {cfg['predictor']}"
+    )
+    types = Table(title="request types (k-means on the tuning hours) and capacity n (req/s)")
+    types.add_column("type", justify="right")
+    types.add_column("prompt", justify="right")
+    types.add_column("output", justify="right")
+    types.add_column("tuning req/s", justify="right")
+    strategies = list(out["types"][0]["capacity"]) if out["types"] else []
+    for st in strategies:
+        types.add_column(st + (" (derived)" if out["derived"].get(st) else ""), justify="right")
+    for j, t in enumerate(out["types"]):
+        types.add_row(
+            str(j),
+            f"{t['prompt_tokens']:.0f}",
+            f"{t['output_tokens']:.0f}",
+            f"{t['tuning_rate']:.3f}",
+            *[f"{t['capacity'][st]:.2f}" for st in strategies],
+        )
+    console.print(types)
+    res = out["results"]
+    het = res["heterogeneous"]
+    table = Table(title="held-out hours: P99 latency and throughput at SLO")
+    cols = (
+        "deployment",
+        "layouts",
+        "switches",
+        "P99 TTFT s",
+        "P99 e2e s",
+        "P99 s/token",
+        "req/s",
+        "goodput req/s",
+        "SLO %",
+        "hetero P99 e2e gain",
+        "hetero goodput gain",
+    )
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("deployment", "layouts") else "right")
+    for name in ("static", "per-hour reload", "heterogeneous"):
+        r = res[name]
+        layouts = " → ".join(dict.fromkeys(x["layout"] for x in r["layouts"]))
+        table.add_row(
+            name,
+            layouts if len(layouts) < 80 else f"{len(r['layouts'])} layouts (--json)",
+            str(r["switches"]),
+            f"{r['p99_ttft_s']:.2f}",
+            f"{r['p99_e2e_s']:.1f}",
+            f"{r['p99_normalized_s_per_token']:.3f}",
+            f"{r['throughput']:.3f}",
+            f"{r['goodput']:.3f}",
+            f"{100 * r['slo_attainment']:.2f}",
+            "—" if name == "heterogeneous" else _gain(r["p99_e2e_s"], het["p99_e2e_s"]),
+            "—" if name == "heterogeneous" else _gain(het["goodput"], r["goodput"]),
+        )
+    console.print(table)
+    hours = Table(title="per held-out hour: P99 e2e s / goodput req/s")
+    hours.add_column("hour", justify="right")
+    hours.add_column("reload layout")
+    for name in ("static", "per-hour reload", "heterogeneous"):
+        hours.add_column(name, justify="right")
+    for i, h in enumerate(cfg["held_out_hours"]):
+        hours.add_row(
+            str(h),
+            out["reload_schedule"][i],
+            *[
+                f"{res[n]['per_hour'][i]['p99_e2e_s']:.1f} / {res[n]['per_hour'][i]['goodput']:.3f}"
+                for n in ("static", "per-hour reload", "heterogeneous")
+            ],
+        )
+    console.print(hours)
+    console.print(
+        f"static layout (tuning): {out['static_layout']}; heterogeneous start: "
+        f"{out['hetero_initial']}, {het['replans']} re-plans, {het['switches']} switches; "
+        f"wall time {out['wall_s']:.1f} s"
+    )

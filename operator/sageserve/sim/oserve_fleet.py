@@ -1,0 +1,330 @@
+"""Several parallelism layouts of one model side by side on a fixed GPU budget (OServe).
+
+The benchmark harness of issue 18 (`sageserve bench oserve`). Why not the plan-cycle
+simulator (`sim/engine.py`): its endpoints hold one variant per (model, region, GPU type)
+and scale instance counts; several (TP, PP) layouts of one model on one GPU type, with
+requests dispatched by type between them, would need endpoints keyed by layout and a picker
+by type through the whole cluster model, a large refactor. The benchmark fixes the GPUs
+anyway, so this harness runs a fixed budget of instances and reuses the simulator's instance
+model (`sim/instance.py`: continuous batching, chunked prefill, KV preemption) with the
+profiles of `PerfCatalog.layout` (measured TP tables, derived pipelines); it writes no second
+instance model.
+
+What it does:
+- **dispatch by type**: each arrival gets a predicted output length (a `route/length_predictor`
+  predictor, learning from finished requests, keyed by the request's client, here the
+  service), and a type from `forecast/request_types.RequestTypes` (nearest centroid in log
+  space on (prompt, predicted output)). With dispatch weights set (per type, per strategy:
+  Σ over the strategy's replicas of the assignment LP's x_{k,j}/λ_j, `plan/oserve_assign.py`),
+  the strategy is chosen by smooth weighted round robin over the strategies with weight
+  (deterministic: after n requests of a type every strategy has had its share within one
+  request), then the replica of that strategy with the fewest tokens left
+  (`remaining_tokens_at`, the pool's and the twin's picker). A type with no weight on any
+  serving strategy, or no weights at all (a homogeneous layout), goes to the least-loaded
+  serving replica;
+- **switching**: `execute(plan)` runs a `plan/layout_switch.SwitchPlan`'s actions in order:
+  consecutive starts begin together and serve after the start-up time; a stop waits until
+  the starts before it serve, then takes the replica of that strategy with the least work
+  off dispatch. A stopped replica drains (it finishes what it holds) and its GPUs are
+  counted free at once: a slight optimism, drains take seconds against a 600 s start-up.
+  Arrivals that find no serving replica wait in a queue until one serves;
+- **a controller** (`Controller`) is called every `tick_s` with the fleet (re-planning,
+  weights, scheduled switches).
+
+Latency per request: TTFT (first token − arrival) and end-to-end (finish − arrival). A
+request that never fits the KV cache, or is still unfinished when the run stops, has no
+latency (counted as missing its SLO).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sageserve.core.types import InstanceState, Request
+from sageserve.forecast.request_types import RequestTypes
+from sageserve.perf.model import VariantPerf
+from sageserve.plan.layout_search import Layout, Strategy, canonical
+from sageserve.plan.layout_switch import SwitchAction, SwitchPlan
+from sageserve.route.length_predictor import LengthPredictor, LengthQuery
+from sageserve.sim.instance import Instance, InstanceHooks, Job
+
+_INF = float("inf")
+_EV_INSTANCE, _EV_READY, _EV_TICK = 0, 1, 2
+
+
+@dataclass
+class Outcome:
+    """One request's result."""
+
+    arrival: float
+    prompt: int
+    output: int
+    client: int
+    type: int
+    strategy: str = ""
+    ttft: float = math.nan
+    e2e: float = math.nan
+
+
+class Controller(Protocol):
+    def tick(self, fleet: Fleet, now: float) -> None:
+        """Called every `tick_s` of simulated time (and once at the start)."""
+        ...
+
+
+class _Replica:
+    __slots__ = ("inst", "ready", "stopped", "strategy")
+
+    def __init__(self, inst: Instance, strategy: Strategy, ready: bool) -> None:
+        self.inst = inst
+        self.strategy = strategy
+        self.ready = ready
+        self.stopped = False
+
+
+def nearest_type(types: RequestTypes, prompt: float, output: float) -> int:
+    """`types.classify` for one request, without numpy (the dispatch path)."""
+    lp, lo = math.log1p(max(0.0, prompt)), math.log1p(max(0.0, output))
+    best, best_d = 0, _INF
+    for j, (cp, co) in enumerate(types.log_centroids):
+        d = (lp - cp) ** 2 + (lo - co) ** 2
+        if d < best_d:
+            best, best_d = j, d
+    return best
+
+
+@dataclass
+class FleetStats:
+    switches: int = 0
+    started_gpu_seconds: float = 0.0
+    layouts: list[tuple[float, str]] = field(default_factory=list)
+
+
+class Fleet(InstanceHooks):
+    """A fixed budget of instances of one model in several layouts (see the module doc)."""
+
+    def __init__(
+        self,
+        perf_of: Callable[[Strategy], VariantPerf],
+        layout: Sequence[Strategy],
+        types: RequestTypes,
+        predictor: LengthPredictor,
+        startup_s: float,
+        controller: Controller | None = None,
+        tick_s: float = 600.0,
+    ) -> None:
+        self.perf_of = perf_of
+        self.types = types
+        self.predictor = predictor
+        self.startup_s = startup_s
+        self.controller = controller
+        self.tick_s = tick_s
+        self.heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self.replicas: list[_Replica] = []
+        self.weights: dict[int, dict[Strategy, float]] | None = None
+        self._credit: dict[int, dict[Strategy, float]] = {}
+        self.pending: deque[Job] = deque()
+        self.outcomes: list[Outcome] = []
+        self.type_counts: list[int] = [0] * types.k
+        self.stats = FleetStats()
+        self._actions: deque[SwitchAction] = deque()
+        self._starting = 0
+        self._n = 0
+        for s in layout:
+            self._add(s, ready=True)
+        self.stats.layouts.append((0.0, self.describe()))
+
+    # ---- InstanceHooks ----------------------------------------------------------------------
+
+    def schedule(self, inst: Instance, when: float) -> None:
+        self._push(when, _EV_INSTANCE, inst)
+
+    def on_idle(self, inst: Instance, now: float) -> None:
+        return None
+
+    def on_finish(self, job: Job, now: float) -> None:
+        out = job.ep
+        assert isinstance(out, Outcome)
+        if now < 0:  # never fits the KV cache: refused
+            return
+        out.ttft = job.first_token - out.arrival
+        out.e2e = now - out.arrival
+        self.predictor.observe(out.client, out.prompt, out.output)
+
+    # ---- layout -----------------------------------------------------------------------------
+
+    def _push(self, when: float, kind: int, obj: object) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (when, self._seq, kind, obj))
+
+    def _add(self, s: Strategy, ready: bool) -> _Replica:
+        self._n += 1
+        inst = Instance(f"{s}-{self._n}", self.perf_of(s), "oserve", self)
+        if not ready:
+            inst.state = InstanceState.PROVISIONING
+        r = _Replica(inst, s, ready)
+        self.replicas.append(r)
+        return r
+
+    def held(self) -> Layout:
+        """Replicas serving or starting (what holds GPUs)."""
+        return canonical(r.strategy for r in self.replicas if not r.stopped)
+
+    def serving(self) -> list[_Replica]:
+        return [r for r in self.replicas if r.ready and not r.stopped]
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for s in self.held():
+            counts[str(s)] = counts.get(str(s), 0) + 1
+        return " + ".join(f"{k} ×{v}" if v > 1 else k for k, v in counts.items())
+
+    @property
+    def switching(self) -> bool:
+        return bool(self._actions) or self._starting > 0
+
+    def execute(self, plan: SwitchPlan, now: float) -> None:
+        """Run a switch plan's actions (see the module doc); one plan at a time."""
+        if self.switching:
+            raise RuntimeError("a switch is already running")
+        if not plan.actions:
+            return
+        self.stats.switches += 1
+        self._actions.extend(plan.actions)
+        self._advance(now)
+
+    def _advance(self, now: float) -> None:
+        while self._actions:
+            a = self._actions[0]
+            if a.kind == "start":
+                self._actions.popleft()
+                r = self._add(a.strategy, ready=False)
+                self._starting += 1
+                self.stats.started_gpu_seconds += a.strategy.gpus * self.startup_s
+                self._push(now + self.startup_s, _EV_READY, r)
+                continue
+            if self._starting:
+                return  # a stop waits for the starts before it to serve
+            self._actions.popleft()
+            victims = [r for r in self.replicas if r.strategy == a.strategy and not r.stopped]
+            if not victims:
+                raise RuntimeError(f"switch plan stops {a.strategy}, which no replica runs")
+            v = min(victims, key=lambda r: (not r.ready, r.inst.remaining_tokens_at(now)))
+            v.stopped = True
+            v.inst.state = InstanceState.DRAINING
+        if not self._starting:
+            self.stats.layouts.append((now, self.describe()))
+
+    def _ready(self, r: _Replica, now: float) -> None:
+        r.ready = True
+        r.inst.state = InstanceState.SERVING
+        self._starting -= 1
+        while self.pending:
+            self._dispatch(self.pending.popleft(), now)
+        self._advance(now)
+
+    # ---- dispatch ---------------------------------------------------------------------------
+
+    def set_weights(self, weights: Mapping[int, Mapping[Strategy, float]] | None) -> None:
+        """Per type, per strategy dispatch weights (None: least-loaded over all replicas)."""
+        if weights is None:
+            self.weights = None
+            return
+        self.weights = {j: {s: w for s, w in ws.items() if w > 0} for j, ws in weights.items()}
+        self._credit = {j: dict.fromkeys(ws, 0.0) for j, ws in self.weights.items()}
+
+    def _dispatch(self, job: Job, now: float) -> None:
+        out = job.ep
+        assert isinstance(out, Outcome)
+        serving = self.serving()
+        if not serving:
+            self.pending.append(job)
+            return
+        pool = serving
+        if self.weights is not None:
+            present = {r.strategy for r in serving}
+            ws = {s: w for s, w in self.weights.get(out.type, {}).items() if s in present}
+            if ws:
+                credit = self._credit.setdefault(out.type, {})
+                total = sum(ws.values())
+                for s, w in ws.items():
+                    credit[s] = credit.get(s, 0.0) + w
+                pick = max(ws, key=lambda s: (credit[s], s))
+                credit[pick] -= total
+                pool = [r for r in serving if r.strategy == pick]
+        best = min(pool, key=lambda r: r.inst.remaining_tokens_at(now))
+        out.strategy = str(best.strategy)
+        best.inst.enqueue(job, now)
+
+    def arrive(self, req: Request, now: float) -> Outcome:
+        pred = self.predictor.predict(LengthQuery(req.client, req.prompt_tokens, req.output_tokens))
+        j = nearest_type(self.types, req.prompt_tokens, pred)
+        self.type_counts[j] += 1
+        out = Outcome(req.arrival, req.prompt_tokens, req.output_tokens, req.client, j)
+        job = Job(req, 0)
+        job.pred_out = pred
+        job.ep = out
+        self.outcomes.append(out)
+        self._dispatch(job, now)
+        return out
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _pop(self, item: tuple[float, int, int, object]) -> None:
+        when, _, kind, obj = item
+        if kind == _EV_INSTANCE:
+            assert isinstance(obj, Instance)
+            if obj.event_time != when:
+                return
+            obj.event_time = _INF
+            obj.update(when)
+        elif kind == _EV_READY:
+            assert isinstance(obj, _Replica)
+            self._ready(obj, when)
+        elif self.controller is not None:
+            self.controller.tick(self, when)
+            self._push(when + self.tick_s, _EV_TICK, None)
+
+    def run(
+        self, requests: Iterable[Request], start_s: float, end_s: float, drain_s: float
+    ) -> list[Outcome]:
+        """Replay the requests arriving in [start_s, end_s), then run `drain_s` more."""
+        heap = self.heap
+        pop = heapq.heappop
+        if self.controller is not None:
+            self._push(start_s, _EV_TICK, None)
+        for req in requests:
+            t = req.arrival
+            if t < start_s:
+                continue
+            if t >= end_s:
+                break
+            while heap and heap[0][0] <= t:
+                self._pop(pop(heap))
+            self.arrive(req, t)
+        hard_end = end_s + drain_s
+        while heap and heap[0][0] <= hard_end:
+            if heap[0][2] == _EV_TICK and heap[0][0] >= end_s:
+                pop(heap)  # no re-planning once arrivals stop
+                continue
+            self._pop(pop(heap))
+        return self.outcomes
+
+
+def strategy_weights(
+    layout: Sequence[Strategy], weights: Sequence[Sequence[float]]
+) -> dict[int, dict[Strategy, float]]:
+    """Per type, per strategy: the assignment's per-replica weights x_{k,j}/λ_j summed over
+    the replicas of each strategy (replicas of one strategy are interchangeable)."""
+    out: dict[int, dict[Strategy, float]] = {}
+    for s, row in zip(layout, weights, strict=True):
+        for j, w in enumerate(row):
+            d = out.setdefault(j, {})
+            d[s] = d.get(s, 0.0) + float(w)
+    return out
