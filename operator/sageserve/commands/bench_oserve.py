@@ -379,7 +379,8 @@ def run_bench(cfg: OServeBench, progress: Callable[[str], None] | None = None) -
     hetero_outs: list[Outcome] = []
     for name, fleet, _ctl in runs:
         outs, m = s.simulate(fleet, s.held_out, n_held)
-        hetero_outs = outs
+        if name == "heterogeneous":
+            hetero_outs = outs
         results[name] = {
             **m,
             "layouts": [{"t": t, "layout": lay} for t, lay in fleet.stats.layouts],
