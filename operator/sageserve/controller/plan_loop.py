@@ -5,7 +5,8 @@ and spot pools from the Nodes, and the current pod sets; runs the same planning 
 simulator runs (`plan.cycle`); records the plan in the policy's status (forecasts, targets,
 objective, solver time, shortfalls) with a `PlanReady` condition, and hands the targets and
 forecasts to the pacing strategy. A plan survives restarts in status: the loop plans again
-only when the one recorded there is older than the interval.
+only when the one recorded there is older than the interval. A `preserve` policy plans per
+window instead (`controller.window_loop`), with no hourly cycle.
 """
 
 from __future__ import annotations
