@@ -6,8 +6,10 @@ on vLLM's sleep-mode API)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -74,40 +76,46 @@ def engines(twin: Twin) -> dict[str, str]:
         return twin.engines[("llm", POD)].state(twin.sim.now)
 
 
+@dataclass
+class Served:
+    """A router in front of the twin's pooled pod, on a free port, its pool sweep running."""
+
+    url: str
+    pools: PoolSwitcher
+    metrics: RouterMetrics
+
+
+@contextlib.asynccontextmanager
+async def serving(twin: Twin) -> AsyncIterator[Served]:
+    found = pool_routes(pool_object())
+    assert found is not None
+    info, routes = found
+    fleet = Fleet()
+    fleet.set_models(routes)
+    fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f")})
+    template = f"http://{twin.address}/pods/{{namespace}}/{{pod}}/port/{{port}}"
+    url = template.format(namespace="llm", pod=POD, port=8000)
+    fleet.set_backends([Backend("llm", POD, "tail", "us-east", "h100", url)])
+    metrics = RouterMetrics()
+    pools = PoolSwitcher(metrics.registry, template)
+    pools.set_pools("llm", [info])
+    pools.set_pods("llm", [pod_object()])
+    router = Router(fleet, RouterConfig(hold_seconds=30.0), metrics)
+    router.pools = pools
+    runner = aiohttp.web.AppRunner(router.app())
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    sweeper = asyncio.create_task(pools.run())
+    try:
+        yield Served(f"http://127.0.0.1:{runner.addresses[0][1]}", pools, metrics)
+    finally:
+        sweeper.cancel()
+        await runner.cleanup()
+
+
 def test_the_router_wakes_what_requests_need_and_sleeps_what_stays_idle(twin: Twin) -> None:
     async def main() -> None:
-        found = pool_routes(pool_object())
-        assert found is not None
-        info, routes = found
-        fleet = Fleet()
-        fleet.set_models(routes)
-        fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f")})
-        template = f"http://{twin.address}/pods/{{namespace}}/{{pod}}/port/{{port}}"
-        fleet.set_backends(
-            [
-                Backend(
-                    "llm",
-                    POD,
-                    "tail",
-                    "us-east",
-                    "h100",
-                    template.format(namespace="llm", pod=POD, port=8000),
-                )
-            ]
-        )
-        metrics = RouterMetrics()
-        pools = PoolSwitcher(metrics.registry, template)
-        pools.set_pools("llm", [info])
-        pools.set_pods("llm", [pod_object()])
-        router = Router(fleet, RouterConfig(hold_seconds=30.0), metrics)
-        router.pools = pools
-        runner = aiohttp.web.AppRunner(router.app())
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        sweeper = asyncio.create_task(pools.run())
-
         def sample(name: str, **labels: str) -> float:
             return metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -117,67 +125,64 @@ def test_the_router_wakes_what_requests_need_and_sleeps_what_stays_idle(twin: Tw
                 await resp.read()
                 return resp.status
 
-        try:
-            async with aiohttp.ClientSession() as client:
-                # the pod's engines start asleep (its launcher leaves them so); the router
-                # reads them, then wakes each model a request needs
-                deadline = time.monotonic() + 10
-                while not pools.pods[("llm", POD)].synced:
-                    assert time.monotonic() < deadline, "the pod was never read"
-                    await asyncio.sleep(0.05)
-                assert await ask(client, "acme/ft-0") == 200
-                assert engines(twin)["acme/ft-0"] == "awake"
-                assert await ask(client, "acme/ft-1") == 200
-                assert await ask(client, "acme/ft-0") == 200  # ft-1 is now the LRU
-                # the quota (2) is full: the least recently used idle model sleeps first
-                assert await ask(client, "acme/ft-2") == 200
-                assert engines(twin) == {
-                    "acme/ft-0": "awake",
-                    "acme/ft-1": "asleep",
-                    "acme/ft-2": "awake",
-                }
-                labels = {"namespace": "llm", "model_deployment": "tail", "region": "us-east"}
-                wakes = sample(
+        async with serving(twin) as served, aiohttp.ClientSession() as client:
+            url, pools, metrics = served.url, served.pools, served.metrics
+            # the pod's engines start asleep (its launcher leaves them so); the router
+            # reads them, then wakes each model a request needs
+            deadline = time.monotonic() + 10
+            while not pools.pods[("llm", POD)].synced:
+                assert time.monotonic() < deadline, "the pod was never read"
+                await asyncio.sleep(0.05)
+            assert await ask(client, "acme/ft-0") == 200
+            assert engines(twin)["acme/ft-0"] == "awake"
+            assert await ask(client, "acme/ft-1") == 200
+            assert await ask(client, "acme/ft-0") == 200  # ft-1 is now the LRU
+            # the quota (2) is full: the least recently used idle model sleeps first
+            assert await ask(client, "acme/ft-2") == 200
+            assert engines(twin) == {
+                "acme/ft-0": "awake",
+                "acme/ft-1": "asleep",
+                "acme/ft-2": "awake",
+            }
+            labels = {"namespace": "llm", "model_deployment": "tail", "region": "us-east"}
+            wakes = sample(
+                "sageserve_router_pool_switches_total",
+                **labels,
+                action="wake",
+                reason="request",
+            )
+            evicted = sample(
+                "sageserve_router_pool_switches_total", **labels, action="sleep", reason="evict"
+            )
+            assert (wakes, evicted) == (3, 1)
+            assert sample("sageserve_router_pool_requests_total", **labels, model="m0") == 2
+            # a burst on a sleeping model: every request of it served after one wake
+            statuses = await asyncio.gather(*(ask(client, "acme/ft-1") for _ in range(8)))
+            assert statuses == [200] * 8
+            assert (
+                sample(
                     "sageserve_router_pool_switches_total",
                     **labels,
                     action="wake",
                     reason="request",
                 )
-                evicted = sample(
-                    "sageserve_router_pool_switches_total", **labels, action="sleep", reason="evict"
+                == 4
+            )
+            # idle past idleSleepSeconds (2 s): every model goes to sleep
+            deadline = time.monotonic() + 20
+            while set(engines(twin).values()) != {"asleep"}:
+                assert time.monotonic() < deadline, engines(twin)
+                await asyncio.sleep(0.1)
+            assert (
+                sample(
+                    "sageserve_router_pool_switches_total",
+                    **labels,
+                    action="sleep",
+                    reason="idle",
                 )
-                assert (wakes, evicted) == (3, 1)
-                assert sample("sageserve_router_pool_requests_total", **labels, model="m0") == 2
-                # a burst on a sleeping model: every request of it served after one wake
-                statuses = await asyncio.gather(*(ask(client, "acme/ft-1") for _ in range(8)))
-                assert statuses == [200] * 8
-                assert (
-                    sample(
-                        "sageserve_router_pool_switches_total",
-                        **labels,
-                        action="wake",
-                        reason="request",
-                    )
-                    == 4
-                )
-                # idle past idleSleepSeconds (2 s): every model goes to sleep
-                deadline = time.monotonic() + 20
-                while set(engines(twin).values()) != {"asleep"}:
-                    assert time.monotonic() < deadline, engines(twin)
-                    await asyncio.sleep(0.1)
-                assert (
-                    sample(
-                        "sageserve_router_pool_switches_total",
-                        **labels,
-                        action="sleep",
-                        reason="idle",
-                    )
-                    == 2
-                )
-                assert sample("sageserve_router_held_requests", **labels) == 0
-        finally:
-            sweeper.cancel()
-            await runner.cleanup()
+                == 2
+            )
+            assert sample("sageserve_router_held_requests", **labels) == 0
 
     asyncio.run(main())
 
@@ -194,51 +199,26 @@ def test_a_request_for_a_pod_whose_engines_are_not_up_yet_is_held_not_failed() -
     twin = Twin(sim, AcceleratedClock(speed=1), lambda: list(served), refresh_s=0.1, tick_s=0.05)
 
     async def main() -> None:
-        found = pool_routes(pool_object())
-        assert found is not None
-        pool, routes = found
-        fleet = Fleet()
-        fleet.set_models(routes)
-        fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f")})
-        template = f"http://{twin.address}/pods/{{namespace}}/{{pod}}/port/{{port}}"
-        url = template.format(namespace="llm", pod=POD, port=8000)
-        fleet.set_backends([Backend("llm", POD, "tail", "us-east", "h100", url)])
-        metrics = RouterMetrics()
-        pools = PoolSwitcher(metrics.registry, template)
-        pools.set_pools("llm", [pool])
-        pools.set_pods("llm", [pod_object()])
-        router = Router(fleet, RouterConfig(hold_seconds=30.0), metrics)
-        router.pools = pools
-        runner = aiohttp.web.AppRunner(router.app())
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        sweeper = asyncio.create_task(pools.run())
-        try:
-            async with aiohttp.ClientSession() as client:
+        async with serving(twin) as got, aiohttp.ClientSession() as client:
 
-                async def ask() -> int:
-                    body = {"model": "acme/ft-0", "prompt": "hi", "max_tokens": 4}
-                    async with client.post(f"{base}/v1/completions", json=body) as resp:
-                        await resp.read()
-                        return resp.status
+            async def ask() -> int:
+                body = {"model": "acme/ft-0", "prompt": "hi", "max_tokens": 4}
+                async with client.post(f"{got.url}/v1/completions", json=body) as resp:
+                    await resp.read()
+                    return resp.status
 
-                asking = asyncio.gather(*(ask() for _ in range(4)))
-                await asyncio.sleep(2.0)  # several sweeps find the engines unanswering
-                assert not pools.pods[("llm", POD)].synced
-                assert (
-                    metrics.registry.get_sample_value(
-                        "sageserve_router_held_requests",
-                        {"namespace": "llm", "model_deployment": "tail", "region": "us-east"},
-                    )
-                    == 4
+            asking = asyncio.gather(*(ask() for _ in range(4)))
+            await asyncio.sleep(2.0)  # several sweeps find the engines unanswering
+            assert not got.pools.pods[("llm", POD)].synced
+            assert (
+                got.metrics.registry.get_sample_value(
+                    "sageserve_router_held_requests",
+                    {"namespace": "llm", "model_deployment": "tail", "region": "us-east"},
                 )
-                served.append(info)  # the engines come up
-                assert await asking == [200] * 4
-        finally:
-            sweeper.cancel()
-            await runner.cleanup()
+                == 4
+            )
+            served.append(info)  # the engines come up
+            assert await asking == [200] * 4
 
     with twin:
         asyncio.run(main())
