@@ -288,10 +288,70 @@ def calibrate(
             "decodeTokensPerSecond) on the prompt- and decode-heavy quarters of the mix.",
         ),
     ] = False,
+    by_type: Annotated[
+        bool,
+        typer.Option(
+            "--by-type",
+            help="Instead: n (req/s) per parallelism layout and request type at an SLO, for "
+            "`bench oserve --capacity-file` (default scenario: scenarios/oserve-mixed).",
+        ),
+    ] = False,
+    model: Annotated[str, typer.Option(help="--by-type: perf profile.")] = "llama-2-70b",
+    gpu_type: Annotated[
+        str, typer.Option("--gpu-type", help="--by-type: GPU type.")
+    ] = "NVIDIA-H100-80GB-HBM3",
+    gpus: Annotated[int, typer.Option(help="--by-type: GPU budget (layouts up to it).")] = 16,
+    node_gpus: Annotated[int, typer.Option("--node-gpus", help="--by-type: GPUs per node.")] = 8,
+    types: Annotated[int, typer.Option(help="--by-type: request types (k-means).")] = 4,
+    hours: Annotated[
+        str, typer.Option(help="--by-type: hours whose requests define the types.")
+    ] = "0,1,2,3",
+    span: Annotated[float, typer.Option(help="--by-type: seconds of each hour.")] = 3600.0,
+    ttft_slo: Annotated[float, typer.Option("--ttft-slo", help="--by-type: TTFT SLO (s).")] = 5.0,
+    tpot_slo: Annotated[
+        float, typer.Option("--tpot-slo", help="--by-type: time per output token SLO (s).")
+    ] = 0.2,
+    slo_attainment: Annotated[
+        float, typer.Option("--slo-attainment", help="--by-type: share meeting the SLO.")
+    ] = 0.9,
+    requests: Annotated[int, typer.Option(help="--by-type: arrivals per probe.")] = 2000,
+    steps: Annotated[int, typer.Option(help="--by-type: bisection steps.")] = 7,
+    strategies: Annotated[
+        str, typer.Option(help="--by-type: only these layouts, comma-separated.")
+    ] = "",
+    seed: Annotated[int, typer.Option(help="--by-type: seed of k-means and arrivals.")] = 0,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="--by-type: write n to this JSON/YAML file.")
+    ] = None,
 ) -> None:
-    """Measure θ (capacityTokensPerSecond) of each variant on the scenario's request mix."""
+    """Measure θ (capacityTokensPerSecond) of each variant on the scenario's request mix;
+    with --by-type, n per (layout, request type) at a latency SLO."""
     from sageserve.commands.sim import calibrate_command
 
+    if by_type:
+        from sageserve.commands.calibrate_types import ByTypeCalibration, calibrate_by_type_command
+        from sageserve.sim.scenario import default_scenario_dir
+        from sageserve.sim.type_capacity import ProbeSettings, SloSpec
+
+        try:
+            cfg = ByTypeCalibration(
+                scenario=scenario or default_scenario_dir().parent / "oserve-mixed",
+                model=model,
+                gpu_type=gpu_type,
+                gpus=gpus,
+                node_gpus=node_gpus,
+                types=types,
+                hours=tuple(int(x) for x in hours.split(",") if x.strip()),
+                span_s=span,
+                slo=SloSpec(ttft_slo, tpot_slo, slo_attainment),
+                settings=ProbeSettings(requests=requests, steps=steps, seed=seed),
+                strategies=tuple(x.strip() for x in strategies.split(",") if x.strip()),
+            )
+            calibrate_by_type_command(cfg, out, console)
+        except (FileNotFoundError, ValueError, KeyError) as e:
+            err_console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from None
+        return
     try:
         calibrate_command(scenario, kv_target, minutes, console, preserve)
     except (FileNotFoundError, ValueError, KeyError) as e:
@@ -464,6 +524,24 @@ def bench_oserve(
         str, typer.Option(help="Only these layouts, comma-separated (e.g. TP4,TP8); default all.")
     ] = "",
     seed: Annotated[int, typer.Option(help="Seed of k-means and of the search.")] = 0,
+    capacity: Annotated[
+        str,
+        typer.Option(
+            help="Per-type capacity n of the search and the assignment: measured (the "
+            "simulator at the SLO) or analytical (max throughput, no SLO)."
+        ),
+    ] = "analytical",
+    capacity_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--capacity-file",
+            help="With --capacity measured: read n from `sageserve calibrate --by-type --out`.",
+        ),
+    ] = None,
+    slo_attainment: Annotated[
+        float,
+        typer.Option("--slo-attainment", help="Share of requests meeting the SLO, measured n."),
+    ] = 0.9,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
 ) -> None:
     """OServe: static vs per-hour reload vs heterogeneous layouts on the mixed workload."""
@@ -494,6 +572,9 @@ def bench_oserve(
             predictor=predictor,
             seed=seed,
             strategies=tuple(x.strip() for x in strategies.split(",") if x.strip()),
+            capacity=capacity,
+            capacity_file=capacity_file,
+            slo_attainment=slo_attainment,
         )
         bench_oserve_command(cfg, json_out, console)
     except (ValueError, KeyError, FileNotFoundError) as e:

@@ -53,7 +53,6 @@ from rich.table import Table
 
 from sageserve.core.types import Request
 from sageserve.forecast.request_types import RequestTypes, fit_request_types
-from sageserve.perf.capacity import type_capacity
 from sageserve.perf.model import VariantPerf, load_catalog
 from sageserve.plan.layout_search import (
     Layout,
@@ -69,6 +68,7 @@ from sageserve.plan.oserve_assign import assign
 from sageserve.route.length_predictor import make_predictor
 from sageserve.sim.oserve_fleet import Fleet, Outcome, strategy_weights
 from sageserve.sim.scenario import load_scenario
+from sageserve.sim.type_capacity import CapacityContext, ProbeSettings, SloSpec, capacity_table
 
 HOUR_S = 3600.0
 
@@ -97,6 +97,13 @@ class OServeBench:
     seed: int = 0
     #: restrict the strategies (e.g. ("TP4", "TP8")); empty: every layout of the catalogue
     strategies: tuple[str, ...] = ()
+    #: where n_{k,j} comes from (`sim/type_capacity.CAPACITY_SOURCES`): "measured" (the
+    #: simulator at the SLO, or `capacity_file` written by `calibrate --by-type`) or
+    #: "analytical" (`perf/capacity.py`, maximum throughput, no SLO)
+    capacity: str = "analytical"
+    capacity_file: Path | None = None
+    #: the share of requests that must meet the SLO for a measured n
+    slo_attainment: float = 0.9
 
 
 # ---- the workload ----------------------------------------------------------------------------
@@ -225,8 +232,15 @@ def _setup(cfg: OServeBench) -> _Setup:
         perf[s] = v
     if not perf:
         raise ValueError(f"--strategies: none of {list(cfg.strategies)} is a layout of the model")
-    lengths = [types.centroid_tokens(j) for j in range(types.k)]
-    capacity = {s: tuple(type_capacity(v, i, o) for i, o in lengths) for s, v in perf.items()}
+    ctx = CapacityContext(
+        perf,
+        types,
+        [(r.prompt_tokens, r.output_tokens) for r in tuning],
+        SloSpec(cfg.ttft_slo_s, cfg.tpot_slo_s, cfg.slo_attainment),
+        ProbeSettings(seed=cfg.seed),
+        cfg.capacity_file,
+    )
+    capacity = capacity_table(cfg.capacity, ctx)
     space = LayoutSpace(capacity, node_gpus=cfg.node_gpus, attention_heads=arch.attention_heads)
     homogeneous: list[Layout] = []
     for d in space.sizes():
@@ -455,7 +469,10 @@ def _print(out: dict[str, Any], console: Console) -> None:
         f"{cfg['replan_s']:g} s; SLO: TTFT ≤ {cfg['ttft_slo_s']:g} s and time per output token "
         f"≤ {cfg['tpot_slo_s']:g} s; predictor {cfg['predictor']}"
     )
-    types = Table(title="request types (k-means on the tuning hours) and capacity n (req/s)")
+    types = Table(
+        title=f"request types (k-means on the tuning hours) and capacity n (req/s, "
+        f"{cfg.get('capacity', 'analytical')})"
+    )
     types.add_column("type", justify="right")
     types.add_column("prompt", justify="right")
     types.add_column("output", justify="right")
