@@ -16,7 +16,9 @@ hours), three deployments of one model are replayed through the simulator's inst
     start-up in capacity) (OServe's "vLLM (reload)", with our start-up instead of its 10 s
     shard transfer);
 (c) **heterogeneous** (sageserve): request types fitted by k-means on the tuning hours
-    (`forecast/request_types.py`), per-type capacity from `perf/capacity.py`; the layout from
+    (`forecast/request_types.py`), per-type capacity n from the source `--capacity` names
+    (`sim/type_capacity.CAPACITY_SOURCES`: `analytical`, `perf/capacity.py`, the default;
+    `measured`, the simulator at the SLO, `calibrate --by-type`); the layout from
     Algorithm 1 (`plan/layout_search.py`) on the tuning hours' mix; every `--replan` seconds
     the last interval's per-type arrival rates (classified on predicted output lengths, what
     the router sees) are the forecast for the next hour, `plan/layout_switch.replan` proposes
@@ -33,7 +35,7 @@ that finish with TTFT ≤ `--ttft-slo` and a time per output token after the fir
 then the lowest P99 end-to-end latency.
 
 Benchmarks print figures; nothing here is asserted. The pipeline layouts' profiles are
-derived (`perf/pipeline.py`), the per-type capacity analytical, and the output-length
+derived (`perf/pipeline.py`), the per-type capacity analytical by default, and the output-length
 predictor the default `client-quantile` (per service median) unless `--predictor oracle`.
 """
 
