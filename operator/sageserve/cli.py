@@ -528,7 +528,8 @@ def bench_oserve(
         str,
         typer.Option(
             help="Per-type capacity n of the search and the assignment: measured (the "
-            "simulator at the SLO) or analytical (max throughput, no SLO)."
+            "simulator at the SLO), analytical (max throughput, no SLO), or auto (the one "
+            "whose plan scores best on the tuning hours)."
         ),
     ] = "analytical",
     capacity_file: Annotated[

@@ -145,3 +145,26 @@ def test_the_cli_flag_runs() -> None:
     )
     assert res.exit_code == 0, res.output
     assert "TP4" in res.output
+
+
+def test_bench_capacity_auto_chooses_the_source_on_the_tuning_hours() -> None:
+    from sageserve.commands.bench_oserve import OServeBench, run_bench
+
+    cfg = OServeBench(
+        scenario=SCENARIO,
+        tuning_hours=(0,),
+        held_out_hours=(4,),
+        span_s=60.0,
+        replan_s=30.0,
+        startup_s=20.0,
+        drain_s=300.0,
+        types=2,
+        strategies=("TP4", "TP8"),
+        capacity="auto",
+    )
+    out = run_bench(cfg)
+    tuned = out["capacity_tuning"]
+    assert set(tuned) == {"analytical", "measured"}
+    best = max(tuned, key=lambda n: (round(tuned[n]["goodput"], 6), -tuned[n]["p99_e2e_s"]))
+    assert out["capacity_source"] == best
+    assert set(out["results"]) == {"static", "per-hour reload", "heterogeneous"}

@@ -46,7 +46,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,18 @@ from sageserve.plan.oserve_assign import assign
 from sageserve.route.length_predictor import make_predictor
 from sageserve.sim.oserve_fleet import Fleet, Outcome, strategy_weights
 from sageserve.sim.scenario import load_scenario
-from sageserve.sim.type_capacity import CapacityContext, ProbeSettings, SloSpec, capacity_table
+from sageserve.sim.type_capacity import (
+    CAPACITY_SOURCES,
+    CapacityContext,
+    ProbeSettings,
+    SloSpec,
+    capacity_table,
+)
 
 HOUR_S = 3600.0
+#: `--capacity auto`: run the heterogeneous plan on the tuning hours with every capacity
+#: source and keep the one that scores best there (chosen on tuning, reported on held-out)
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,8 @@ class OServeBench:
     strategies: tuple[str, ...] = ()
     #: where n_{k,j} comes from (`sim/type_capacity.CAPACITY_SOURCES`): "measured" (the
     #: simulator at the SLO, or `capacity_file` written by `calibrate --by-type`) or
-    #: "analytical" (`perf/capacity.py`, maximum throughput, no SLO)
+    #: "analytical" (`perf/capacity.py`, maximum throughput, no SLO), or "auto" (each
+    #: source's heterogeneous plan run on the tuning hours, the best kept)
     capacity: str = "analytical"
     capacity_file: Path | None = None
     #: the share of requests that must meet the SLO for a measured n
@@ -184,6 +194,8 @@ class _Setup:
     tuning: list[Request]
     held_out: list[Request]
     tuning_rates: tuple[float, ...]
+    #: the layout space of every capacity source the run considers (one, or all with `auto`)
+    spaces: dict[str, LayoutSpace] = field(default_factory=dict)
 
     def perf_of(self, s: Strategy) -> VariantPerf:
         return self.perf[s]
@@ -242,8 +254,14 @@ def _setup(cfg: OServeBench) -> _Setup:
         ProbeSettings(seed=cfg.seed),
         cfg.capacity_file,
     )
-    capacity = capacity_table(cfg.capacity, ctx)
-    space = LayoutSpace(capacity, node_gpus=cfg.node_gpus, attention_heads=arch.attention_heads)
+    names = sorted(CAPACITY_SOURCES) if cfg.capacity == AUTO else [cfg.capacity]
+    spaces = {
+        name: LayoutSpace(
+            capacity_table(name, ctx), node_gpus=cfg.node_gpus, attention_heads=arch.attention_heads
+        )
+        for name in names
+    }
+    space = spaces[names[0]]
     homogeneous: list[Layout] = []
     for d in space.sizes():
         for s in space.strategies(d):
@@ -252,7 +270,7 @@ def _setup(cfg: OServeBench) -> _Setup:
                 count -= 1
             if count:
                 homogeneous.append(canonical([s] * count))
-    return _Setup(cfg, perf, types, space, homogeneous, tuning, held_out, tuning_rates)
+    return _Setup(cfg, perf, types, space, homogeneous, tuning, held_out, tuning_rates, spaces)
 
 
 # ---- the three deployments ---------------------------------------------------------------------
@@ -389,6 +407,21 @@ def run_bench(cfg: OServeBench, progress: Callable[[str], None] | None = None) -
     reload_ctl = _Reload(s, schedule)
     # ticks on the hour boundaries
     runs.append(("per-hour reload", s.fleet(schedule[0], reload_ctl, cfg.span_s), reload_ctl))
+    capacity_tuning: dict[str, dict[str, float]] = {}
+    if len(s.spaces) > 1:  # --capacity auto: choose the source on the tuning hours
+        for name, space in s.spaces.items():
+            trial = replace(s, space=space)
+            start = search_layout(space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
+            _, m = trial.simulate(trial.fleet(start, _Hetero(trial)), s.tuning, n_tune)
+            capacity_tuning[name] = m
+            say(
+                f"tuning heterogeneous with {name} n ({describe(start)}): goodput "
+                f"{m['goodput']:.3f}, P99 e2e {m['p99_e2e_s']:.1f} s"
+            )
+        chosen = max(s.spaces, key=lambda n: _score(capacity_tuning[n]))
+        s = replace(s, space=s.spaces[chosen])
+    else:
+        chosen = next(iter(s.spaces), cfg.capacity)
     initial = search_layout(s.space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
     hetero_ctl = _Hetero(s)
     runs.append(("heterogeneous", s.fleet(initial, hetero_ctl), hetero_ctl))
@@ -429,6 +462,8 @@ def run_bench(cfg: OServeBench, progress: Callable[[str], None] | None = None) -
         "reload_schedule": [describe(x) for x in schedule],
         "hour_scores": hour_scores,
         "hetero_initial": describe(initial),
+        "capacity_source": chosen,
+        "capacity_tuning": capacity_tuning,
         "results": results,
         "wall_s": time.perf_counter() - t_start,
     }
@@ -473,7 +508,7 @@ def _print(out: dict[str, Any], console: Console) -> None:
     )
     types = Table(
         title=f"request types (k-means on the tuning hours) and capacity n (req/s, "
-        f"{cfg.get('capacity', 'analytical')})"
+        f"{out.get('capacity_source', cfg.get('capacity', 'analytical'))})"
     )
     types.add_column("type", justify="right")
     types.add_column("prompt", justify="right")
