@@ -531,7 +531,7 @@ def bench_oserve(
             "simulator at the SLO), analytical (max throughput, no SLO), or auto (the one "
             "whose plan scores best on the tuning hours)."
         ),
-    ] = "analytical",
+    ] = "auto",
     capacity_file: Annotated[
         Path | None,
         typer.Option(

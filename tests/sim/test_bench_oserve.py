@@ -33,6 +33,7 @@ def test_the_benchmark_runs_on_a_slice_and_reports_the_three_deployments(
         startup_s=20.0,
         drain_s=900.0,
         strategies=("TP4", "TP8", "TP4xPP2"),
+        capacity="analytical",  # `auto` and `measured`: tests/sim/test_type_capacity.py
     )
     console = Console(record=True, width=250)
     out = bench_oserve_command(cfg, tmp_path / "o.json", console)

@@ -17,8 +17,9 @@ hours), three deployments of one model are replayed through the simulator's inst
     shard transfer);
 (c) **heterogeneous** (sageserve): request types fitted by k-means on the tuning hours
     (`forecast/request_types.py`), per-type capacity n from the source `--capacity` names
-    (`sim/type_capacity.CAPACITY_SOURCES`: `analytical`, `perf/capacity.py`, the default;
-    `measured`, the simulator at the SLO, `calibrate --by-type`); the layout from
+    (`sim/type_capacity.CAPACITY_SOURCES`: `analytical`, `perf/capacity.py`; `measured`, the
+    simulator at the SLO, `calibrate --by-type`; by default `auto`: each source's plan is run
+    on the tuning hours and the better kept); the layout from
     Algorithm 1 (`plan/layout_search.py`) on the tuning hours' mix; every `--replan` seconds
     the last interval's per-type arrival rates (classified on predicted output lengths, what
     the router sees) are the forecast for the next hour, `plan/layout_switch.replan` proposes
@@ -35,7 +36,7 @@ that finish with TTFT ≤ `--ttft-slo` and a time per output token after the fir
 then the lowest P99 end-to-end latency.
 
 Benchmarks print figures; nothing here is asserted. The pipeline layouts' profiles are
-derived (`perf/pipeline.py`), the per-type capacity analytical by default, and the output-length
+derived (`perf/pipeline.py`), the per-type capacity analytical or measured, and the output-length
 predictor the default `client-quantile` (per service median) unless `--predictor oracle`.
 """
 
@@ -112,7 +113,7 @@ class OServeBench:
     #: simulator at the SLO, or `capacity_file` written by `calibrate --by-type`) or
     #: "analytical" (`perf/capacity.py`, maximum throughput, no SLO), or "auto" (each
     #: source's heterogeneous plan run on the tuning hours, the best kept)
-    capacity: str = "analytical"
+    capacity: str = "auto"
     capacity_file: Path | None = None
     #: the share of requests that must meet the SLO for a measured n
     slo_attainment: float = 0.9
