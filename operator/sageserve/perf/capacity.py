@@ -22,8 +22,8 @@ prefill):
 
 A request longer than the context length or than the KV cache can hold gets n = 0 (vLLM
 refuses it). What is not in n: any latency SLO (the paper's n is the maximum throughput, not
-throughput at an SLO) and queueing. `sageserve calibrate --by-type` (not done yet, issue 18)
-is to measure n on the simulator instead.
+throughput at an SLO) and queueing. `sageserve calibrate --by-type` (`sim/type_capacity.py`)
+measures n on the simulator at an SLO instead; `bench oserve --capacity` chooses between them.
 """
 
 from __future__ import annotations
