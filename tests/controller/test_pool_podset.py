@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from sageserve.api.model_pool import ModelPool
+from sageserve.api.scaling_policy import Strategy
 from sageserve.controller.pool import (
     engine_args,
     launcher_script,
     pool_problems,
+    pool_sizing,
     render_pool_pod_sets,
 )
 from sageserve.core.pool import pooled_engines
@@ -99,3 +103,24 @@ def test_a_missing_policy_or_tier_is_named_with_its_fix() -> None:
     problems = pool_problems(pool(tiers=["iw-f", "gold"]), policies=[], tiers=["iw-f"])
     assert [p.reason for p in problems] == ["PolicyNotFound", "TierNotFound"]
     assert "spec.tiers" in problems[1].message and "gold" in problems[1].message
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sized", "reason"),
+    [
+        (Strategy.LT_IMMEDIATE, True, "Planned"),
+        (Strategy.LT_UTILIZATION, True, "Planned"),
+        (Strategy.LT_UTILIZATION_ARIMA, True, "Planned"),
+        (Strategy.REACTIVE, False, "StrategyDoesNotSizePools"),
+        (Strategy.PRESERVE, False, "StrategyDoesNotSizePools"),
+    ],
+)
+def test_a_pool_under_a_strategy_that_does_not_plan_says_it_keeps_its_size(
+    strategy: Strategy, sized: bool, reason: str
+) -> None:
+    got, why, message = pool_sizing("fleet", strategy)
+    assert (got, why) == (sized, reason)
+    if not sized:  # the field, the strategy and both ways out
+        assert message.startswith("spec.policyRef.name: ScalingPolicy 'fleet'")
+        assert strategy.value in message and "lt-utilization-arima" in message
+        assert "minInstances = maxInstances" in message

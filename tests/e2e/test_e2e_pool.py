@@ -225,6 +225,8 @@ def test_pooled_models_wake_for_a_burst_sleep_when_idle_and_the_plan_sizes_the_p
             )
             assert pool["status"]["targetInstances"] == 3
             assert pool["status"]["expectedActiveModels"] > 4  # more than 2 pods of 2 awake
+            sized = [c for c in pool["status"]["conditions"] if c["type"] == "Sized"]
+            assert [(c["status"], c["reason"]) for c in sized] == [("True", "Planned")]
             events = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
             assert "PoolResized" in events
     finally:

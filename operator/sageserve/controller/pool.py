@@ -26,10 +26,11 @@ import kopf
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import pod_set_name
 from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
+from sageserve.api.scaling_policy import ScalingPolicy, Strategy
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.podset import engine_probes, gpu_deployment, pod_set_metadata
 from sageserve.controller.semantics import SemanticProblem
-from sageserve.controller.status import model_deployment_status
+from sageserve.controller.status import model_deployment_status, set_condition
 from sageserve.core.labels import (
     DEFAULT_NODE_LABELS,
     GPU_RESOURCE,
@@ -221,6 +222,37 @@ def pool_problems(
     return out
 
 
+#: The strategies whose plan sizes ModelPools: the hourly cycle's (`plan/pool_cycle.py`).
+SIZING_STRATEGIES = (
+    Strategy.LT_IMMEDIATE,
+    Strategy.LT_UTILIZATION,
+    Strategy.LT_UTILIZATION_ARIMA,
+)
+
+
+def pool_sizing(policy: str, strategy: Strategy) -> tuple[bool, str, str]:
+    """The pool's `Sized` condition under its policy's strategy: (status, reason, message).
+
+    Only the hourly plan cycle forecasts each pooled model's request rate and sizes the pool
+    from E[m] (Aegaeon §3, in the same ILP as the ModelDeployments); under any other
+    strategy the pool would silently keep its initial size, so it says so."""
+    if strategy in SIZING_STRATEGIES:
+        return (
+            True,
+            "Planned",
+            f"sized by ScalingPolicy {policy!r}'s hourly plan (strategy {strategy.value})",
+        )
+    planners = ", ".join(s.value for s in SIZING_STRATEGIES)
+    return (
+        False,
+        "StrategyDoesNotSizePools",
+        f"spec.policyRef.name: ScalingPolicy {policy!r} uses strategy {strategy.value}, which "
+        f"does not size ModelPools; each region keeps initialInstances (else minInstances). "
+        f"Point the pool at a policy with strategy {planners}, or pin the size with "
+        "minInstances = maxInstances",
+    )
+
+
 def parse_pool(body: Mapping[str, Any]) -> ModelPool:
     return ModelPool.model_validate(
         {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
@@ -263,6 +295,28 @@ def reconcile_pool(body: Mapping[str, Any], namespace: str, uid: str) -> dict[st
     # the plan's size, where a plan set one, stays the target
     if "targetInstances" in previous and "targetInstances" in status:
         status["targetInstances"] = previous["targetInstances"]
+    name = pool.spec.policy_ref.name
+    for raw in k.objects(namespace, "scalingpolicies"):
+        if raw["metadata"]["name"] != name:
+            continue
+        try:
+            strategy = ScalingPolicy.model_validate(
+                {f: raw[f] for f in ("apiVersion", "kind", "metadata", "spec") if f in raw}
+            ).spec.strategy
+        except ValueError:
+            break  # the policy reports its own problem
+        sized, reason, message = pool_sizing(name, strategy)
+        status["conditions"] = set_condition(
+            status["conditions"],
+            "Sized",
+            sized,
+            reason,
+            message,
+            datetime.now(UTC),
+            body["metadata"].get("generation"),
+        )
+        if not sized:
+            k.event(dict(body), "Warning", reason, message)
     return status
 
 
