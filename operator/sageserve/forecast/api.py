@@ -170,8 +170,9 @@ def _run(
         point = peak
         highs = [peak + gaussian_z(q) * vol * math.sqrt(last) for q in wanted]
         notes.append(f"only {errors.size} calibration origins: Gaussian upper quantile")
-    point_tps = float(np.expm1(point))
-    upper_all = [float(np.expm1(max(h, point))) for h in highs]
+    with np.errstate(over="ignore"):  # an overflow is refused just below, not printed
+        point_tps = float(np.expm1(point))
+        upper_all = [float(np.expm1(max(h, point))) for h in highs]
     if not all(math.isfinite(v) for v in (point_tps, *upper_all)):
         raise FloatingPointError(f"{name} produced a non-finite forecast")
     return Forecast(
