@@ -249,8 +249,9 @@ def test_the_router_renders_hardened_like_the_operator(
         "capabilities": {"drop": ["ALL"]},
     }
     assert container["resources"]["requests"] and container["resources"]["limits"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # alive once it listens; ready (in the Service) once discovery has listed the cluster
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     port = 9000 if "router.port=9000" in sets else 8080
     assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     env = {e["name"]: e.get("value") for e in container["env"]}

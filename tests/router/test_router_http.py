@@ -229,6 +229,31 @@ def test_a_model_at_zero_holds_requests_publishes_the_demand_and_serves_once_a_p
     run(scenario, {"east-0": ("us-east", False)})
 
 
+def test_a_replica_that_has_not_listed_the_cluster_holds_requests_and_is_not_ready() -> None:
+    """A router replica just started (a rolling update, a second replica) does not know the
+    models yet: a request waits for discovery's first lists instead of a 404 for a model
+    that exists, and /readyz keeps the Service off the replica meanwhile."""
+
+    async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
+        fleet.listed.clear()
+        fleet.set_models([])  # as discovery starts: nothing listed yet
+        request = asyncio.ensure_future(client.post(f"{url}/v1/completions", json=body()))
+        async with client.get(f"{url}/readyz") as r:
+            assert r.status == 503
+        async with client.get(f"{url}/healthz") as r:
+            assert r.status == 200  # alive all along: no restart for being new
+        await asyncio.sleep(0.3)
+        assert not request.done() and pods["east-0"].got == []
+        fleet.set_models([MODEL])  # discovery's lists land
+        fleet.listed.set()
+        r = await request
+        assert r.status == 200 and (await r.json())["pod"] == "east-0"
+        async with client.get(f"{url}/readyz") as r:
+            assert r.status == 200
+
+    run(scenario, {"east-0": ("us-east", False)})
+
+
 def test_a_hold_that_runs_out_answers_503_with_retry_after() -> None:
     async def scenario(client, url, fleet, pods, metrics) -> None:  # type: ignore[no-untyped-def]
         fleet.set_backends([])

@@ -26,6 +26,7 @@ whose pod stays silent `stall_timeout_seconds` counts as a failure before the fi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -36,6 +37,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiohttp.http import HttpVersion11
+from aiohttp.typedefs import Handler
 
 from sageserve.route.instance_picker import Arrival
 from sageserve.route.queue_manager import release_count
@@ -57,6 +59,8 @@ POD_HEADER = "x-sageserve-pod"
 #: Token budget assumed for a request without `max_tokens` (vLLM's default is up to the
 #: context; a fixed estimate keeps the in-flight accounting bounded).
 DEFAULT_MAX_TOKENS = 256
+#: Paths answered before discovery has listed the cluster (probes and metrics).
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 #: A refused body is read and thrown away this long at most, so that the client sees the
 #: answer rather than a reset connection; then the connection is closed.
 LINGER_SECONDS = 2.0
@@ -128,7 +132,9 @@ class Router:
         self.pools: PoolSwitcher | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes, middlewares=[self._after_listing]
+        )
         if self.extra_routes is not None:
             self.extra_routes(app)
         app.router.add_get("/v1/models", self.models)
@@ -136,6 +142,7 @@ class Router:
         app.router.add_post("/v1/chat/completions", self.forward, expect_handler=self._expect)
         app.router.add_get("/metrics", self.own_metrics)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -150,6 +157,23 @@ class Router:
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    @web.middleware
+    async def _after_listing(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A replica just started does not know yet which models, tiers and pods exist: an
+        API request waits (at most the hold time) for discovery's first lists instead of
+        being refused as an unknown model or a Batch API line as unservable."""
+        if request.path not in PROBE_PATHS and not self.fleet.listed.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.fleet.listed.wait(), self.config.hold_seconds)
+        return await handler(request)
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        """Ready once discovery has listed the cluster: a replica that has not yet would
+        hold every request (the readiness probe keeps Services off it meanwhile)."""
+        if self.fleet.listed.is_set():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="discovery has not listed the cluster yet")
 
     async def own_metrics(self, _: web.Request) -> web.Response:
         body, content_type = self.metrics.exposition()

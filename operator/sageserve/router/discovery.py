@@ -102,8 +102,13 @@ class Discovery:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.stopped = threading.Event()
+        #: watches whose first list has not reached the fleet yet
+        self.unlisted: set[str] = set()
 
     def start(self) -> None:
+        """Start every watch; `fleet.listed` is clear until each has delivered its first
+        list (a request that arrives before is held, not refused as an unknown model)."""
+        self.fleet.listed.clear()
         for ns in self.namespaces:
             self._thread(f"pods/{ns}", self._pods_call(ns), self._pods_for(ns))
             self._thread(
@@ -232,10 +237,22 @@ class Discovery:
     def _thread(
         self, name: str, call: Callable[..., Any], on_change: Callable[[list[dict[str, Any]]], None]
     ) -> None:
+        self.unlisted.add(name)
+
+        def delivered(objs: list[dict[str, Any]]) -> None:
+            on_change(objs)  # schedules its update on the loop, so the mark lands after it
+            self.loop.call_soon_threadsafe(self._listed, name)
+
         t = threading.Thread(
-            target=self._run, args=(call, on_change), name=f"discovery-{name}", daemon=True
+            target=self._run, args=(call, delivered), name=f"discovery-{name}", daemon=True
         )
         t.start()
+
+    def _listed(self, name: str) -> None:
+        """On the event loop: one watch's list is in the fleet."""
+        self.unlisted.discard(name)
+        if not self.unlisted:
+            self.fleet.listed.set()
 
     def _run(
         self, call: Callable[..., Any], on_change: Callable[[list[dict[str, Any]]], None]

@@ -73,6 +73,12 @@ class ModelRoute:
     route_threshold: float = DEFAULT_ROUTE_THRESHOLD
 
 
+def _set_event() -> asyncio.Event:
+    done = asyncio.Event()
+    done.set()
+    return done
+
+
 @dataclass
 class Fleet:
     """The router's view, mutated on the event loop only (threads hand over with
@@ -92,6 +98,9 @@ class Fleet:
     spill: dict[tuple[str, str], Mapping[str, SpillBounds]] = field(default_factory=dict)
     ledger: SpillLedger = field(default_factory=SpillLedger)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set once discovery has listed every kind it watches (a fleet built by hand, as in
+    #: tests and benchmarks, is complete from the start: discovery clears it)
+    listed: asyncio.Event = field(default_factory=_set_event)
     #: the named in-region picker (None: fewest remaining tokens)
     picker: InstancePicker | None = None
     #: each pod's load anticipator and each model's output-length predictor
