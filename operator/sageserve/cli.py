@@ -543,6 +543,21 @@ def bench_oserve(
         float,
         typer.Option("--slo-attainment", help="Share of requests meeting the SLO, measured n."),
     ] = 0.9,
+    dispatch: Annotated[
+        str,
+        typer.Option(
+            help="Heterogeneous dispatch: weighted-overflow (the LP's weights as a preference, "
+            "overflow from a swamped replica) or weighted (the weights strictly)."
+        ),
+    ] = "weighted-overflow",
+    start: Annotated[
+        str,
+        typer.Option(
+            help="Heterogeneous start layout: simulated (the search's candidates and the best "
+            "homogeneous run on the tuning hours, the best kept) or search (the search's "
+            "layout unchecked)."
+        ),
+    ] = "simulated",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
 ) -> None:
     """OServe: static vs per-hour reload vs heterogeneous layouts on the mixed workload."""
@@ -576,6 +591,8 @@ def bench_oserve(
             capacity=capacity,
             capacity_file=capacity_file,
             slo_attainment=slo_attainment,
+            dispatch=dispatch,
+            start=start,
         )
         bench_oserve_command(cfg, json_out, console)
     except (ValueError, KeyError, FileNotFoundError) as e:

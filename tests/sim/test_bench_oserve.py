@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -66,6 +67,51 @@ def test_the_benchmark_runs_on_a_slice_and_reports_the_three_deployments(
     het = res["heterogeneous"]
     assert het["replans"] >= 1
     assert sum(het["requests_per_strategy"].values()) == het["requests"]
+    # the start layout chosen by simulation on the tuning hours (the default): distinct
+    # candidates, the best homogeneous among them, the winner by the bench's "best" rule
+    assert cfg.start == "simulated" and cfg.dispatch == "weighted-overflow"
+    cands = out["start_candidates"]
+    assert len({(c["capacity"], c["layout"]) for c in cands}) == len(cands) >= 1
+    assert out["static_layout"] in {c["layout"] for c in cands}
+
+    def score(c: dict[str, float]) -> tuple[float, float]:
+        return (round(c["goodput"], 6), -c["p99_e2e_s"])
+
+    best = max(score(c) for c in cands)
+    won = [c for c in cands if score(c) == best]
+    assert (out["capacity_source"], out["hetero_initial"]) in {
+        (c["capacity"], c["layout"]) for c in won
+    }
+    assert het["overflows"] >= 0
+
+
+def test_the_earlier_rules_stay_selectable(tmp_path: Path) -> None:
+    # --start search --dispatch weighted: the search's layout unchecked, strict weights
+    cfg = OServeBench(
+        scenario=SCENARIO,
+        tuning_hours=(0,),
+        held_out_hours=(4,),
+        span_s=60.0,
+        replan_s=30.0,
+        startup_s=20.0,
+        drain_s=600.0,
+        strategies=("TP4", "TP4xPP2"),
+        capacity="analytical",
+        start="search",
+        dispatch="weighted",
+    )
+    out = bench_oserve_command(cfg, None, Console(record=True, width=250))
+    assert out["start_candidates"] == []
+    assert out["results"]["heterogeneous"]["overflows"] == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--dispatch", "round-robin"), ("--start", "random")]
+)
+def test_the_cli_refuses_an_unknown_dispatch_or_start(option: str, value: str) -> None:
+    r = CliRunner().invoke(app, ["bench", "oserve", option, value, "--span", "10"])
+    assert r.exit_code == 2
+    assert value in r.output
 
 
 def test_the_cli_refuses_an_unknown_layout() -> None:

@@ -111,3 +111,51 @@ def test_a_switch_plan_runs_to_its_target_and_pays_its_start_ups() -> None:
     # every request finished although the fleet was replaced under it
     assert all(not math.isnan(o.e2e) for o in outs)
     assert {o.strategy for o in outs if o.arrival > 250.0} == {"TP8"}
+
+
+# ---- dispatch with overflow (weighted-overflow) ---------------------------------------------
+
+
+def test_overflow_follows_the_weights_exactly_when_nothing_queues() -> None:
+    # the fractional case above at a load that never queues: the same 200 / 100 split, no
+    # request overflowed
+    layout = [TP4, TP4, TP8]
+    a = assign([15.0, 0.0], [[10.0, 10.0]] * 3)
+    f = Fleet(perf_of, layout, TYPES, make_predictor("oracle"), 600.0, dispatch="weighted-overflow")
+    f.set_weights(strategy_weights(layout, a.weights))
+    outs = f.run(requests([0] * 300, gap_s=0.2), 0.0, 1e9, 3600.0)
+    by = {s: sum(o.strategy == s for o in outs) for s in ("TP4", "TP8")}
+    assert by == {"TP4": 200, "TP8": 100}
+    assert f.overflows == 0
+
+
+def _swamp(dispatch: str, can_serve: dict[int, set[Strategy]] | None = None) -> Fleet:
+    # every request (long prompt, long output) weighted to the one TP8 replica, 600 of
+    # them in 6 s: far more than its batch admits, so its queue grows
+    f = Fleet(perf_of, [TP4, TP8], TYPES, make_predictor("oracle"), 600.0, dispatch=dispatch)
+    f.set_weights({0: {TP8: 1.0}, 1: {TP8: 1.0}}, can_serve)
+    f.run(requests([1] * 600, gap_s=0.01), 0.0, 1e9, 7200.0)
+    return f
+
+
+@pytest.mark.parametrize(
+    ("dispatch", "can_serve", "overflowed"),
+    [
+        ("weighted", None, False),  # strict weights: the swamped replica takes everything
+        ("weighted-overflow", None, True),  # its queue overflows to the idle TP4
+        ("weighted-overflow", {1: {TP8}}, False),  # unless TP4 cannot serve the type (n = 0)
+    ],
+)
+def test_a_swamped_replica_overflows_only_with_overflow_dispatch(
+    dispatch: str, can_serve: dict[int, set[Strategy]] | None, overflowed: bool
+) -> None:
+    f = _swamp(dispatch, can_serve)
+    on_tp4 = sum(o.strategy == "TP4" for o in f.outcomes)
+    assert (on_tp4 > 0) == overflowed
+    assert f.overflows == on_tp4
+    assert all(o.type == 1 for o in f.outcomes)
+
+
+def test_an_unknown_dispatch_strategy_is_refused() -> None:
+    with pytest.raises(ValueError, match="weighted-overflow"):
+        Fleet(perf_of, [TP4], TYPES, make_predictor("oracle"), 600.0, dispatch="round-robin")

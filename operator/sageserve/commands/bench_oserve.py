@@ -19,13 +19,19 @@ hours), three deployments of one model are replayed through the simulator's inst
     (`forecast/request_types.py`), per-type capacity n from the source `--capacity` names
     (`sim/type_capacity.CAPACITY_SOURCES`: `analytical`, `perf/capacity.py`; `measured`, the
     simulator at the SLO, `calibrate --by-type`; by default `auto`: each source's plan is run
-    on the tuning hours and the better kept); the layout from
-    Algorithm 1 (`plan/layout_search.py`) on the tuning hours' mix; every `--replan` seconds
+    on the tuning hours and the better kept); the start layout (`--start`): by default
+    `simulated`, the search's distinct layouts (Algorithm 1, `plan/layout_search.py`, on
+    the tuning hours' mix, every capacity source the run considers, `start_seeds` seeds)
+    and the best homogeneous layout, each run as the heterogeneous plan on the tuning hours,
+    the best kept (the way the static baseline is chosen); `search`, the earlier rule, the
+    search's layout (seed `--seed`) taken unchecked; every `--replan` seconds
     the last interval's per-type arrival rates (classified on predicted output lengths, what
     the router sees) are the forecast for the next hour, `plan/layout_switch.replan` proposes
     a layout and switches only when its gain exceeds its cost twice in a row, and the
     assignment LP (`plan/oserve_assign.py`) of the serving replicas at that mix sets the
-    per-(type, layout) dispatch weights.
+    per-(type, layout) dispatch weights, followed by the `--dispatch` strategy
+    (`sim/oserve_fleet.DISPATCH_STRATEGIES`: `weighted-overflow` by default, the weights as a
+    preference with overflow from a swamped replica; `weighted`, the weights strictly).
 
 Every run starts with its layout deployed and empty at the held-out part's start, and drains
 for `--drain` seconds after the last arrival. Metrics over the held-out arrivals: P99 TTFT,
@@ -69,7 +75,7 @@ from sageserve.plan.layout_search import (
 from sageserve.plan.layout_switch import SwitchGate, Window, plan_switch, replan
 from sageserve.plan.oserve_assign import assign
 from sageserve.route.length_predictor import make_predictor
-from sageserve.sim.oserve_fleet import Fleet, Outcome, strategy_weights
+from sageserve.sim.oserve_fleet import DISPATCH_STRATEGIES, Fleet, Outcome, strategy_weights
 from sageserve.sim.scenario import load_scenario
 from sageserve.sim.type_capacity import (
     CAPACITY_SOURCES,
@@ -83,6 +89,8 @@ HOUR_S = 3600.0
 #: `--capacity auto`: run the heterogeneous plan on the tuning hours with every capacity
 #: source and keep the one that scores best there (chosen on tuning, reported on held-out)
 AUTO = "auto"
+#: `--start`: how the heterogeneous plan's start layout is chosen (module doc)
+START_CHOICES = ("simulated", "search")
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,22 @@ class OServeBench:
     capacity_file: Path | None = None
     #: the share of requests that must meet the SLO for a measured n
     slo_attainment: float = 0.9
+    #: the heterogeneous plan's dispatch (`sim/oserve_fleet.DISPATCH_STRATEGIES`)
+    dispatch: str = "weighted-overflow"
+    #: the start layout: "simulated" (candidates run on the tuning hours) or "search"
+    start: str = "simulated"
+    #: with start "simulated": the search's seeds per capacity source (seed, seed + 1, ...)
+    start_seeds: int = 3
+
+    def __post_init__(self) -> None:
+        if self.dispatch not in DISPATCH_STRATEGIES:
+            raise ValueError(
+                f"--dispatch: one of {', '.join(DISPATCH_STRATEGIES)}, got {self.dispatch!r}"
+            )
+        if self.start not in START_CHOICES:
+            raise ValueError(f"--start: one of {', '.join(START_CHOICES)}, got {self.start!r}")
+        if self.start_seeds < 1:
+            raise ValueError(f"start_seeds: must be >= 1, got {self.start_seeds}")
 
 
 # ---- the workload ----------------------------------------------------------------------------
@@ -212,6 +236,7 @@ class _Setup:
             self.cfg.startup_s,
             controller,
             tick_s or self.cfg.replan_s,
+            dispatch=self.cfg.dispatch,
         )
 
     def simulate(
@@ -331,8 +356,10 @@ class _Hetero:
         serving = [r.strategy for r in fleet.serving()]
         if not serving:
             return
-        a = assign(rates, [list(self.s.space.capacity[s]) for s in serving])
-        fleet.set_weights(strategy_weights(serving, a.weights))
+        cap = self.s.space.capacity
+        a = assign(rates, [list(cap[s]) for s in serving])
+        can_serve = {j: {s for s in serving if cap[s][j] > 0} for j in range(len(rates))}
+        fleet.set_weights(strategy_weights(serving, a.weights), can_serve)
 
     def tick(self, fleet: Fleet, now: float) -> None:
         cfg = self.s.cfg
@@ -409,21 +436,8 @@ def run_bench(cfg: OServeBench, progress: Callable[[str], None] | None = None) -
     # ticks on the hour boundaries
     runs.append(("per-hour reload", s.fleet(schedule[0], reload_ctl, cfg.span_s), reload_ctl))
     capacity_tuning: dict[str, dict[str, float]] = {}
-    if len(s.spaces) > 1:  # --capacity auto: choose the source on the tuning hours
-        for name, space in s.spaces.items():
-            trial = replace(s, space=space)
-            start = search_layout(space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
-            _, m = trial.simulate(trial.fleet(start, _Hetero(trial)), s.tuning, n_tune)
-            capacity_tuning[name] = m
-            say(
-                f"tuning heterogeneous with {name} n ({describe(start)}): goodput "
-                f"{m['goodput']:.3f}, P99 e2e {m['p99_e2e_s']:.1f} s"
-            )
-        chosen = max(s.spaces, key=lambda n: _score(capacity_tuning[n]))
-        s = replace(s, space=s.spaces[chosen])
-    else:
-        chosen = next(iter(s.spaces), cfg.capacity)
-    initial = search_layout(s.space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
+    start_candidates: list[dict[str, Any]] = []
+    s, chosen, initial = _choose_start(s, static, capacity_tuning, start_candidates, say)
     hetero_ctl = _Hetero(s)
     runs.append(("heterogeneous", s.fleet(initial, hetero_ctl), hetero_ctl))
     hetero_outs: list[Outcome] = []
@@ -441,6 +455,9 @@ def run_bench(cfg: OServeBench, progress: Callable[[str], None] | None = None) -
         }
         say(f"{name}: goodput {m['goodput']:.3f}, P99 e2e {m['p99_e2e_s']:.1f} s")
     results["heterogeneous"]["replans"] = hetero_ctl.replans
+    results["heterogeneous"]["overflows"] = next(
+        f.overflows for name, f, _c in runs if name == "heterogeneous"
+    )
     results["heterogeneous"]["decisions"] = hetero_ctl.decisions
     results["heterogeneous"]["type_by_strategy"] = {
         str(j): _count_by([o for o in hetero_outs if o.type == j], lambda o: o.strategy)
@@ -465,9 +482,68 @@ def run_bench(cfg: OServeBench, progress: Callable[[str], None] | None = None) -
         "hetero_initial": describe(initial),
         "capacity_source": chosen,
         "capacity_tuning": capacity_tuning,
+        "start_candidates": start_candidates,
         "results": results,
         "wall_s": time.perf_counter() - t_start,
     }
+
+
+def _choose_start(
+    s: _Setup,
+    static: Layout,
+    capacity_tuning: dict[str, dict[str, float]],
+    start_candidates: list[dict[str, Any]],
+    say: Callable[[str], None],
+) -> tuple[_Setup, str, Layout]:
+    """The heterogeneous plan's capacity source and start layout (`--capacity`, `--start`;
+    module doc); fills `capacity_tuning` (per source, the tuning-hour score of its plan, or
+    with `simulated` of its best candidate) and `start_candidates` (`simulated`: every
+    candidate's tuning-hour score)."""
+    cfg = s.cfg
+    n_tune = len(cfg.tuning_hours)
+    if cfg.start == "simulated":
+        # the search's distinct layouts per capacity source and seed, and the best
+        # homogeneous one, each run as the heterogeneous plan on the tuning hours
+        cands: list[tuple[str, Layout]] = []
+        for name, space in s.spaces.items():
+            for k in range(cfg.start_seeds):
+                lay = search_layout(space, s.tuning_rates, cfg.gpus, seed=cfg.seed + k).layout
+                if (name, canonical(lay)) not in cands:
+                    cands.append((name, canonical(lay)))
+        first = next(iter(s.spaces))
+        if not any(lay == canonical(static) for _, lay in cands):
+            cands.append((first, canonical(static)))
+        best_of: dict[str, Layout] = {}  # per source, its best candidate (first of ties)
+        for name, lay in cands:
+            trial = replace(s, space=s.spaces[name])
+            _, m = trial.simulate(trial.fleet(lay, _Hetero(trial)), s.tuning, n_tune)
+            start_candidates.append({"capacity": name, "layout": describe(lay), **m})
+            say(
+                f"tuning heterogeneous start {describe(lay)} ({name} n): goodput "
+                f"{m['goodput']:.3f}, P99 e2e {m['p99_e2e_s']:.1f} s"
+            )
+            if name not in best_of or _score(m) > _score(capacity_tuning[name]):
+                best_of[name], capacity_tuning[name] = lay, m
+        chosen = max(best_of, key=lambda n: _score(capacity_tuning[n]))
+        initial = best_of[chosen]
+        s = replace(s, space=s.spaces[chosen])
+    elif len(s.spaces) > 1:  # --capacity auto: choose the source on the tuning hours
+        for name, space in s.spaces.items():
+            trial = replace(s, space=space)
+            start = search_layout(space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
+            _, m = trial.simulate(trial.fleet(start, _Hetero(trial)), s.tuning, n_tune)
+            capacity_tuning[name] = m
+            say(
+                f"tuning heterogeneous with {name} n ({describe(start)}): goodput "
+                f"{m['goodput']:.3f}, P99 e2e {m['p99_e2e_s']:.1f} s"
+            )
+        chosen = max(s.spaces, key=lambda n: _score(capacity_tuning[n]))
+        s = replace(s, space=s.spaces[chosen])
+        initial = search_layout(s.space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
+    else:
+        chosen = next(iter(s.spaces), cfg.capacity)
+        initial = search_layout(s.space, s.tuning_rates, cfg.gpus, seed=cfg.seed).layout
+    return s, chosen, initial
 
 
 def _count_by(outs: Sequence[Outcome], key: Callable[[Outcome], str]) -> dict[str, int]:
@@ -579,6 +655,9 @@ def _print(out: dict[str, Any], console: Console) -> None:
     console.print(hours)
     console.print(
         f"static layout (tuning): {out['static_layout']}; heterogeneous start: "
-        f"{out['hetero_initial']}, {het['replans']} re-plans, {het['switches']} switches; "
-        f"wall time {out['wall_s']:.1f} s"
+        f"{out['hetero_initial']} ({cfg.get('start', 'search')}, "
+        f"{out.get('capacity_source', '?')} n, {len(out.get('start_candidates', []))} "
+        f"candidates), dispatch {cfg.get('dispatch', 'weighted')} "
+        f"({het.get('overflows', 0)} overflows), {het['replans']} re-plans, "
+        f"{het['switches']} switches; wall time {out['wall_s']:.1f} s"
     )

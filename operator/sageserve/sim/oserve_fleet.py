@@ -21,7 +21,9 @@ What it does:
   request), then the replica of that strategy with the fewest tokens left
   (`remaining_tokens_at`, the pool's and the twin's picker). A type with no weight on any
   serving strategy, or no weights at all (a homogeneous layout), goes to the least-loaded
-  serving replica;
+  serving replica. The dispatch strategy is named (`DISPATCH_STRATEGIES`): `weighted`
+  follows the weights strictly; `weighted-overflow` (`_overflow`) treats them as a
+  preference and sends a request elsewhere when its preferred replica is swamped;
 - **switching**: `execute(plan)` runs a `plan/layout_switch.SwitchPlan`'s actions in order:
   consecutive starts begin together and serve after the start-up time; a stop waits until
   the starts before it serve, then takes the replica of that strategy with the least work
@@ -55,6 +57,20 @@ from sageserve.sim.instance import Instance, InstanceHooks, Job
 
 _INF = float("inf")
 _EV_INSTANCE, _EV_READY, _EV_TICK = 0, 1, 2
+
+#: Dispatch strategies by name (`Fleet(dispatch=...)`, `bench oserve --dispatch`):
+#: - `weighted`: the type's strategy by smooth weighted round robin over the LP's weights,
+#:   then that strategy's least-loaded replica; the weights are followed exactly;
+#: - `weighted-overflow`: the same preference, but a request whose preferred replica has
+#:   more than `overflow_ratio` × the tokens left of the least-loaded replica of another
+#:   strategy that can serve its type, plus `overflow_tokens`, goes there instead
+#:   (`_overflow`).
+DISPATCH_STRATEGIES = ("weighted", "weighted-overflow")
+#: `weighted-overflow`'s threshold: tokens left on the preferred replica above
+#: OVERFLOW_RATIO × the least-loaded candidate's + OVERFLOW_TOKENS (chosen on the tuning hours of
+#: `bench oserve`, docs/oserve.md; a smaller margin pools more)
+OVERFLOW_RATIO = 1.5
+OVERFLOW_TOKENS = 1024.0
 
 
 @dataclass
@@ -117,7 +133,18 @@ class Fleet(InstanceHooks):
         startup_s: float,
         controller: Controller | None = None,
         tick_s: float = 600.0,
+        dispatch: str = "weighted",
+        overflow_ratio: float = OVERFLOW_RATIO,
+        overflow_tokens: float = OVERFLOW_TOKENS,
     ) -> None:
+        if dispatch not in DISPATCH_STRATEGIES:
+            raise ValueError(f"dispatch: one of {', '.join(DISPATCH_STRATEGIES)}, got {dispatch!r}")
+        if overflow_ratio < 1.0 or overflow_tokens < 0.0:
+            raise ValueError("overflow_ratio: must be >= 1, overflow_tokens: >= 0")
+        self.dispatch = dispatch
+        self.overflow_ratio = overflow_ratio
+        self.overflow_tokens = overflow_tokens
+        self.overflows = 0
         self.perf_of = perf_of
         self.types = types
         self.predictor = predictor
@@ -128,6 +155,8 @@ class Fleet(InstanceHooks):
         self._seq = 0
         self.replicas: list[_Replica] = []
         self.weights: dict[int, dict[Strategy, float]] | None = None
+        #: per type, the strategies that can serve it (n > 0); absent type or None: all
+        self.can_serve: dict[int, frozenset[Strategy]] | None = None
         self._credit: dict[int, dict[Strategy, float]] = {}
         self.pending: deque[Job] = deque()
         self.outcomes: list[Outcome] = []
@@ -231,8 +260,16 @@ class Fleet(InstanceHooks):
 
     # ---- dispatch ---------------------------------------------------------------------------
 
-    def set_weights(self, weights: Mapping[int, Mapping[Strategy, float]] | None) -> None:
-        """Per type, per strategy dispatch weights (None: least-loaded over all replicas)."""
+    def set_weights(
+        self,
+        weights: Mapping[int, Mapping[Strategy, float]] | None,
+        can_serve: Mapping[int, Iterable[Strategy]] | None = None,
+    ) -> None:
+        """Per type, per strategy dispatch weights (None: least-loaded over all replicas);
+        `can_serve`: per type, the strategies with n > 0 (the overflow's candidates)."""
+        self.can_serve = (
+            None if can_serve is None else {j: frozenset(ss) for j, ss in can_serve.items()}
+        )
         if weights is None:
             self.weights = None
             return
@@ -259,8 +296,44 @@ class Fleet(InstanceHooks):
                 credit[pick] -= total
                 pool = [r for r in serving if r.strategy == pick]
         best = min(pool, key=lambda r: r.inst.remaining_tokens_at(now))
+        if self.dispatch == "weighted-overflow" and pool is not serving:
+            best = self._overflow(best, serving, out.type, now)
         out.strategy = str(best.strategy)
         best.inst.enqueue(job, now)
+
+    def _overflow(self, best: _Replica, serving: list[_Replica], j: int, now: float) -> _Replica:
+        """`weighted-overflow`: keep the weights' choice unless it is swamped.
+
+        Why (OServe §4.2 and the benchmark): the assignment LP balances *mean* utilisation
+        at one mix, so strict weights partition the types between replicas; under the code
+        service's clumps one partition queues while another idles, the statistical
+        multiplexing a shared pool would have had is lost (`docs/oserve.md`, the probe:
+        weights held fixed 2.62 req/s goodput against 3.87 least-loaded on the same layout).
+        Here the weights are a preference: when the preferred replica has more than
+        `overflow_ratio` × the tokens left (`remaining_tokens_at`, queued and running: the
+        least-loaded picker's measure) of the least-loaded replica of any other strategy
+        that can serve the type (n > 0, `can_serve`), plus `overflow_tokens`, the request
+        goes to that replica. Within a strategy the least-loaded replica is already chosen,
+        so a homogeneous layout dispatches as with `weighted`. While no replica holds a
+        backlog beyond the floor, the normal, unsaturated case, the weights are followed
+        exactly.
+        """
+        allowed = None if self.can_serve is None else self.can_serve.get(j)
+        cands = [
+            r
+            for r in serving
+            if r.strategy != best.strategy and (allowed is None or r.strategy in allowed)
+        ]
+        if not cands:
+            return best
+        alt = min(cands, key=lambda r: r.inst.remaining_tokens_at(now))
+        alt_load = alt.inst.remaining_tokens_at(now)
+        if best.inst.remaining_tokens_at(now) > (
+            self.overflow_ratio * alt_load + self.overflow_tokens
+        ):
+            self.overflows += 1
+            return alt
+        return best
 
     def arrive(self, req: Request, now: float) -> Outcome:
         pred = self.predictor.predict(LengthQuery(req.client, req.prompt_tokens, req.output_tokens))
