@@ -75,7 +75,13 @@ from sageserve.plan.layout_search import (
 from sageserve.plan.layout_switch import SwitchGate, Window, plan_switch, replan
 from sageserve.plan.oserve_assign import assign
 from sageserve.route.length_predictor import make_predictor
-from sageserve.sim.oserve_fleet import DISPATCH_STRATEGIES, Fleet, Outcome, strategy_weights
+from sageserve.sim.oserve_fleet import (
+    DISPATCH_STRATEGIES,
+    Fleet,
+    LayoutBudget,
+    Outcome,
+    strategy_weights,
+)
 from sageserve.sim.scenario import load_scenario
 from sageserve.sim.type_capacity import (
     CAPACITY_SOURCES,
@@ -94,15 +100,9 @@ START_CHOICES = ("simulated", "search")
 
 
 @dataclass(frozen=True)
-class OServeBench:
+class OServeBench(LayoutBudget):
     """What one benchmark run compares (the CLI's options)."""
 
-    scenario: Path
-    model: str = "llama-2-70b"
-    gpu_type: str = "NVIDIA-H100-80GB-HBM3"
-    gpus: int = 16
-    node_gpus: int = 8
-    types: int = 4
     tuning_hours: tuple[int, ...] = (0, 1, 2, 3)
     held_out_hours: tuple[int, ...] = (4, 5, 6, 7)
     #: seconds replayed of each hour (3,600: all of it; less for a quick slice)

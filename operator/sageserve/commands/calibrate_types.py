@@ -20,6 +20,7 @@ from rich.table import Table
 from sageserve.forecast.request_types import fit_request_types
 from sageserve.perf.model import VariantPerf, load_catalog
 from sageserve.plan.layout_search import Strategy
+from sageserve.sim.oserve_fleet import LayoutBudget
 from sageserve.sim.scenario import load_scenario
 from sageserve.sim.type_capacity import (
     CapacityContext,
@@ -33,15 +34,9 @@ from sageserve.sim.type_capacity import (
 
 
 @dataclass(frozen=True)
-class ByTypeCalibration:
+class ByTypeCalibration(LayoutBudget):
     """What `calibrate --by-type` measures (the CLI's options)."""
 
-    scenario: Path
-    model: str = "llama-2-70b"
-    gpu_type: str = "NVIDIA-H100-80GB-HBM3"
-    gpus: int = 16
-    node_gpus: int = 8
-    types: int = 4
     hours: tuple[int, ...] = (0, 1, 2, 3)
     span_s: float = 3600.0
     slo: SloSpec = field(default_factory=SloSpec)

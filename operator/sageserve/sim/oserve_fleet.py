@@ -45,6 +45,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from sageserve.core.types import InstanceState, Request
@@ -71,6 +72,20 @@ DISPATCH_STRATEGIES = ("weighted", "weighted-overflow")
 #: `bench oserve`, docs/oserve.md; a smaller margin pools more)
 OVERFLOW_RATIO = 1.5
 OVERFLOW_TOKENS = 1024.0
+
+
+@dataclass(frozen=True)
+class LayoutBudget:
+    """The GPUs a layout question is asked on, shared by `sageserve bench oserve` and
+    `sageserve calibrate --by-type`: one model on `gpus` GPUs of one type (nodes of
+    `node_gpus`), its requests from `scenario` clustered into `types` request types."""
+
+    scenario: Path
+    model: str = "llama-2-70b"
+    gpu_type: str = "NVIDIA-H100-80GB-HBM3"
+    gpus: int = 16
+    node_gpus: int = 8
+    types: int = 4
 
 
 @dataclass
