@@ -269,6 +269,15 @@ def compare(
         raise typer.Exit(1)
 
 
+def hour_list(value: str, option: str) -> tuple[int, ...]:
+    """Comma-separated hours of a scenario's day (`--hours 0,1,2`), refused naming the
+    option."""
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{option}: comma-separated hours, got {value!r}") from None
+
+
 @app.command()
 def calibrate(
     scenario: Annotated[
@@ -341,7 +350,7 @@ def calibrate(
                 gpus=gpus,
                 node_gpus=node_gpus,
                 types=types,
-                hours=tuple(int(x) for x in hours.split(",") if x.strip()),
+                hours=hour_list(hours, "--hours"),
                 span_s=span,
                 slo=SloSpec(ttft_slo, tpot_slo, slo_attainment),
                 settings=ProbeSettings(requests=requests, steps=steps, seed=seed),
@@ -564,12 +573,6 @@ def bench_oserve(
     from sageserve.commands.bench_oserve import OServeBench, bench_oserve_command
     from sageserve.sim.scenario import default_scenario_dir
 
-    def hours(v: str, opt: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(x) for x in v.split(",") if x.strip())
-        except ValueError:
-            raise ValueError(f"{opt}: comma-separated hours, got {v!r}") from None
-
     try:
         cfg = OServeBench(
             scenario=scenario or default_scenario_dir().parent / "oserve-mixed",
@@ -578,8 +581,8 @@ def bench_oserve(
             gpus=gpus,
             node_gpus=node_gpus,
             types=types,
-            tuning_hours=hours(tuning_hours, "--tuning-hours"),
-            held_out_hours=hours(held_out_hours, "--held-out-hours"),
+            tuning_hours=hour_list(tuning_hours, "--tuning-hours"),
+            held_out_hours=hour_list(held_out_hours, "--held-out-hours"),
             span_s=span,
             replan_s=replan,
             startup_s=startup,

@@ -115,8 +115,6 @@ class OServeBench(LayoutBudget):
     predictor: str = "client-quantile"
     drain_s: float = 1800.0
     seed: int = 0
-    #: restrict the strategies (e.g. ("TP4", "TP8")); empty: every layout of the catalogue
-    strategies: tuple[str, ...] = ()
     #: where n_{k,j} comes from (`sim/type_capacity.CAPACITY_SOURCES`): "measured" (the
     #: simulator at the SLO, or `capacity_file` written by `calibrate --by-type`) or
     #: "analytical" (`perf/capacity.py`, maximum throughput, no SLO), or "auto" (each
@@ -264,14 +262,7 @@ def _setup(cfg: OServeBench) -> _Setup:
     )
     cat = load_catalog()
     arch = cat.architecture(cfg.model)
-    perf: dict[Strategy, VariantPerf] = {}
-    for v in cat.layouts(cfg.model, cfg.gpu_type, cfg.gpus, cfg.node_gpus):
-        s = Strategy(v.tensor_parallel, v.pipeline_parallel)
-        if cfg.strategies and str(s) not in cfg.strategies:
-            continue
-        perf[s] = v
-    if not perf:
-        raise ValueError(f"--strategies: none of {list(cfg.strategies)} is a layout of the model")
+    perf = cfg.layouts(cat)
     ctx = CapacityContext(
         perf,
         types,

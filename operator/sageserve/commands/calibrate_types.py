@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sageserve.forecast.request_types import fit_request_types
-from sageserve.perf.model import VariantPerf, load_catalog
+from sageserve.perf.model import load_catalog
 from sageserve.plan.layout_search import Strategy
 from sageserve.sim.oserve_fleet import LayoutBudget
 from sageserve.sim.scenario import load_scenario
@@ -41,8 +41,6 @@ class ByTypeCalibration(LayoutBudget):
     span_s: float = 3600.0
     slo: SloSpec = field(default_factory=SloSpec)
     settings: ProbeSettings = field(default_factory=ProbeSettings)
-    #: restrict the layouts (e.g. ("TP4", "TP8")); empty: every layout of the catalogue
-    strategies: tuple[str, ...] = ()
 
 
 def calibrate_by_type(cfg: ByTypeCalibration, console: Console | None = None) -> TypeCapacityTable:
@@ -59,14 +57,7 @@ def calibrate_by_type(cfg: ByTypeCalibration, console: Console | None = None) ->
     outputs = [r.output_tokens for r in window]
     types = fit_request_types(prompts, outputs, cfg.types, cfg.settings.seed)
     cat = load_catalog()
-    perf: dict[Strategy, VariantPerf] = {}
-    for v in cat.layouts(cfg.model, cfg.gpu_type, cfg.gpus, cfg.node_gpus):
-        s = Strategy(v.tensor_parallel, v.pipeline_parallel)
-        if cfg.strategies and str(s) not in cfg.strategies:
-            continue
-        perf[s] = v
-    if not perf:
-        raise ValueError(f"no layout of {cfg.model} on {cfg.gpu_type} matches {cfg.strategies}")
+    perf = cfg.layouts(cat)
     sizes = list(zip(prompts, outputs, strict=True))
     probes = 0
 

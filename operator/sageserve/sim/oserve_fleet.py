@@ -50,7 +50,7 @@ from typing import Protocol
 
 from sageserve.core.types import InstanceState, Request
 from sageserve.forecast.request_types import RequestTypes
-from sageserve.perf.model import VariantPerf
+from sageserve.perf.model import PerfCatalog, VariantPerf
 from sageserve.plan.layout_search import Layout, Strategy, canonical
 from sageserve.plan.layout_switch import SwitchAction, SwitchPlan
 from sageserve.route.length_predictor import LengthPredictor, LengthQuery
@@ -86,6 +86,24 @@ class LayoutBudget:
     gpus: int = 16
     node_gpus: int = 8
     types: int = 4
+    #: restrict the layouts (e.g. ("TP4", "TP8")); empty: every layout of the catalogue
+    strategies: tuple[str, ...] = ()
+
+    def layouts(self, catalog: PerfCatalog) -> dict[Strategy, VariantPerf]:
+        """The model's layouts on the budget (`PerfCatalog.layouts`), `strategies` only
+        when given; raises ValueError naming `--strategies` when none is left."""
+        perf = {
+            Strategy(v.tensor_parallel, v.pipeline_parallel): v
+            for v in catalog.layouts(self.model, self.gpu_type, self.gpus, self.node_gpus)
+        }
+        if self.strategies:
+            perf = {s: v for s, v in perf.items() if str(s) in self.strategies}
+        if not perf:
+            raise ValueError(
+                f"--strategies: none of {list(self.strategies)} is a layout of {self.model} "
+                f"on {self.gpus} {self.gpu_type}"
+            )
+        return perf
 
 
 @dataclass
