@@ -127,7 +127,14 @@ def test_requests_go_by_tier_to_the_home_region_and_spill_over_above_70_percent(
                 {**east, "x-sageserve-tier": "iw-n"},
             )
             events = [e for e in body.decode().split("\n\n") if e]
-            assert status == 200 and events[-1] == "data: [DONE]" and len(events) > 2
+            assert status == 200 and events[-1] == "data: [DONE]", body
+            # as vLLM does, the twin coalesces tokens a slow reader has not taken yet into one
+            # event, so the count of events depends on the machine's load; the tokens do not
+            streamed = "".join(
+                json.loads(e.removeprefix("data: "))["choices"][0]["delta"]["content"]
+                for e in events[:-1]
+            )
+            assert streamed.split() == ["tok"] * 8, body
 
             # tokens per tier, the pod's usage when it reports one: the plan loop's batch
             # share comes from them through Prometheus (no PromQL from the user)
