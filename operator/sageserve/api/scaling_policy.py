@@ -597,6 +597,51 @@ class PlanStatus(ApiModel):
     )
 
 
+class LayoutWeight(ApiModel):
+    """The share of one request type's requests a variant (parallelism layout) gets."""
+
+    variant: str = Field(max_length=63)
+    weight: float = Field(ge=0, le=1)
+
+
+class LayoutType(ApiModel):
+    """One request type of an endpoint's mix (OServe §5.1) and where its requests go (§4.2:
+    the assignment's x_{k,j}/λ_j summed over the replicas of each variant)."""
+
+    prompt_tokens: float = Field(ge=0, description="The type's centroid: prompt tokens.")
+    output_tokens: float = Field(ge=0, description="The type's centroid: output tokens.")
+    rate: float = Field(ge=0, description="Requests/s of this type over the history read.")
+    weights: list[LayoutWeight] = Field(
+        default_factory=list, max_length=16, json_schema_extra=list_map("variant")
+    )
+
+
+class LayoutReplicas(ApiModel):
+    """Instances of one variant in a layout."""
+
+    variant: str = Field(max_length=63)
+    replicas: int = Field(ge=0)
+
+
+class LayoutEntry(ApiModel):
+    """OServe's layout of one (model, region, GPU type): the variants (parallelism layouts)
+    of that GPU type side by side, the mix they are chosen for and the dispatch weights
+    `sageserve router` follows."""
+
+    model: str = Field(max_length=253)
+    region: str = Field(max_length=63)
+    gpu_type: str = Field(max_length=63)
+    computed_at: datetime
+    replicas: list[LayoutReplicas] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra=list_map("variant"),
+        description="The layout in force: instances per variant (the targets pacing follows).",
+    )
+    types: list[LayoutType] = Field(default_factory=list, max_length=16)
+    message: str | None = Field(default=None, max_length=2048)
+
+
 class ScalingPolicyStatus(ApiModel):
     """What the operator decided under this policy."""
 
@@ -605,6 +650,12 @@ class ScalingPolicyStatus(ApiModel):
     plan: PlanStatus | None = None
     donated_nodes: int = Field(
         default=0, ge=0, description="Nodes of this policy's regions and GPU types in spot."
+    )
+    layouts: list[LayoutEntry] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="OServe layouts: per (model, region, GPU type) with several variants of "
+        "that type, the instances per variant and the per-type dispatch weights.",
     )
 
 
@@ -627,6 +678,31 @@ def spill_from_status(plan: Mapping[str, Any]) -> dict[str, dict[str, dict[str, 
             out.setdefault(str(e["model"]), {}).setdefault(str(e["from"]), {})[str(e["to"])] = (
                 float(e["share"])
             )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+#: (model, region) → per type: (prompt tokens, output tokens, variant → weight)
+LayoutWeights = dict[tuple[str, str], list[tuple[float, float, dict[str, float]]]]
+
+
+def layouts_from_status(status: Mapping[str, Any]) -> LayoutWeights:
+    """`status.layouts` as per-type dispatch weights per (model, region); the operator
+    writes them and the router reads them. An entry that does not parse is skipped (the
+    router then dispatches that endpoint as if it had one layout)."""
+    out: LayoutWeights = {}
+    for e in status.get("layouts") or []:
+        try:
+            types = [
+                (
+                    float(t["promptTokens"]),
+                    float(t["outputTokens"]),
+                    {str(w["variant"]): float(w["weight"]) for w in t.get("weights") or []},
+                )
+                for t in e.get("types") or []
+            ]
+            out.setdefault((str(e["model"]), str(e["region"])), []).extend(types)
         except (KeyError, TypeError, ValueError):
             continue
     return out

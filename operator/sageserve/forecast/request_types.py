@@ -34,6 +34,14 @@ from sklearn.cluster import KMeans
 #: the paper's four types: short/long input × short/long output (OServe §6, Table 1)
 DEFAULT_TYPES = 4
 
+#: Upper bounds (tokens) of the log-2 buckets in which `sageserve router` counts finished
+#: requests by (prompt, output) length (`sageserve_router_request_shapes_total`, labels
+#: `prompt_le`, `output_le`): the operator's history for the types. Log-2, because the
+#: types are fitted in log space (above): a bucket's width is one unit of the same scale at
+#: every length, and 18 × 18 bounds keep a model-region under 400 series at most.
+SHAPE_BOUNDS: tuple[int, ...] = tuple(2**i for i in range(18))  # 1 … 131,072
+SHAPE_OVERFLOW = "+Inf"
+
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
@@ -92,27 +100,58 @@ class RequestTypes:
         return tuple(float(c) / duration_s for c in counts)
 
 
+def shape_bucket(tokens: float) -> str:
+    """The `prompt_le` / `output_le` label of a request of `tokens` tokens: the smallest
+    bound ≥ tokens, `+Inf` beyond the last."""
+    for bound in SHAPE_BOUNDS:
+        if tokens <= bound:
+            return str(bound)
+    return SHAPE_OVERFLOW
+
+
+def bucket_tokens(le: str) -> float:
+    """A bucket's representative length: the geometric mean of its bounds (the centre in log
+    space, where the types live); twice the last bound for `+Inf`. Raises ValueError on a
+    label that is not a bucket bound."""
+    if le == SHAPE_OVERFLOW:
+        return 2.0 * SHAPE_BOUNDS[-1]
+    upper = int(le)
+    if upper not in SHAPE_BOUNDS:
+        raise ValueError(f"le: not a shape bucket bound: {le!r}")
+    return 1.0 if upper == 1 else float(np.sqrt(upper * (upper // 2)))
+
+
 def fit_request_types(
     prompt_tokens: Sequence[float],
     output_tokens: Sequence[float],
     k: int = DEFAULT_TYPES,
     seed: int = 0,
     n_init: int = 10,
+    weights: Sequence[float] | None = None,
 ) -> RequestTypes:
-    """k-means over a history window of requests (see the module docstring)."""
+    """k-means over a history window of requests (see the module docstring).
+
+    `weights`: requests per point, when a point stands for many (the router's shape buckets:
+    each bucket's representative lengths, weighted by its count); `counts` then sums them."""
     if k < 1:
         raise ValueError(f"k: must be >= 1, got {k}")
     x = _features(prompt_tokens, output_tokens)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    if w is not None and (w.shape != (x.shape[0],) or np.any(~np.isfinite(w)) or np.any(w < 0)):
+        raise ValueError("weights: one finite weight >= 0 per request")
+    if w is not None:
+        x = x[w > 0]
+        w = w[w > 0]
     if x.shape[0] == 0:
         raise ValueError("prompt_tokens: the history window holds no request")
     k_eff = min(k, int(np.unique(x, axis=0).shape[0]))
-    km = KMeans(n_clusters=k_eff, n_init=n_init, random_state=seed).fit(x)
+    km = KMeans(n_clusters=k_eff, n_init=n_init, random_state=seed).fit(x, sample_weight=w)
     centers = np.asarray(km.cluster_centers_, dtype=np.float64)
     order = sorted(range(k_eff), key=lambda i: (centers[i, 0], centers[i, 1]))
     rank = {old: new for new, old in enumerate(order)}
     labels = np.asarray([rank[int(v)] for v in km.labels_], dtype=np.int64)
-    counts = np.bincount(labels, minlength=k_eff)
+    counts = np.bincount(labels, weights=w, minlength=k_eff)
     return RequestTypes(
         log_centroids=tuple((float(centers[i, 0]), float(centers[i, 1])) for i in order),
-        counts=tuple(int(c) for c in counts),
+        counts=tuple(round(float(c)) for c in counts),
     )
