@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from sageserve.forecast.request_types import bucket_tokens, shape_bucket
 from sageserve.route.instance_picker import Arrival, make_picker
 from sageserve.route.length_predictor import LengthQuery
 from sageserve.router.anticipate import PodAnticipators, client_id
@@ -185,8 +186,24 @@ def test_proxied_answers_teach_the_predictor_and_export_normalized_latency() -> 
             "sageserve_router_normalized_latency_seconds_count", {**labels, "tier": "iw-f"}
         )
         assert count == 20
+        # every answer counted by its lengths (3 prompt, 40 output tokens: buckets 4 and 64),
+        # plain and streamed alike: the operator's history of OServe's request types
+        shape = {**labels, "prompt_le": "4", "output_le": "64"}
+        assert (
+            metrics.registry.get_sample_value("sageserve_router_request_shapes_total", shape) == 20
+        )
 
     run_loop(main())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "bucket"),
+    [(0, "1"), (1, "1"), (2, "2"), (3, "4"), (4096, "4096"), (4097, "8192"), (10**6, "+Inf")],
+)
+def test_a_length_falls_in_the_smallest_log2_bucket_that_holds_it(tokens: int, bucket: str) -> None:
+    assert shape_bucket(tokens) == bucket
+    if bucket != "+Inf":  # the bucket's representative length lies inside it
+        assert int(bucket) / 2 < bucket_tokens(bucket) <= int(bucket)
 
 
 def test_the_router_exports_each_pods_projected_kv_quantiles() -> None:

@@ -111,6 +111,11 @@ def projected_kv_per_pod(namespace: str | None = None) -> str:
 #: The router's counter of tokens answered per endpoint and tier.
 ROUTER_TOKENS = "sageserve_router_tokens"
 
+#: The router's counter of answered requests per endpoint by (prompt, output) length bucket
+#: (`prompt_le`, `output_le`: `forecast.request_types.SHAPE_BOUNDS`): OServe's history of
+#: request types (§5.1), read by the operator's layout loop.
+REQUEST_SHAPES = "sageserve_router_request_shapes"
+
 
 def router_tokens(window: str, namespace: str, tiers: Sequence[str]) -> str:
     """Tokens/s the router answered per (model, region) for `tiers` over `window`: the

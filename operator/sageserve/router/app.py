@@ -463,6 +463,7 @@ class Router:
                 out = reported_completion(payload[-TAIL_BYTES:])
                 self.fleet.anticipators.answered(ticket, out)
                 self.metrics.normalized(model, backend.region, tier, elapsed, out)
+                self.metrics.shape(model, backend.region, used - (out or 0), out)
             try:
                 return status, json.loads(payload)
             except (json.JSONDecodeError, UnicodeDecodeError):
@@ -537,12 +538,12 @@ class Router:
         if upstream.status < 400:
             prompt, total = estimated_tokens(body)
             done = max(events - 1, 0)  # the last event of a stream is [DONE]
-            self.metrics.served(
-                model, backend.region, tier, answered_tokens(tail, done, prompt, total)
-            )
+            used = answered_tokens(tail, done, prompt, total)
+            self.metrics.served(model, backend.region, tier, used)
             out = reported_completion(tail) or (done or None)
             ants.answered(ticket, out)
             self.metrics.normalized(model, backend.region, tier, elapsed, out)
+            self.metrics.shape(model, backend.region, used - (out or 0), out)
         return response
 
 

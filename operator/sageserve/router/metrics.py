@@ -20,10 +20,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from sageserve.batch.objects import QueueDepth
+from sageserve.forecast.request_types import shape_bucket
 from sageserve.metrics.queries import (
     BATCH_ACCEPTED_TOKENS,
     HELD_REQUESTS,
     PROJECTED_KV,
+    REQUEST_SHAPES,
     ROUTER_TOKENS,
 )
 from sageserve.metrics.vllm import TTFT_BUCKETS
@@ -82,6 +84,13 @@ class RouterMetrics:
             "sageserve_router_in_flight_requests",
             "Requests sent to a pod and not answered yet",
             [*ENDPOINT, "tier"],
+            registry=r,
+        )
+        self.shapes = Counter(
+            REQUEST_SHAPES,
+            "Answered requests by prompt and output length (log-2 buckets, upper bounds in "
+            "tokens): the history of OServe's request types",
+            [*ENDPOINT, "prompt_le", "output_le"],
             registry=r,
         )
         self.deferred = Gauge(
@@ -143,6 +152,12 @@ class RouterMetrics:
 
     def served(self, m: ModelRoute, region: str, tier: str, tokens: float) -> None:
         self.tokens.labels(m.namespace, m.name, region, tier).inc(max(tokens, 0.0))
+
+    def shape(self, m: ModelRoute, region: str, prompt: float, output: int | None) -> None:
+        """One answered request's (prompt, output) lengths, when its output is known."""
+        if output:
+            labels = (m.namespace, m.name, region, shape_bucket(prompt), shape_bucket(output))
+            self.shapes.labels(*labels).inc()
 
     def flying(self, m: ModelRoute, region: str, tier: str) -> AbstractContextManager[None]:
         return self.in_flight.labels(m.namespace, m.name, region, tier).track_inprogress()
