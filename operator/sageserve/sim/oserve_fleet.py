@@ -23,7 +23,9 @@ What it does:
   serving strategy, or no weights at all (a homogeneous layout), goes to the least-loaded
   serving replica. The dispatch strategy is named (`DISPATCH_STRATEGIES`): `weighted`
   follows the weights strictly; `weighted-overflow` (`_overflow`) treats them as a
-  preference and sends a request elsewhere when its preferred replica is swamped;
+  preference and sends a request elsewhere when its preferred replica is swamped. The
+  type, the round robin and the overflow test are `route/layout_dispatch.py`'s, the rule
+  `sageserve router` follows between a region's variants (OServe §4.2);
 - **switching**: `execute(plan)` runs a `plan/layout_switch.SwitchPlan`'s actions in order:
   consecutive starts begin together and serve after the start-up time; a stop waits until
   the starts before it serve, then takes the replica of that strategy with the least work
@@ -53,6 +55,13 @@ from sageserve.forecast.request_types import RequestTypes
 from sageserve.perf.model import PerfCatalog, VariantPerf
 from sageserve.plan.layout_search import Layout, Strategy, canonical
 from sageserve.plan.layout_switch import SwitchAction, SwitchPlan
+from sageserve.route.layout_dispatch import (
+    OVERFLOW_RATIO,
+    OVERFLOW_TOKENS,
+    TypeWeights,
+    overflow,
+)
+from sageserve.route.layout_dispatch import nearest_type as _nearest_type
 from sageserve.route.length_predictor import LengthPredictor, LengthQuery
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
@@ -65,13 +74,8 @@ _EV_INSTANCE, _EV_READY, _EV_TICK = 0, 1, 2
 #: - `weighted-overflow`: the same preference, but a request whose preferred replica has
 #:   more than `overflow_ratio` × the tokens left of the least-loaded replica of another
 #:   strategy that can serve its type, plus `overflow_tokens`, goes there instead
-#:   (`_overflow`).
+#:   (`_overflow`, the rule `route.layout_dispatch.overflow`, which the router follows too).
 DISPATCH_STRATEGIES = ("weighted", "weighted-overflow")
-#: `weighted-overflow`'s threshold: tokens left on the preferred replica above
-#: OVERFLOW_RATIO × the least-loaded candidate's + OVERFLOW_TOKENS (chosen on the tuning hours of
-#: `bench oserve`, docs/oserve.md; a smaller margin pools more)
-OVERFLOW_RATIO = 1.5
-OVERFLOW_TOKENS = 1024.0
 
 
 @dataclass(frozen=True)
@@ -137,14 +141,9 @@ class _Replica:
 
 
 def nearest_type(types: RequestTypes, prompt: float, output: float) -> int:
-    """`types.classify` for one request, without numpy (the dispatch path)."""
-    lp, lo = math.log1p(max(0.0, prompt)), math.log1p(max(0.0, output))
-    best, best_d = 0, _INF
-    for j, (cp, co) in enumerate(types.log_centroids):
-        d = (lp - cp) ** 2 + (lo - co) ** 2
-        if d < best_d:
-            best, best_d = j, d
-    return best
+    """`types.classify` for one request, without numpy: `route.layout_dispatch.nearest_type`
+    on the fitted centroids (the router classifies with the same function)."""
+    return _nearest_type(types.log_centroids, prompt, output)
 
 
 @dataclass
@@ -187,10 +186,10 @@ class Fleet(InstanceHooks):
         self.heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self.replicas: list[_Replica] = []
-        self.weights: dict[int, dict[Strategy, float]] | None = None
+        #: per type, per strategy dispatch weights and their round-robin credits (None: none)
+        self.weights: TypeWeights[Strategy] | None = None
         #: per type, the strategies that can serve it (n > 0); absent type or None: all
         self.can_serve: dict[int, frozenset[Strategy]] | None = None
-        self._credit: dict[int, dict[Strategy, float]] = {}
         self.pending: deque[Job] = deque()
         self.outcomes: list[Outcome] = []
         self.type_counts: list[int] = [0] * types.k
@@ -306,8 +305,7 @@ class Fleet(InstanceHooks):
         if weights is None:
             self.weights = None
             return
-        self.weights = {j: {s: w for s, w in ws.items() if w > 0} for j, ws in weights.items()}
-        self._credit = {j: dict.fromkeys(ws, 0.0) for j, ws in self.weights.items()}
+        self.weights = TypeWeights(weights)
 
     def _dispatch(self, job: Job, now: float) -> None:
         out = job.ep
@@ -318,15 +316,8 @@ class Fleet(InstanceHooks):
             return
         pool = serving
         if self.weights is not None:
-            present = {r.strategy for r in serving}
-            ws = {s: w for s, w in self.weights.get(out.type, {}).items() if s in present}
-            if ws:
-                credit = self._credit.setdefault(out.type, {})
-                total = sum(ws.values())
-                for s, w in ws.items():
-                    credit[s] = credit.get(s, 0.0) + w
-                pick = max(ws, key=lambda s: (credit[s], s))
-                credit[pick] -= total
+            pick = self.weights.choose(out.type, {r.strategy for r in serving})
+            if pick is not None:
                 pool = [r for r in serving if r.strategy == pick]
         best = min(pool, key=lambda r: r.inst.remaining_tokens_at(now))
         if self.dispatch == "weighted-overflow" and pool is not serving:
@@ -335,21 +326,12 @@ class Fleet(InstanceHooks):
         best.inst.enqueue(job, now)
 
     def _overflow(self, best: _Replica, serving: list[_Replica], j: int, now: float) -> _Replica:
-        """`weighted-overflow`: keep the weights' choice unless it is swamped.
-
-        Why (OServe §4.2 and the benchmark): the assignment LP balances *mean* utilisation
-        at one mix, so strict weights partition the types between replicas; under the code
-        service's clumps one partition queues while another idles, the statistical
-        multiplexing a shared pool would have had is lost (`docs/oserve.md`, the probe:
-        weights held fixed 2.62 req/s goodput against 3.87 least-loaded on the same layout).
-        Here the weights are a preference: when the preferred replica has more than
-        `overflow_ratio` × the tokens left (`remaining_tokens_at`, queued and running: the
-        least-loaded picker's measure) of the least-loaded replica of any other strategy
-        that can serve the type (n > 0, `can_serve`), plus `overflow_tokens`, the request
-        goes to that replica. Within a strategy the least-loaded replica is already chosen,
-        so a homogeneous layout dispatches as with `weighted`. While no replica holds a
-        backlog beyond the floor, the normal, unsaturated case, the weights are followed
-        exactly.
+        """`weighted-overflow`: keep the weights' choice unless it is swamped
+        (`route.layout_dispatch.overflow`, whose docstring says why; OServe §4.2). The load
+        is `remaining_tokens_at` (queued and running: the least-loaded picker's measure);
+        the candidates are the least-loaded replica of every other strategy that can serve
+        the type (n > 0, `can_serve`). Within a strategy the least-loaded replica is already
+        chosen, so a homogeneous layout dispatches as with `weighted`.
         """
         allowed = None if self.can_serve is None else self.can_serve.get(j)
         cands = [
@@ -361,8 +343,8 @@ class Fleet(InstanceHooks):
             return best
         alt = min(cands, key=lambda r: r.inst.remaining_tokens_at(now))
         alt_load = alt.inst.remaining_tokens_at(now)
-        if best.inst.remaining_tokens_at(now) > (
-            self.overflow_ratio * alt_load + self.overflow_tokens
+        if overflow(
+            best.inst.remaining_tokens_at(now), alt_load, self.overflow_ratio, self.overflow_tokens
         ):
             self.overflows += 1
             return alt
