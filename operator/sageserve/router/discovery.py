@@ -1,5 +1,5 @@
 """What the router learns from the cluster: ready pods, ModelDeployments, WorkloadTiers and
-the plans' spill-over weights (ScalingPolicy status).
+the plans' spill-over weights and OServe layouts (ScalingPolicy status).
 
 One thread per kind runs a Kubernetes list + watch (no polling loop) and hands the whole
 current set to the event loop after every change; an expired watch (410 Gone) or a broken
@@ -22,7 +22,7 @@ from kubernetes import client, watch
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment
-from sageserve.api.scaling_policy import spill_from_status
+from sageserve.api.scaling_policy import LayoutWeights, layouts_from_status, spill_from_status
 from sageserve.api.workload_tier import TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.route.tiers import TierMatch
@@ -80,6 +80,23 @@ def model_route(obj: Mapping[str, Any]) -> ModelRoute | None:
     )
 
 
+def policy_routing(
+    objs: list[dict[str, Any]],
+) -> tuple[dict[str, dict[str, dict[str, float]]], LayoutWeights]:
+    """What the router follows of a namespace's ScalingPolicies: the plans' spill-over
+    weights (`status.plan.spillover`, by model deployment) and OServe layouts
+    (`status.layouts`: per (model deployment, region) the request types and their weights
+    per variant, OServe §4.2). Policies' entries for one endpoint are put together."""
+    spill: dict[str, dict[str, dict[str, float]]] = {}
+    layouts: LayoutWeights = {}
+    for obj in objs:
+        status = obj.get("status") or {}
+        spill.update(spill_from_status(status.get("plan") or {}))
+        for key, types in layouts_from_status(status).items():
+            layouts.setdefault(key, []).extend(types)
+    return spill, layouts
+
+
 class Discovery:
     """List + watch threads that keep a `Fleet` current."""
 
@@ -120,7 +137,7 @@ class Discovery:
                     f"pools/{ns}", self._custom_call(ns, "modelpools"), self._pools_for(ns)
                 )
             self._thread(
-                f"policies/{ns}", self._custom_call(ns, "scalingpolicies"), self._spill_for(ns)
+                f"policies/{ns}", self._custom_call(ns, "scalingpolicies"), self._policies_for(ns)
             )
 
     def stop(self) -> None:
@@ -209,13 +226,15 @@ class Discovery:
 
         return on_tiers
 
-    def _spill_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
+    def _policies_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
         def on_policies(objs: list[dict[str, Any]]) -> None:
-            spill: dict[str, dict[str, dict[str, float]]] = {}
-            for obj in objs:
-                plan = (obj.get("status") or {}).get("plan") or {}
-                spill.update(spill_from_status(plan))
-            self.loop.call_soon_threadsafe(self.fleet.set_spill, ns, spill)
+            spill, layouts = policy_routing(objs)
+
+            def apply() -> None:
+                self.fleet.set_spill(ns, spill)
+                self.fleet.set_layouts(ns, layouts)
+
+            self.loop.call_soon_threadsafe(apply)
 
         return on_policies
 

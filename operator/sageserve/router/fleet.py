@@ -9,18 +9,32 @@ fewest remaining tokens, prompt + `max_tokens`; with a picker named, e.g. `prese
 The router corrects Prometheus' EMU, which is seconds old, with the tokens it sent since
 the last reading, so a burst does not pile onto one region between scrapes. When the plan
 publishes spill-over weights (ScalingPolicy `status.plan.spillover`), they bound how much
-of a region's traffic goes elsewhere (`route.region_router.route_region`).
+of a region's traffic goes elsewhere (`route.region_router.route_region`). When the plan
+lays an endpoint out in several variants (parallelism layouts, ScalingPolicy
+`status.layouts`, OServe §4.2), the in-region choice goes by request type first
+(`route.layout_dispatch`, the rule the simulator's OServe harness runs): see
+`Fleet.choose_backend`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sageserve.api.scaling_policy import LayoutWeights
 from sageserve.core.snapshot import emu
 from sageserve.route.instance_picker import Arrival, InstancePicker, make_picker, pick_instance
+from sageserve.route.layout_dispatch import (
+    OVERFLOW_RATIO,
+    OVERFLOW_TOKENS,
+    TypeWeights,
+    nearest_type,
+    overflow,
+)
 from sageserve.route.region_router import (
     DEFAULT_ROUTE_THRESHOLD,
     SpillBounds,
@@ -73,6 +87,46 @@ class ModelRoute:
     route_threshold: float = DEFAULT_ROUTE_THRESHOLD
 
 
+#: One endpoint's request types as the plan publishes them (`layouts_from_status`): per
+#: type, (prompt tokens, output tokens, variant → weight).
+LayoutTypes = Sequence[tuple[float, float, Mapping[str, float]]]
+#: A layout dispatch as counted: (endpoint, type, variant sent to, overflowed).
+LayoutDispatch = tuple[EndpointId, int, str, bool]
+
+
+@dataclass
+class EndpointLayout:
+    """One endpoint's OServe layout as the router dispatches it (OServe §4.2): the request
+    types' centroids in log(1 + tokens), each type's weights per variant with their round
+    robin, and every variant the plan names (with any weight, 0 included)."""
+
+    types: tuple[tuple[float, float, tuple[tuple[str, float], ...]], ...]
+    log_centroids: tuple[tuple[float, float], ...]
+    weights: TypeWeights[str]
+    variants: frozenset[str]
+
+
+def endpoint_layout(types: LayoutTypes) -> EndpointLayout | None:
+    """The layout of one endpoint from its published types; None when no type names a
+    variant with weight > 0 (nothing to dispatch by: the endpoint keeps the type-free
+    rule)."""
+    frozen = tuple(
+        (float(p), float(o), tuple(sorted((str(v), float(w)) for v, w in ws.items())))
+        for p, o, ws in types
+    )
+    weights = {j: dict(ws) for j, (_, _, ws) in enumerate(frozen)}
+    if not any(w > 0 for ws in weights.values() for w in ws.values()):
+        return None
+    return EndpointLayout(
+        types=frozen,
+        log_centroids=tuple(
+            (math.log1p(max(0.0, p)), math.log1p(max(0.0, o))) for p, o, _ in frozen
+        ),
+        weights=TypeWeights(weights),
+        variants=frozenset(v for ws in weights.values() for v in ws),
+    )
+
+
 def _set_event() -> asyncio.Event:
     done = asyncio.Event()
     done.set()
@@ -107,6 +161,13 @@ class Fleet:
     anticipators: PodAnticipators = field(default_factory=PodAnticipators)
     #: each pod's KV usage as Prometheus last reported it (for `min-usage`)
     pod_kv: dict[str, float] = field(default_factory=dict)
+    #: the plan's OServe layouts per endpoint (ScalingPolicy `status.layouts`)
+    layouts: dict[EndpointId, EndpointLayout] = field(default_factory=dict)
+    #: requests dispatched by type so far (`sageserve_router_layout_dispatch_total`)
+    layout_dispatches: Counter[LayoutDispatch] = field(default_factory=Counter)
+    #: the overflow threshold between variants (`route.layout_dispatch.overflow`)
+    overflow_ratio: float = OVERFLOW_RATIO
+    overflow_tokens: float = OVERFLOW_TOKENS
 
     # ---- written by discovery and the load refresher ----------------------------------
 
@@ -121,6 +182,21 @@ class Fleet:
         """This namespace's plans' spill-over weights, by model deployment."""
         self.spill = {k: v for k, v in self.spill.items() if k[0] != namespace}
         self.spill.update({(namespace, md): bounds for md, bounds in spill.items()})
+
+    def set_layouts(self, namespace: str, layouts: LayoutWeights) -> None:
+        """This namespace's plans' OServe layouts, by (model deployment, region). An
+        endpoint whose published types did not change keeps its round robin's credits (a
+        policy's status is rewritten every plan cycle; restarting the turns each time would
+        favour the greatest variant)."""
+        kept = {k: v for k, v in self.layouts.items() if k[0] != namespace}
+        for (md, region), types in layouts.items():
+            key = (namespace, md, region)
+            new = endpoint_layout(types)
+            if new is None:
+                continue
+            old = self.layouts.get(key)
+            kept[key] = old if old is not None and old.types == new.types else new
+        self.layouts = kept
 
     def set_backends(self, backends: Iterable[Backend]) -> None:
         by_endpoint: dict[EndpointId, list[Backend]] = {}
@@ -207,18 +283,76 @@ class Fleet:
     ) -> Backend | None:
         """The ready pod of `region` for a request: the named picker's choice over the pods'
         load anticipators when there is one (and the request's `arrival` is known), else
-        the pod with the fewest tokens still to process."""
-        pods = [
-            b
-            for b in self.backends.get((model.namespace, model.name, region), [])
-            if b.pod not in exclude
-        ]
+        the pod with the fewest tokens still to process. When the plan lays the endpoint
+        out in several variants, the variant is chosen first, by the request's type
+        (`_by_type`)."""
+        endpoint = (model.namespace, model.name, region)
+        pods = [b for b in self.backends.get(endpoint, []) if b.pod not in exclude]
         if not pods:
             return None
+        layout = self.layouts.get(endpoint)
+        if layout is not None and arrival is not None:
+            chosen = self._by_type(endpoint, layout, pods, arrival)
+            if chosen is not None:
+                return chosen
+        return self._pick(pods, arrival)
+
+    def _pick(self, pods: list[Backend], arrival: Arrival | None) -> Backend:
+        """The in-region picker over `pods` (not empty)."""
         if self.picker is not None and arrival is not None:
             loads = [(b, self.anticipators.load(b.pod, self.pod_kv.get(b.pod, 0.0))) for b in pods]
             return self.picker.pick(arrival, loads)
         return pick_instance([(b, self.remaining.get(b.pod, 0.0)) for b in pods])
+
+    def tokens_left(self, backend: Backend) -> float:
+        """The load the overflow rule compares, the in-region picker's measure in tokens:
+        with a named picker the pod's anticipated tokens left (queued prompts + predicted
+        output left, `token-jsq`'s), else the tokens in flight (prompt + `max_tokens`)."""
+        if self.picker is not None:
+            pod = backend.pod
+            return float(
+                self.anticipators.anticipator(pod).tokens_left(self.anticipators.iteration(pod))
+            )
+        return self.remaining.get(backend.pod, 0.0)
+
+    def _by_type(
+        self, endpoint: EndpointId, layout: EndpointLayout, pods: list[Backend], arrival: Arrival
+    ) -> Backend | None:
+        """OServe §4.2 dispatch (`route.layout_dispatch`, the simulator's harness's rule):
+        the request's type (nearest centroid of its prompt and *predicted* output), the
+        variant by the type's weights (smooth weighted round robin among the variants with
+        a candidate pod), the picker among that variant's pods; then the overflow: if that
+        pod's `tokens_left` exceeds `overflow_ratio` × the least-loaded pod's of another
+        variant the type weighs (any other variant when it weighs only one) +
+        `overflow_tokens`, that pod instead.
+
+        None (the caller's type-free picker decides) when a candidate pod runs a variant
+        the layout does not name (another GPU type, or a variant the plan has not weighed
+        yet: weights over some pods would starve the others), or when the type weighs no
+        variant that has a candidate pod."""
+        if any(b.variant not in layout.variants for b in pods):
+            return None
+        j = nearest_type(layout.log_centroids, arrival.prompt_tokens, arrival.predicted_output)
+        variant = layout.weights.choose(j, {b.variant for b in pods})
+        if variant is None:
+            return None
+        chosen = self._pick([b for b in pods if b.variant == variant], arrival)
+        weighed = layout.weights.of(j)
+        others = [
+            b for b in pods if b.variant != variant and (len(weighed) < 2 or b.variant in weighed)
+        ]
+        overflowed = False
+        if others:
+            alt = min(others, key=self.tokens_left)
+            if overflow(
+                self.tokens_left(chosen),
+                self.tokens_left(alt),
+                self.overflow_ratio,
+                self.overflow_tokens,
+            ):
+                chosen, overflowed = alt, True
+        self.layout_dispatches[(endpoint, j, chosen.variant, overflowed)] += 1
+        return chosen
 
     def arrival(self, model: ModelRoute, client: int, prompt_tokens: float) -> Arrival:
         """The request as the pickers see it: prompt tokens, predicted output tokens."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -192,6 +192,7 @@ class RouterMetrics:
         Manager and the operator's `preserve` strategy decide on."""
         self.registry.register(_EndpointEmu(fleet))
         self.registry.register(_PodProjection(fleet))
+        self.registry.register(_LayoutDispatch(fleet))
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -237,4 +238,25 @@ class _PodProjection(Collector):
                 projection = self.fleet.anticipators.projection(b.pod)
                 for q, value in projection_quantiles(projection):
                     family.add_metric([*endpoint, b.pod, f"{q:g}"], value)
+        yield family
+
+
+class _LayoutDispatch(Collector):
+    """`sageserve_router_layout_dispatch_total{..., type, variant, overflow}`: requests the
+    router sent by request type to a variant of an OServe layout (`Fleet._by_type`, OServe
+    §4.2), `overflow="true"` where the preferred variant's pod was swamped and another
+    variant's took the request. Per type, the variants' shares show whether the plan's
+    weights are followed; a high overflow share, that they no longer fit the traffic."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "sageserve_router_layout_dispatch",
+            "Requests dispatched by request type to a variant of an OServe layout",
+            labels=[*ENDPOINT, "type", "variant", "overflow"],
+        )
+        for (endpoint, j, variant, over), n in sorted(self.fleet.layout_dispatches.items()):
+            family.add_metric([*endpoint, str(j), variant, str(over).lower()], n)
         yield family
