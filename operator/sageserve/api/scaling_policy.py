@@ -482,6 +482,50 @@ class Preserve(ApiModel):
     )
 
 
+class Layouts(ApiModel):
+    """OServe layouts (issue 18): a ModelDeployment listing two or more variants of one GPU
+    type under this policy runs them side by side as parallelism layouts, chosen for the
+    measured request mix (OServe §4.2 assignment, §4.3 search, §5.2 switching with our
+    gain-against-cost gate). Absent: one planned variant per GPU type, as before."""
+
+    replan_seconds: int = Field(
+        default=600,
+        ge=10,
+        le=86400,
+        description="Seconds between re-plans of each (model, region, GPU type) layout "
+        "(OServe re-plans every span; 5-10 minutes here, as pods take minutes to start).",
+    )
+    history_seconds: int = Field(
+        default=3600,
+        ge=60,
+        le=604800,
+        description="History of the router's request-shape counter the types and their "
+        "rates are read over (sageserve_router_request_shapes_total).",
+    )
+    types: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="Request types k (k-means on log prompt and output length, OServe §5.1: "
+        "4). Ignored when the ModelDeployment names a measured type-capacity ConfigMap, "
+        "whose types are used.",
+    )
+    confirmations: int = Field(
+        default=2,
+        ge=1,
+        le=100,
+        description="Consecutive worthwhile re-plans before a switch (1: the paper's "
+        "behaviour, switch on the first).",
+    )
+    min_gain_fraction: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="A switch must gain at least this share of the requests the layout in "
+        "force serves over the horizon (inside the capacity model's error otherwise).",
+    )
+
+
 class ScalingPolicySpec(ApiModel):
     """How the fleets of the ModelDeployments referring to this policy are sized."""
 
@@ -501,6 +545,12 @@ class ScalingPolicySpec(ApiModel):
     spot: Spot = sub_object(Spot)
     siloed: Siloed = sub_object(Siloed)
     preserve: Preserve = sub_object(Preserve)
+    layouts: Layouts | None = Field(
+        default=None,
+        description="OServe layouts for ModelDeployments with two or more variants of one "
+        "GPU type (docs/oserve.md, On Kubernetes); absent: the first variant of each GPU "
+        "type is planned, the others keep what pacing gives them.",
+    )
 
 
 class ForecastEntry(ApiModel):

@@ -154,6 +154,9 @@ class Plan:
     #: Spill-over weights per model: share of a home region's demand planned to be served
     #: in each other region (`plan.flow`); empty for a model whose regions serve themselves.
     spill: Mapping[str, Mapping[str, Mapping[str, float]]] = field(default_factory=dict)
+    #: The (endpoint, variant) targets an OServe layout sets (`plan.oserve_layouts.
+    #: with_layouts`): the decision step moves each such variant to its own target.
+    layout_variants: frozenset[tuple[EndpointKey, str]] = field(default_factory=frozenset)
     #: Planned instances per endpoint over all its variants (derived).
     targets: Mapping[EndpointKey, int] = field(init=False, compare=False, repr=False)
 
@@ -174,6 +177,10 @@ class Plan:
 
     def variant_target(self, key: EndpointKey, variant: str) -> int:
         return self.variant_targets.get((key, variant), 0)
+
+    def layout_targets(self, key: EndpointKey) -> dict[str, int]:
+        """The endpoint's variants an OServe layout sizes, with their targets (empty: none)."""
+        return {v: self.variant_targets.get((k, v), 0) for k, v in self.layout_variants if k == key}
 
 
 @dataclass(frozen=True, slots=True)

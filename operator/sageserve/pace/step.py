@@ -92,10 +92,55 @@ class StepOutcome:
 
 
 def adopt(state: StepState, plan: Plan | None) -> StepState:
-    """The state with `plan` in force if it is newer than the current one."""
-    if plan is None or (state.plan is not None and plan.computed_at <= state.plan.computed_at):
+    """The state with `plan` in force if it is newer than the current one, or as new and
+    different (the same plan with an OServe layout's targets laid over it,
+    `plan.oserve_layouts.with_layouts`, changes as a switch proceeds)."""
+    if plan is None or state.plan is plan:
+        return state
+    if state.plan is not None and (
+        plan.computed_at < state.plan.computed_at
+        or (plan.computed_at == state.plan.computed_at and plan == state.plan)
+    ):
         return state
     return replace(state, plan=plan)
+
+
+def layout_move(ep: EndpointSnapshot, targets: Mapping[str, int]) -> Decision | None:
+    """The move of an endpoint's OServe layout variants to their own targets (OServe §5.2
+    on Kubernetes), or None when each is at its target.
+
+    Every variant below its target first (a scale-out: the starts of a switch plan), and
+    only when none is below, every one above (a scale-in: its stops, least-loaded pods
+    drained). So one pass never both starts and stops, and when the layout loop's targets
+    (`plan.layout_switch.switch_targets`) raise the new variants before lowering the old
+    ones, the old pods go only once the new ones count in the targets' place.
+
+    Why not through the strategy: the layout decides *which* variants run on the GPUs the
+    plan (or the pod sets) give the (model, region, GPU type); the strategies size an
+    endpoint's total and would move a layout only when utilisation crosses a threshold."""
+    below = {v: n for v, n in targets.items() if ep.replicas.get(v, 0) < n}
+    if below:
+        count = sum(n - ep.replicas.get(v, 0) for v, n in below.items())
+        sizes = ", ".join(f"{v}={n}" for v, n in sorted(below.items()))
+        reason = f"OServe layout: start {sizes}"
+        return Decision(ep.key, ActionKind.SCALE_OUT, count, dict(sorted(below.items())), reason)
+    above = {v: n for v, n in targets.items() if ep.replicas.get(v, 0) > n}
+    if not above:
+        return None
+    drain: list[str] = []
+    for v, n in above.items():
+        mine = tuple(i for i in ep.instances if i.variant == v)
+        drain += [i.name for i in drain_order(mine)[: ep.replicas.get(v, 0) - n]]
+    count = sum(ep.replicas.get(v, 0) - n for v, n in above.items())
+    sizes = ", ".join(f"{v}={n}" for v, n in sorted(above.items()))
+    return Decision(
+        ep.key,
+        ActionKind.SCALE_IN,
+        count,
+        dict(sorted(above.items())),
+        f"OServe layout: stop to {sizes}",
+        tuple(sorted(drain)),
+    )
 
 
 def split_over_variants(
@@ -133,8 +178,15 @@ def split_over_variants(
 
 
 def to_decision(action: ScalingAction, ep: EndpointSnapshot, plan: Plan | None) -> Decision:
-    """A strategy's action on one endpoint, made concrete: replicas per variant, drains."""
+    """A strategy's action on one endpoint, made concrete: replicas per variant, drains.
+    Variants an OServe layout sizes are left out of the split (the layout moves them)."""
     variants = ep.variants or tuple(sorted(ep.replicas))
+    if plan is not None and plan.layout_variants:
+        managed = plan.layout_targets(ep.key)
+        variants = tuple(v for v in variants if v not in managed)
+        ep = replace(ep, replicas={v: n for v, n in ep.replicas.items() if v not in managed})
+        if not variants:
+            return Decision(ep.key, action.kind, 0, {}, action.reason)
     targets = {v: plan.variant_target(ep.key, v) for v in variants} if plan else {}
     replicas = split_over_variants(action.kind, action.count, ep.replicas, variants, targets)
     drain: list[str] = []
@@ -145,6 +197,18 @@ def to_decision(action: ScalingAction, ep: EndpointSnapshot, plan: Plan | None) 
             drain += [i.name for i in drain_order(mine)[:fewer]]
     count = sum(abs(n - ep.replicas.get(v, 0)) for v, n in replicas.items())
     return Decision(ep.key, action.kind, count, replicas, action.reason, tuple(sorted(drain)))
+
+
+def _layout_step(ep: EndpointSnapshot, plan: Plan | None) -> tuple[Decision | None, bool]:
+    """(the layout's move on the endpoint, whether a layout sizes all of its variants). A
+    stop waits while some serving instance is silent: it may be a new one not counted yet."""
+    managed = plan.layout_targets(ep.key) if plan else {}
+    if not managed:
+        return None, False
+    move = layout_move(ep, managed)
+    if move is not None and move.kind is ActionKind.SCALE_IN and ep.partial_data:
+        move = None
+    return move, len(managed) >= len(ep.variants or ep.replicas)
 
 
 def _floor_action(ep: EndpointSnapshot) -> ScalingAction | None:
@@ -210,6 +274,27 @@ def _strategy_action(
     return action
 
 
+def _paced(
+    now: float,
+    ep: EndpointSnapshot,
+    state: StepState,
+    strategy: PacingStrategy,
+    saturated: dict[EndpointKey, float],
+    since: float | None,
+    last_scale_in: float | None,
+) -> Decision | None:
+    """The floor's or the strategy's decision on one endpoint (None: nothing to do)."""
+    action = _floor_action(ep)
+    if action is None and ep.serving + ep.provisioning > 0:
+        action = _strategy_action(now, ep, state, strategy, saturated, since, last_scale_in)
+    if action is not None and action.kind is ActionKind.SCALE_IN and ep.partial_data:
+        action = None  # a silent instance may be the full one
+    if action is None:
+        return None
+    decision = to_decision(action, ep, state.plan)
+    return decision if decision.count else None
+
+
 def decide(
     now: float,
     snapshot: Snapshot,
@@ -239,17 +324,10 @@ def decide(
         since = last.get(key)
         if since is not None and now - since < strategy.cooldown_s:
             continue
-        action = _floor_action(ep)
-        if action is None and ep.serving + ep.provisioning > 0:
-            action = _strategy_action(
-                now, ep, state, strategy, saturated, since, scaled_in.get(key)
-            )
-        if action is not None and action.kind is ActionKind.SCALE_IN and ep.partial_data:
-            action = None  # a silent instance may be the full one
-        if action is None:
-            continue
-        decision = to_decision(action, ep, state.plan)
-        if decision.count == 0:
+        decision, owned = _layout_step(ep, state.plan)
+        if decision is None and not owned:  # else the layout sizes every variant
+            decision = _paced(now, ep, state, strategy, saturated, since, scaled_in.get(key))
+        if decision is None:
             continue
         decisions.append(decision)
         last[key] = now

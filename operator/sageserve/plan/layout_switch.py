@@ -549,3 +549,51 @@ def replan(
         return (ev is not None and ev.worthwhile, ev.net_requests if ev is not None else 0.0)
 
     return max(decisions, key=rank)  # the first of equals: the order above
+
+
+@dataclass(frozen=True)
+class SwitchProgress:
+    """Where the execution of a `SwitchPlan` stands: the replicas each strategy should have
+    now (`targets`), how many of the plan's actions are taken (`done`, the caller keeps it
+    for the next step) and whether all are (`finished`)."""
+
+    targets: dict[Strategy, int]
+    done: int
+    finished: bool
+
+
+def switch_targets(
+    plan: SwitchPlan, ready: Mapping[Strategy, int], done: int = 0
+) -> SwitchProgress:
+    """Step `plan` (OServe §5.2, executed make-before-break on Kubernetes) as the replicas
+    become Ready: the targets per strategy after the actions that may be taken now.
+
+    The rule is the benchmark harness's (`sim.oserve_fleet.Fleet._advance`): a start is
+    taken at once (consecutive starts run together, they only add capacity); a stop waits
+    until every start before it serves, i.e. until each started strategy has as many
+    `ready` replicas as its target so far (the harness counts its starting replicas; a
+    kept replica's readiness is not waited for, as there). Stops never undo: `done` actions
+    stay taken when a started replica fails later (the caller passes back `done`), so a
+    crash after the switch is a pod set below target, not a restart of the old layout.
+
+    Starts and stops never share a strategy (`match_layouts` keeps the intersection), so a
+    strategy's target only rises or only falls over the plan."""
+    if not 0 <= done <= len(plan.actions):
+        raise ValueError(f"done: {done} is not within the plan's {len(plan.actions)} actions")
+    counts: Counter[Strategy] = Counter(plan.current)
+    started: set[Strategy] = set()
+    for a in plan.actions[:done]:
+        counts[a.strategy] += 1 if a.kind == "start" else -1
+        if a.kind == "start":
+            started.add(a.strategy)
+    i = done
+    while i < len(plan.actions):
+        a = plan.actions[i]
+        if a.kind == "stop" and any(ready.get(s, 0) < counts[s] for s in started):
+            break
+        counts[a.strategy] += 1 if a.kind == "start" else -1
+        if a.kind == "start":
+            started.add(a.strategy)
+        i += 1
+    strategies = dict.fromkeys([*plan.current, *plan.target])
+    return SwitchProgress({s: max(0, counts[s]) for s in strategies}, i, i == len(plan.actions))

@@ -1,0 +1,366 @@
+"""OServe layouts on Kubernetes: from ModelDeployment variants and the router's request-shape
+counter to the layout search's inputs, and from a layout back to pod-set targets and
+dispatch weights (issue 18; OServe §4.2, §4.3, §5.1, §5.2). Pure: the operator's layout loop
+(`controller.layout_loop`) fetches and writes, this module decides.
+
+- **Layouts are declared** as variants: a ModelDeployment that lists two or more variants of
+  one GPU type (different tensorParallel × pipelineParallel) under a policy with a
+  `spec.layouts` section runs them side by side, one pod set per (region, variant) as
+  always. Each variant is one strategy (TP, PP) of the search (`layout_search.Strategy`), and
+  the search is restricted to the declared ones: its `LayoutSpace` holds only their rows.
+- **Request types** (§5.1) come from the router's counter of answered requests per log-2
+  (prompt, output) bucket: each bucket is one point at its representative lengths
+  (`forecast.request_types.bucket_tokens`) weighted by its count, clustered by weighted
+  k-means, or classified into the centroids of a measured capacity table when the
+  ModelDeployment names one (its n are per *those* types).
+- **Per-type capacity n** (§4.2) is analytical (`perf/capacity.py`) on the perf profile of
+  each variant's (TP, PP), or measured (`sageserve calibrate --by-type`'s file, kept in a
+  ConfigMap).
+- **Budget** (§4.3 searches inside a GPU budget): the plan in force's instances of that
+  (model, region, GPU type) × their GPUs when a plan covers it, else the GPUs the pod sets
+  of those variants hold now.
+- **Targets**: the layout in force overrides the plan's targets of those variants
+  (`with_layouts`), so the decision step moves each variant's pod set to its own count.
+- **Weights** (§4.2): the assignment LP's x_{k,j}/λ_j summed over each variant's replicas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sageserve.api.model_deployment import ModelDeployment, Variant
+from sageserve.core.snapshot import Plan
+from sageserve.core.types import EndpointKey
+from sageserve.forecast.request_types import bucket_tokens, fit_request_types
+from sageserve.perf.capacity import type_capacity
+from sageserve.perf.layout_check import profile_names, variant_parallelism
+from sageserve.perf.model import PerfCatalog
+from sageserve.plan.layout_search import Layout, Strategy, canonical
+from sageserve.plan.oserve_assign import assign
+
+#: ModelDeployment annotation naming a ConfigMap with measured n (`calibrate --by-type`).
+TYPE_CAPACITY_ANNOTATION = "sageserve.io/type-capacity"
+#: The ConfigMap key holding the file `sageserve calibrate --by-type --out` writes.
+TYPE_CAPACITY_KEY = "type-capacity.yaml"
+
+#: (prompt_le, output_le) → requests counted in that bucket over the history.
+ShapeCounts = Mapping[tuple[str, str], float]
+
+
+@dataclass(frozen=True)
+class LayoutGroup:
+    """The variants of one GPU type of one ModelDeployment: the layouts OServe chooses from."""
+
+    model: str
+    gpu_type: str
+    variants: tuple[Variant, ...]
+
+    def strategy(self, variant: Variant) -> Strategy:
+        return Strategy(*variant_parallelism(variant))
+
+    @property
+    def by_strategy(self) -> dict[Strategy, Variant]:
+        return {self.strategy(v): v for v in self.variants}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variants)
+
+    def layout(self, replicas: Mapping[str, int]) -> Layout:
+        """The layout of `replicas` per variant name (absent: 0)."""
+        return canonical(
+            self.strategy(v) for v in self.variants for _ in range(max(0, replicas.get(v.name, 0)))
+        )
+
+    def replicas(self, layout: Sequence[Strategy]) -> dict[str, int]:
+        """Instances per variant name of `layout` (every variant listed, 0 when absent)."""
+        counts = Counter(layout)
+        by = self.by_strategy
+        unknown = [str(s) for s in counts if s not in by]
+        if unknown:
+            raise ValueError(f"layout: {unknown} are no variant of {self.model} on {self.gpu_type}")
+        return {by[s].name: counts.get(s, 0) for s in sorted(by)}
+
+    def startup_seconds(self) -> dict[Strategy, float]:
+        return {self.strategy(v): float(v.startup_seconds) for v in self.variants}
+
+
+def layout_groups(md: ModelDeployment) -> list[LayoutGroup]:
+    """The GPU types of `md` with two or more variants, in spec order. Raises ValueError
+    naming the field when two variants of one GPU type have the same (TP, PP): the search
+    could not tell them apart (one strategy = one variant)."""
+    by_type: dict[str, list[Variant]] = {}
+    for v in md.spec.variants:
+        by_type.setdefault(v.gpu_type, []).append(v)
+    out = []
+    for gpu, variants in by_type.items():
+        if len(variants) < 2:
+            continue
+        seen: dict[tuple[int, int], str] = {}
+        for v in variants:
+            key = variant_parallelism(v)
+            if key in seen:
+                raise ValueError(
+                    f"spec.variants[{v.name}]: same tensorParallel × pipelineParallel "
+                    f"{key[0]} × {key[1]} as variant {seen[key]} on {gpu}; OServe layouts need "
+                    "one variant per parallelism: change one, or remove it"
+                )
+            seen[key] = v.name
+        out.append(LayoutGroup(md.metadata.name, gpu, tuple(variants)))
+    return out
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Request types (centroid tokens) and their requests/s over the history read."""
+
+    centroids: tuple[tuple[float, float], ...]
+    rates: tuple[float, ...]
+
+
+def _points(counts: ShapeCounts) -> tuple[list[float], list[float], list[float]]:
+    prompts, outputs, weights = [], [], []
+    for (p_le, o_le), c in sorted(counts.items()):
+        if not math.isfinite(c) or c <= 0:
+            continue
+        prompts.append(bucket_tokens(p_le))
+        outputs.append(bucket_tokens(o_le))
+        weights.append(float(c))
+    return prompts, outputs, weights
+
+
+def mix_from_buckets(
+    counts: ShapeCounts,
+    seconds: float,
+    k: int = 4,
+    centroids: Sequence[tuple[float, float]] | None = None,
+    seed: int = 0,
+) -> Mix | None:
+    """Types and rates from the router's shape buckets over `seconds` of history (OServe §5.1).
+
+    With `centroids` (a measured capacity table's types), each bucket goes to the nearest
+    centroid in log(1 + tokens) space, where the types were fitted; else weighted k-means
+    (`fit_request_types`). None when no request was counted. A bucket label that is not a
+    bound raises ValueError (the router and operator disagree on the buckets)."""
+    if not seconds > 0:
+        raise ValueError(f"seconds: the history must be > 0 s, got {seconds}")
+    prompts, outputs, weights = _points(counts)
+    if not weights:
+        return None
+    if centroids is not None:
+        cents = tuple((float(p), float(o)) for p, o in centroids)
+        c = np.log1p(np.asarray(cents, dtype=np.float64))
+    else:
+        types = fit_request_types(prompts, outputs, k=k, seed=seed, weights=weights)
+        cents = tuple(types.centroid_tokens(j) for j in range(types.k))
+        c = np.asarray(types.log_centroids, dtype=np.float64)
+    x = np.log1p(np.column_stack((prompts, outputs)))
+    nearest = ((x[:, None, :] - c[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)
+    per_type = np.bincount(nearest, weights=np.asarray(weights), minlength=len(cents))
+    return Mix(cents, tuple(float(v) / seconds for v in per_type))
+
+
+def analytical_capacity(
+    catalog: PerfCatalog,
+    md: ModelDeployment,
+    group: LayoutGroup,
+    centroids: Sequence[tuple[float, float]],
+    node_gpus: int = 8,
+) -> dict[Strategy, tuple[float, ...]]:
+    """n per declared variant and type from the perf profile (`perf/capacity.py`), the
+    profile found as the layout rules find it (annotation `sageserve.io/perf-profile`, the
+    ModelDeployment's name, the model name). Raises ValueError naming the fix when no
+    profile has every variant's (TP, PP) on the GPU type."""
+    problems = []
+    for name in profile_names(md):
+        try:
+            perf = {
+                group.strategy(v): catalog.layout(
+                    name, group.gpu_type, *variant_parallelism(v), node_gpus=node_gpus
+                )
+                for v in group.variants
+            }
+        except (KeyError, ValueError) as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        return {s: tuple(type_capacity(p, i, o) for i, o in centroids) for s, p in perf.items()}
+    raise ValueError(
+        f"no perf profile gives n for every variant of {group.model} on {group.gpu_type} "
+        f"({'; '.join(problems)}); name a profile with the annotation sageserve.io/perf-profile, "
+        f"or give measured n in a ConfigMap named by the annotation {TYPE_CAPACITY_ANNOTATION} "
+        f"(key {TYPE_CAPACITY_KEY}, the file of `sageserve calibrate --by-type --out`)"
+    )
+
+
+@dataclass(frozen=True)
+class MeasuredCapacity:
+    """A measured capacity table (`calibrate --by-type`) as the layout loop uses it."""
+
+    gpu_type: str
+    centroids: tuple[tuple[float, float], ...]
+    capacity: dict[str, tuple[float, ...]]
+
+    def rows(self, group: LayoutGroup) -> dict[Strategy, tuple[float, ...]]:
+        """n per declared variant; ValueError naming the missing layout and the fix."""
+        out = {}
+        for v in group.variants:
+            s = group.strategy(v)
+            row = self.capacity.get(str(s))
+            if row is None:
+                declared = ",".join(str(group.strategy(x)) for x in group.variants)
+                raise ValueError(
+                    f"{TYPE_CAPACITY_KEY}: capacity has no row {str(s)!r} for variant {v.name} "
+                    f"(have {sorted(self.capacity)}); measure it with `sageserve calibrate "
+                    f"--by-type --strategies {declared}`"
+                )
+            out[s] = row
+        return out
+
+
+def _centroids(types: Any) -> tuple[tuple[float, float], ...]:
+    if not isinstance(types, list) or not types:
+        raise ValueError(f"{TYPE_CAPACITY_KEY}: types must list the request types' centroids")
+    out = []
+    for j, t in enumerate(types):
+        try:
+            p, o = float(t["promptTokens"]), float(t["outputTokens"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"{TYPE_CAPACITY_KEY}: types[{j}] needs numeric promptTokens and outputTokens"
+            ) from None
+        if not (math.isfinite(p) and math.isfinite(o) and p >= 0 and o >= 0):
+            raise ValueError(f"{TYPE_CAPACITY_KEY}: types[{j}]: tokens must be finite and >= 0")
+        out.append((p, o))
+    return tuple(out)
+
+
+def _capacity_rows(cap: Any, types: int) -> dict[str, tuple[float, ...]]:
+    if not isinstance(cap, Mapping) or not cap:
+        raise ValueError(f"{TYPE_CAPACITY_KEY}: capacity must map each layout (TP4, TP4xPP2) to n")
+    rows: dict[str, tuple[float, ...]] = {}
+    for name, row in cap.items():
+        try:
+            values = tuple(float(x) for x in row)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{TYPE_CAPACITY_KEY}: capacity.{name} must be a list of requests/s, one per type"
+            ) from None
+        if len(values) != types:
+            raise ValueError(
+                f"{TYPE_CAPACITY_KEY}: capacity.{name} has {len(values)} values for "
+                f"{types} types; one n per type"
+            )
+        if any(not math.isfinite(x) or x < 0 for x in values):
+            raise ValueError(f"{TYPE_CAPACITY_KEY}: capacity.{name}: n must be finite and >= 0")
+        rows[str(name)] = values
+    return rows
+
+
+def parse_measured(raw: Any) -> MeasuredCapacity:
+    """The `calibrate --by-type` file (YAML/JSON already loaded), checked; ValueError naming
+    the field and the fix. Only what the loop needs is read: kind, gpuType, types, capacity."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(
+            f"{TYPE_CAPACITY_KEY}: not a mapping; store the file of `sageserve calibrate "
+            "--by-type --out n.yaml` under that key"
+        )
+    if raw.get("kind") != "sageserve.io/type-capacity":
+        raise ValueError(
+            f"{TYPE_CAPACITY_KEY}: kind is {raw.get('kind')!r}, not sageserve.io/type-capacity; "
+            "store the file of `sageserve calibrate --by-type --out n.yaml`"
+        )
+    gpu = raw.get("gpuType")
+    if not isinstance(gpu, str) or not gpu:
+        raise ValueError(f"{TYPE_CAPACITY_KEY}: gpuType missing; the GPU type n was measured on")
+    centroids = _centroids(raw.get("types"))
+    return MeasuredCapacity(gpu, centroids, _capacity_rows(raw.get("capacity"), len(centroids)))
+
+
+def budget_gpus(
+    group: LayoutGroup, region: str, plan: Plan | None, replicas: Mapping[str, int]
+) -> tuple[int, str]:
+    """(GPUs, source) the layout is searched on (OServe §4.3's budget D).
+
+    The plan's instances of the group's variants × their GPUs when the plan in force covers
+    the (model, region) (the ILP plans one variant per GPU type; its GPUs are the model's
+    share of that type); else the GPUs the variants' pod sets hold now (`replicas`, their
+    spec.replicas), so that a strategy without a plan keeps its size and only the layout
+    changes."""
+    key = EndpointKey(group.model, region)
+    if plan is not None and key in plan.targets:
+        gpus = sum(plan.variant_target(key, v.name) * v.gpus_per_instance for v in group.variants)
+        return gpus, "plan"
+    held = sum(max(0, replicas.get(v.name, 0)) * v.gpus_per_instance for v in group.variants)
+    return held, "held"
+
+
+def variant_weights(
+    group: LayoutGroup,
+    capacity: Mapping[Strategy, Sequence[float]],
+    layout: Sequence[Strategy],
+    rates: Sequence[float],
+) -> list[dict[str, float]]:
+    """Per type, the share of its requests each variant gets (OServe §4.2): the assignment
+    LP's x_{k,j}/λ_j summed over the variant's replicas. A type with no demand, or that no
+    replica can serve, is shared by the replicas that could serve it (by n), so the router
+    still has a preference when it appears."""
+    layout = canonical(layout)
+    by = group.by_strategy
+    types = len(rates)
+    out: list[dict[str, float]] = [{} for _ in range(types)]
+    if not layout:
+        return out
+    result = assign(list(rates), [list(capacity[s]) for s in layout])
+    for j in range(types):
+        shares: dict[str, float] = {}
+        served = sum(result.weights[k][j] for k in range(len(layout)))
+        for k, s in enumerate(layout):
+            if served > 1e-9:
+                w = result.weights[k][j]
+            else:  # fall back on n: where it would go if it came
+                total = sum(capacity[x][j] for x in layout)
+                w = capacity[s][j] / total if total > 0 else 0.0
+            name = by[s].name
+            shares[name] = shares.get(name, 0.0) + w
+        total = sum(shares.values())
+        out[j] = {v: round(w / total, 4) for v, w in shares.items()} if total > 0 else {}
+    return out
+
+
+@dataclass(frozen=True)
+class LayoutTargets:
+    """The layouts in force: instances per (endpoint, variant) of the variants they manage,
+    and when they last changed."""
+
+    targets: Mapping[tuple[EndpointKey, str], int] = field(default_factory=dict)
+    changed_at: float = 0.0
+
+
+def with_layouts(plan: Plan | None, layouts: LayoutTargets) -> Plan | None:
+    """The plan in force with its targets of the layouts' variants replaced by the layouts'
+    (pure). The plan's other targets, forecasts and time are kept (LT-UA times its gap
+    window from `computed_at`); with no plan, a plan of the layouts alone, timed at their
+    last change. `layout_variants` tells the decision step which targets are a layout's
+    (moved per variant, `pace.step.decide`)."""
+    if not layouts.targets:
+        return plan
+    if plan is None:
+        return Plan(
+            layouts.changed_at, dict(layouts.targets), layout_variants=frozenset(layouts.targets)
+        )
+    merged = dict(plan.variant_targets)
+    merged.update(layouts.targets)
+    return Plan(
+        plan.computed_at,
+        merged,
+        plan.forecasts,
+        plan.instance_tps,
+        plan.spill,
+        layout_variants=frozenset(layouts.targets) | plan.layout_variants,
+    )
