@@ -188,6 +188,19 @@ class Kube:
         listed = _plain(self.core.list_pod_for_all_namespaces(_preload_content=False))
         return list(listed.get("items") or [])
 
+    def config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's `data`, None when there is no such ConfigMap (the OServe layout loop
+        reads measured per-type capacity from one)."""
+        try:
+            found = _plain(
+                self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {str(k): str(v) for k, v in (found.get("data") or {}).items()}
+
     def pods_of(self, namespace: str) -> list[dict[str, Any]]:
         """The pods of every sageserve pod set of a namespace, as dicts."""
         listed = _plain(

@@ -36,6 +36,7 @@ from sageserve.api.scaling_policy import ScalingPolicy, Strategy
 from sageserve.controller.faults import lost_pods
 from sageserve.controller.guard import FaultReport, Guard, report_after_s
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
+from sageserve.controller.layout_loop import LayoutPass, LayoutState
 from sageserve.controller.leader import LeaderElection, identity
 from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
@@ -57,6 +58,7 @@ from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsTooSlow, MetricsUnavailable
 from sageserve.pace.from_policy import strategy_for
 from sageserve.pace.step import Held, StepState, decide
+from sageserve.plan.oserve_layouts import with_layouts
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: The leader renews its Lease this often (a third of the Lease's 15 s duration).
@@ -99,6 +101,8 @@ class PaceState:
     donated_nodes: int | None = None
     #: faults already posted as Events (`controller.guard.FaultReport`)
     faults_seen: set[str] = field(default_factory=set)
+    #: OServe layouts in force and the layout loop's memory (`controller.layout_loop`)
+    layouts: LayoutState = field(default_factory=LayoutState)
 
 
 def degraded(held: list[Held]) -> tuple[bool, str, str]:
@@ -287,7 +291,7 @@ class PacePass:
         outcome = decide(
             self.now,
             Snapshot(self.now, endpoints),
-            self.state.plan,
+            with_layouts(self.state.plan, self.state.layouts.targets()),
             self.state.step,
             strategy,
             report_partial_after_s=report_after_s(),
@@ -573,6 +577,19 @@ class Loops(threading.Thread):
             state.plan = cycle.in_force(wall)
         return cycle is not None
 
+    def layouts(self, k: Kube, policy: dict[str, Any], state: PaceState) -> None:
+        """The OServe layout loop's pass for a policy with `spec.layouts` (every pace pass
+        steps switches in progress; re-plans every `replanSeconds`): `controller.layout_loop`.
+        A failure keeps the layouts in force (logged)."""
+        if not (policy.get("spec") or {}).get("layouts") and not state.layouts.groups:
+            return
+        try:
+            LayoutPass(k, policy, state.layouts, state.conditions, self.logger).run(
+                prometheus_reader(), state.plan, time.time()
+            )
+        except Exception:
+            self.logger.exception("layout pass failed; the layouts in force are kept")
+
     def resync_all(self, k: Kube) -> None:
         """Reconcile every ModelDeployment once (a policy or node that appeared later makes a
         waiting object Ready; a drifted pod set is restored)."""
@@ -617,6 +634,7 @@ class Loops(threading.Thread):
             try:
                 started = time.monotonic()
                 planned = self.plan_if_due(k, policy, state)
+                self.layouts(k, policy, state)
                 PacePass(k, policy, state, self.logger).run()
                 kind = "plan" if planned else "pace"
                 OPERATOR_METRICS.round_seconds.labels(*key, kind).observe(

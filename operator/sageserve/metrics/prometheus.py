@@ -162,6 +162,21 @@ class PrometheusReader:
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise MetricsUnavailable(f"unexpected sample from Prometheus: {result!r}") from exc
 
+    def request_shapes(
+        self, namespace: str, model: str, region: str, seconds: int
+    ) -> dict[tuple[str, str], float]:
+        """Requests answered per (prompt_le, output_le) bucket of one (model, region) over
+        the last `seconds` (`queries.request_shapes`); buckets without a finite count > 0
+        are left out."""
+        out: dict[tuple[str, str], float] = {}
+        for labels, value in self.samples(
+            queries.request_shapes(namespace, model, region, seconds)
+        ):
+            p, o = labels.get("prompt_le"), labels.get("output_le")
+            if p and o and math.isfinite(value) and value > 0:
+                out[(str(p), str(o))] = value
+        return out
+
     def pod_loads(self, namespace: str) -> dict[str, PodLoad]:
         """KV usage, KV capacity and queue of every pod of `namespace` that reports, by pod.
 

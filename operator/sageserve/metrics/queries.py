@@ -117,6 +117,20 @@ ROUTER_TOKENS = "sageserve_router_tokens"
 REQUEST_SHAPES = "sageserve_router_request_shapes"
 
 
+def request_shapes(namespace: str, model: str, region: str, seconds: int) -> str:
+    """Requests the routers answered per (prompt_le, output_le) bucket for one (model,
+    region) over the last `seconds`: the history OServe's request types are fitted on (§5.1),
+    summed over router replicas."""
+    matchers = (
+        f'{vllm.LABEL_NAMESPACE}="{namespace}", {vllm.LABEL_MODEL_DEPLOYMENT}="{model}", '
+        f'{vllm.LABEL_REGION}="{region}"'
+    )
+    return (
+        f"sum by (prompt_le, output_le) "
+        f"(increase({REQUEST_SHAPES}_total{{{matchers}}}[{int(seconds)}s]))"
+    )
+
+
 def router_tokens(window: str, namespace: str, tiers: Sequence[str]) -> str:
     """Tokens/s the router answered per (model, region) for `tiers` over `window`: the
     batch share of served load when the tiers are the batch ones, with no PromQL from the

@@ -1,0 +1,593 @@
+"""The layout loop: OServe's layouts on Kubernetes (issue 18; OServe §4.2, §4.3, §5.1, §5.2).
+
+For a policy with `spec.layouts`, per (ModelDeployment, region, GPU type) whose
+ModelDeployment lists two or more variants of that GPU type, every `replanSeconds`:
+
+1. reads the requests the routers answered per log-2 (prompt, output) bucket over
+   `historySeconds` (`PrometheusReader.request_shapes`) and turns them into request types
+   and rates (`plan.oserve_layouts.mix_from_buckets`: the types of a measured capacity
+   table when the ModelDeployment names one, else weighted k-means, OServe §5.1);
+2. takes n per (variant, type): measured (the ConfigMap the annotation
+   `sageserve.io/type-capacity` names, key `type-capacity.yaml`, the file of `sageserve
+   calibrate --by-type`) or analytical (`perf/capacity.py` on the variant's (TP, PP)
+   profile);
+3. the GPU budget: the plan in force's instances of those variants × their GPUs when a plan
+   covers the (model, region), else the GPUs their pod sets hold now
+   (`plan.oserve_layouts.budget_gpus`);
+4. runs `plan.layout_switch.replan` (Algorithm 1 restricted to the declared variants, then
+   gain against cost and the `SwitchGate`'s hysteresis) from the layout in force; the
+   budget moving (a new plan) is followed without the gate: the plan already chose the size;
+5. executes a switch make-before-break: `plan_switch` with the GPUs free on the region's
+   nodes of that type as headroom, stepped every pace pass by `switch_targets` as the
+   started pods become Ready, so old pods go only once the new ones serve;
+6. publishes `status.layouts` (only that field: the plan loop owns `status.plan`): replicas
+   per variant, the types with their rates and the assignment's per-variant weights (§4.2),
+   and a message naming the last decision; an Event on each switch.
+
+The layout in force becomes the targets of those variants (`with_layouts` over the plan in
+force, in `PacePass.run`), which the decision step moves per variant. What this loop keeps
+in memory (the gate's streak, a switch in progress) is lost on restart: the next pass
+re-plans from the pod sets' replicas (a half-done switch then finishes as a resize).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+
+from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.scaling_policy import Layouts, ScalingPolicy
+from sageserve.controller.kube import Kube
+from sageserve.controller.status import set_condition
+from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT, NodeLabels
+from sageserve.core.nodes import parse_nodes
+from sageserve.core.snapshot import Plan
+from sageserve.core.types import EndpointKey
+from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
+from sageserve.perf.model import PerfCatalog, load_catalog
+from sageserve.plan.layout_search import (
+    Layout,
+    LayoutSpace,
+    Strategy,
+    canonical,
+    describe,
+    packs,
+    search_layout,
+)
+from sageserve.plan.layout_switch import (
+    SwitchGate,
+    SwitchPlan,
+    Window,
+    plan_switch,
+    replan,
+    switch_targets,
+)
+from sageserve.plan.oserve_layouts import (
+    TYPE_CAPACITY_ANNOTATION,
+    TYPE_CAPACITY_KEY,
+    LayoutGroup,
+    LayoutTargets,
+    MeasuredCapacity,
+    Mix,
+    analytical_capacity,
+    budget_gpus,
+    layout_groups,
+    mix_from_buckets,
+    parse_measured,
+    variant_weights,
+)
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+#: (model deployment, region, GPU type)
+GroupKey = tuple[str, str, str]
+_CATALOG: list[PerfCatalog] = []
+
+
+def catalog() -> PerfCatalog:
+    """The bundled perf profiles, read once per process."""
+    if not _CATALOG:
+        _CATALOG.append(load_catalog())
+    return _CATALOG[0]
+
+
+@dataclass
+class GroupState:
+    """One (model, region, GPU type)'s layout in force and what the loop keeps for it."""
+
+    layout: Layout = ()
+    gate: SwitchGate = field(default_factory=SwitchGate)
+    switch: SwitchPlan | None = None
+    done: int = 0
+    targets: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+    computed_at: float = 0.0
+    mix: Mix | None = None
+    capacity: dict[Strategy, tuple[float, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class LayoutState:
+    """The layout loop's memory for one policy (lost on restart, see the module doc)."""
+
+    next_replan: float = 0.0
+    groups: dict[GroupKey, GroupState] = field(default_factory=dict)
+    changed_at: float = 0.0
+    written: list[dict[str, Any]] | None = None
+    #: errors already posted as Events, so one broken object is one Event
+    reported: set[str] = field(default_factory=set)
+
+    def targets(self) -> LayoutTargets:
+        """The layouts in force as the decision step's targets (`with_layouts`)."""
+        out = {
+            (EndpointKey(model, region), variant): n
+            for (model, region, _), g in self.groups.items()
+            for variant, n in g.targets.items()
+        }
+        return LayoutTargets(out, self.changed_at)
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def ready_per_variant(pods: Sequence[Mapping[str, Any]], model: str, region: str) -> dict[str, int]:
+    """Ready (not terminating) pods of each variant of one (model, region)."""
+    out: dict[str, int] = {}
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_DEPLOYMENT) != model or labels.get(LABEL_REGION) != region:
+            continue
+        if is_ready(pod):
+            v = str(labels.get(LABEL_VARIANT))
+            out[v] = out.get(v, 0) + 1
+    return out
+
+
+def _pod_gpus(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get(
+            "nvidia.com/gpu"
+        )
+        try:
+            total += int(value or 0)
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
+def free_gpus(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    labels: NodeLabels,
+    region: str,
+    gpu_type: str,
+) -> tuple[int, int]:
+    """(GPUs free, node size) of `gpu_type` in `region`'s serving pool: node GPUs less those
+    the pods bound to those nodes request (terminated pods hold none). The headroom a
+    switch may start its new pods on before the old ones stop."""
+    mine = {
+        n.name: n
+        for n in parse_nodes(nodes, labels)
+        if n.region == region and n.gpu_type == gpu_type and n.pool == labels.serving_pool
+    }
+    used = 0
+    for pod in pods:
+        if (pod.get("spec") or {}).get("nodeName") not in mine:
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        used += _pod_gpus(pod)
+    size = max((n.gpus for n in mine.values()), default=8)
+    return max(0, sum(n.gpus for n in mine.values() if n.ready) - used), size
+
+
+def layout_entry(
+    group: LayoutGroup, region: str, g: GroupState, weights: list[dict[str, float]]
+) -> dict[str, Any]:
+    """One `status.layouts` entry (pure)."""
+    types = []
+    if g.mix is not None:
+        for j, (p, o) in enumerate(g.mix.centroids):
+            types.append(
+                {
+                    "promptTokens": round(p, 1),
+                    "outputTokens": round(o, 1),
+                    "rate": round(g.mix.rates[j], 4),
+                    "weights": [
+                        {"variant": v, "weight": w}
+                        for v, w in sorted((weights[j] if j < len(weights) else {}).items())
+                    ],
+                }
+            )
+    at = datetime.fromtimestamp(g.computed_at or time.time(), UTC)
+    return {
+        "model": group.model,
+        "region": region,
+        "gpuType": group.gpu_type,
+        "computedAt": at.isoformat().replace("+00:00", "Z"),
+        "replicas": [
+            {"variant": v.name, "replicas": g.targets.get(v.name, 0)} for v in group.variants
+        ],
+        "types": types,
+        "message": g.message[:2048],
+    }
+
+
+def _essence(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+
+
+class LayoutPass:
+    """One pass of the layout loop for one policy (see the module doc). Every pace pass
+    steps the switches in progress; a re-plan runs every `replanSeconds`."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        body: dict[str, Any],
+        state: LayoutState,
+        conditions: list[dict[str, Any]],
+        logger: Logger,
+    ) -> None:
+        self.kube = kube
+        self.body = body
+        self.state = state
+        self.conditions = conditions
+        self.logger = logger
+        self.policy = ScalingPolicy.model_validate(_essence(body))
+        self.namespace = str(body["metadata"]["namespace"])
+        self.problems: list[str] = []
+        self._cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+        self.settings: Layouts = Layouts()
+        self.plan: Plan | None = None
+        self.reader: PrometheusReader | None = None
+        self.now = 0.0
+        self.due = False
+        self.pod_sets: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pods: list[dict[str, Any]] = []
+
+    def run(self, reader: PrometheusReader | None, plan: Plan | None, now: float) -> bool:
+        """Step switches, re-plan when due, write status. Returns whether the targets
+        changed (the pace pass then moves pod sets at once)."""
+        settings = self.policy.spec.layouts
+        if settings is None:
+            changed = bool(self.state.groups)
+            self.state.groups.clear()
+            return changed
+        mds = [
+            (raw, ModelDeployment.model_validate(_essence(raw)))
+            for raw in self.kube.objects(self.namespace, "modeldeployments")
+            if (raw.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
+        ]
+        self.settings, self.plan, self.reader, self.now = settings, plan, reader, now
+        self.due = now >= self.state.next_replan and reader is not None
+        if self.due:
+            self.state.next_replan = now + float(settings.replan_seconds)
+        self.pod_sets = self.kube.deployments_by_owner(self.namespace)
+        self.pods = self.kube.pods_of(self.namespace)
+        before = self.state.targets().targets
+        seen: set[GroupKey] = set()
+        entries: list[dict[str, Any]] = []
+        for raw, md in mds:
+            try:
+                groups = layout_groups(md)
+                measured = self.measured(md, groups) if groups else None
+            except ValueError as exc:
+                self.problem(raw, f"ModelDeployment {md.metadata.name}: {exc}")
+                seen |= {k for k in self.state.groups if k[0] == md.metadata.name}
+                entries += [
+                    e for e in (self.state.written or []) if e.get("model") == md.metadata.name
+                ]
+                continue
+            for group in groups:
+                for region in md.spec.regions:
+                    seen.add((md.metadata.name, region.name, group.gpu_type))
+                    entries.append(self.group_pass(raw, md, group, region.name, measured))
+        for gone in set(self.state.groups) - seen:
+            self.state.groups.pop(gone, None)
+        changed = self.state.targets().targets != before
+        if changed:
+            self.state.changed_at = now
+        self.write(entries)
+        self.report()
+        return changed
+
+    def group_pass(
+        self,
+        raw: dict[str, Any],
+        md: ModelDeployment,
+        group: LayoutGroup,
+        region: str,
+        measured: MeasuredCapacity | None,
+    ) -> dict[str, Any]:
+        """Step, and when due re-plan, one (model, region, GPU type); its status entry."""
+        name = md.metadata.name
+        g = self.state.groups.setdefault((name, region, group.gpu_type), GroupState())
+        sets = self.pod_sets.get(name, {})
+        replicas = {
+            v.name: int(
+                ((sets.get(pod_set_name(name, region, v.name)) or {}).get("spec") or {}).get(
+                    "replicas"
+                )
+                or 0
+            )
+            for v in group.variants
+        }
+        if not g.targets:  # first pass: the layout in force is what runs
+            g.targets = dict(replicas)
+            g.layout = group.layout(replicas)
+        ready = ready_per_variant(self.pods, name, region)
+        self.step(raw, group, g, ready)
+        if self.due and g.switch is None:
+            try:
+                self.replan(raw, md, group, region, g, replicas, measured)
+            except MetricsUnavailable as exc:
+                g.message = f"layout kept: Prometheus did not answer: {exc}"
+            except ValueError as exc:
+                self.problem(raw, f"ModelDeployment {name}: {exc}")
+                g.message = f"layout kept: {exc}"
+            self.step(raw, group, g, ready)
+        return self.entry(group, region, g)
+
+    def cluster(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Nodes and every pod of the cluster (the free GPUs), listed once per pass."""
+        if self._cluster is None:
+            self._cluster = (self.kube.nodes(), self.kube.pods())
+        return self._cluster
+
+    # ---- inputs ---------------------------------------------------------------------------
+
+    def measured(self, md: ModelDeployment, groups: list[LayoutGroup]) -> MeasuredCapacity | None:
+        """The measured table the ModelDeployment names, None when it names none; ValueError
+        naming the ConfigMap, the key and the fix when it is missing or broken."""
+        name = md.metadata.annotations.get(TYPE_CAPACITY_ANNOTATION)
+        if not name:
+            return None
+        where = f"ConfigMap {self.namespace}/{name} (annotation {TYPE_CAPACITY_ANNOTATION})"
+        data = self.kube.config_map_data(self.namespace, name)
+        if data is None:
+            raise ValueError(
+                f"{where} does not exist; create it with the file of `sageserve calibrate "
+                f"--by-type --out n.yaml` under the key {TYPE_CAPACITY_KEY}, or remove the "
+                "annotation for analytical n"
+            )
+        text = data.get(TYPE_CAPACITY_KEY)
+        if text is None:
+            raise ValueError(f"{where} has no key {TYPE_CAPACITY_KEY} (keys: {sorted(data)})")
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{where}, key {TYPE_CAPACITY_KEY}: not YAML or JSON: {exc}") from None
+        try:
+            table = parse_measured(raw)
+            matching = [g for g in groups if g.gpu_type == table.gpu_type]
+            if not matching:
+                raise ValueError(
+                    f"{TYPE_CAPACITY_KEY}: gpuType {table.gpu_type} is none of the GPU types "
+                    f"with several variants {[g.gpu_type for g in groups]}; measure n on that "
+                    "GPU type (calibrate --by-type --gpu-type)"
+                )
+            for g in matching:
+                table.rows(g)  # every declared variant has a row
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        return table
+
+    def capacity(
+        self,
+        md: ModelDeployment,
+        group: LayoutGroup,
+        measured: MeasuredCapacity | None,
+        centroids: Sequence[tuple[float, float]],
+        node_gpus: int,
+    ) -> dict[Strategy, tuple[float, ...]]:
+        if measured is not None and measured.gpu_type == group.gpu_type:
+            return measured.rows(group)
+        return analytical_capacity(catalog(), md, group, centroids, node_gpus)
+
+    # ---- decisions ------------------------------------------------------------------------
+
+    def replan(
+        self,
+        raw: dict[str, Any],
+        md: ModelDeployment,
+        group: LayoutGroup,
+        region: str,
+        g: GroupState,
+        replicas: Mapping[str, int],
+        measured: MeasuredCapacity | None,
+    ) -> None:
+        """One re-plan of one (model, region, GPU type) (OServe §4.3 then §5.2)."""
+        reader, settings, plan, now = self.reader, self.settings, self.plan, self.now
+        assert reader is not None
+        labels = NodeLabels.from_env(os.environ)
+        spare, node_gpus = free_gpus(*self.cluster(), labels, region, group.gpu_type)
+        history = int(settings.history_seconds)
+        counts = reader.request_shapes(self.namespace, md.metadata.name, region, history)
+        table = measured if measured is not None and measured.gpu_type == group.gpu_type else None
+        mix = mix_from_buckets(
+            counts,
+            float(history),
+            k=settings.types,
+            centroids=table.centroids if table is not None else None,
+        )
+        budget, source = budget_gpus(group, region, plan, replicas)
+        g.computed_at = now
+        if mix is None:
+            g.message = (
+                f"layout {describe(g.layout)} kept: no request counted in the last {history} s"
+            )
+            return
+        rows = self.capacity(md, group, table, mix.centroids, node_gpus)
+        g.mix, g.capacity = mix, rows
+        space = LayoutSpace(rows, node_gpus=node_gpus)
+        current = canonical(g.layout)
+        held = sum(s.gpus for s in current)
+        smallest = min(s.gpus for s in rows)
+        if budget < smallest:
+            g.message = f"layout {describe(current)} kept: a budget of {budget} GPUs ({source})"
+            return
+        if not current or held > budget or budget - held >= smallest:
+            start = current if current and packs(current, budget, node_gpus) else None
+            target = search_layout(space, mix.rates, budget, initial=start).layout
+            why = (
+                f"budget {budget} GPUs ({source}) where {describe(current)} holds {held}: "
+                f"{describe(current)} → {describe(target)} without the gate (the size is "
+                "the plan's or the pod sets')"
+            )
+            self.begin(raw, space, group, g, target, max(budget, held) + spare, mix, why)
+            return
+        windows = [Window(float(history), mix.rates)]
+        decision = replan(
+            space,
+            current,
+            windows,
+            budget,
+            group.startup_seconds(),
+            g.gate,
+            confirmations=settings.confirmations,
+            min_relative_gain=settings.min_gain_fraction,
+        )
+        g.gate = decision.gate
+        ev = decision.evaluation
+        figures = (
+            f" (gain {ev.gain_requests:.1f} requests, cost {ev.cost_requests:.1f})"
+            if ev is not None
+            else ""
+        )
+        if decision.switch and decision.plan is not None:
+            why = f"switching {describe(current)} → {describe(decision.plan.target)}{figures}"
+            self.begin(raw, space, group, g, decision.plan.target, budget + spare, mix, why)
+            return
+        proposed = (
+            f"; proposed {describe(decision.plan.target)}" if decision.plan is not None else ""
+        )
+        g.message = (
+            f"layout {describe(current)} kept on {budget} GPUs ({source}): "
+            f"{decision.reason}{proposed}{figures}"
+        )
+
+    def begin(
+        self,
+        raw: dict[str, Any],
+        space: LayoutSpace,
+        group: LayoutGroup,
+        g: GroupState,
+        target: Layout,
+        room: int,
+        mix: Mix,
+        why: str,
+    ) -> None:
+        """Start executing a switch to `target` inside `room` GPUs (the budget plus the
+        GPUs free now: make-before-break whenever they allow; OServe §5.2)."""
+        current = canonical(g.layout)
+        if canonical(target) == current:
+            g.message = f"layout {describe(current)} kept: {why}"
+            return
+        room = max(room, sum(s.gpus for s in current), sum(s.gpus for s in target))
+        plan = plan_switch(
+            space, current, target, room, mix.rates, group.startup_seconds(), space.node_gpus
+        )
+        g.switch, g.done, g.layout = plan, 0, canonical(target)
+        order = "make-before-break" if plan.make_before_break else "break-before-make"
+        g.message = f"{why}; {order}, {len(plan.actions)} steps"
+        self.kube.event(raw, "Normal", "LayoutSwitch", g.message)
+        self.logger.info("%s: %s", group.model, g.message)
+
+    def step(
+        self, raw: dict[str, Any], group: LayoutGroup, g: GroupState, ready: Mapping[str, int]
+    ) -> None:
+        """Advance a switch in progress as its started pods become Ready."""
+        if g.switch is None:
+            return
+        by = group.by_strategy
+        progress = switch_targets(
+            g.switch, {s: ready.get(v.name, 0) for s, v in by.items()}, g.done
+        )
+        g.done = progress.done
+        g.targets = {by[s].name: n for s, n in progress.targets.items() if s in by}
+        for v in group.variants:
+            g.targets.setdefault(v.name, 0)
+        if progress.finished:
+            waiting = sum(max(0, n - ready.get(v, 0)) for v, n in g.targets.items())
+            g.message = f"switched {describe(g.switch.current)} → {describe(g.switch.target)}" + (
+                f" ({waiting} pod(s) of the last starts not Ready yet)" if waiting else ""
+            )
+            g.switch = None
+            self.kube.event(raw, "Normal", "LayoutSwitched", g.message)
+
+    # ---- output ---------------------------------------------------------------------------
+
+    def entry(self, group: LayoutGroup, region: str, g: GroupState) -> dict[str, Any]:
+        weights: list[dict[str, float]] = []
+        if g.mix is not None and g.capacity:
+            layout = canonical(g.layout)
+            try:
+                weights = variant_weights(group, g.capacity, layout, g.mix.rates)
+            except (RuntimeError, ValueError) as exc:  # the LP failed: no weights
+                self.logger.warning("layout weights of %s: %s", group.model, exc)
+        return layout_entry(group, region, g, weights)
+
+    def write(self, entries: list[dict[str, Any]]) -> None:
+        """Patch `status.layouts` when an entry changed (times aside)."""
+
+        def essence(es: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{k: v for k, v in e.items() if k != "computedAt"} for e in es]
+
+        if self.state.written is not None and essence(self.state.written) == essence(entries):
+            return
+        self.kube.patch_status(
+            self.namespace, "scalingpolicies", self.policy.metadata.name, {"layouts": entries}
+        )
+        self.state.written = entries
+
+    def problem(self, raw: dict[str, Any], message: str) -> None:
+        self.problems.append(message)
+        if message not in self.state.reported:
+            self.state.reported.add(message)
+            self.kube.event(raw, "Warning", "LayoutInvalid", message)
+
+    def report(self) -> None:
+        """The `LayoutsReady` condition: False naming each problem (the layouts in force
+        kept), True otherwise."""
+        if self.problems:
+            ok, reason = False, "LayoutInvalid"
+            message = "; ".join(self.problems) + "; the layouts in force are kept"
+        else:
+            ok, reason = True, "Planned"
+            message = f"{len(self.state.groups)} layout(s) of variants side by side"
+            self.state.reported.clear()
+        before = [dict(c) for c in self.conditions]
+        self.conditions[:] = set_condition(
+            self.conditions,
+            "LayoutsReady",
+            ok,
+            reason,
+            message[:1024],
+            datetime.now(UTC),
+            self.body["metadata"].get("generation"),
+        )
+        old = next((c for c in before if c["type"] == "LayoutsReady"), None)
+        if old is None or (old["status"], old["reason"], old.get("message")) != (
+            "True" if ok else "False",
+            reason,
+            message[:1024],
+        ):
+            self.kube.patch_status(
+                self.namespace,
+                "scalingpolicies",
+                self.policy.metadata.name,
+                {"conditions": self.conditions},
+            )
