@@ -66,6 +66,7 @@ def md_raw(annotated: bool = True) -> dict[str, Any]:
             "tiers": ["iw-f"],
             "policyRef": {"name": "p"},
         },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
 
 
@@ -280,7 +281,34 @@ def test_without_a_table_n_is_analytical_and_types_are_fitted() -> None:
     assert [c["status"] for c in kube.conditions if c["type"] == "LayoutsReady"] == ["True"]  # type: ignore[attr-defined]
 
 
+def test_nothing_is_pinned_before_the_pod_sets_exist_or_while_the_layout_is_empty() -> None:
+    kube, state = FakeKube(), LayoutState()
+    kube.replicas = {"tp4": 2}  # the tp4pp2 pod set is not created yet
+    run(kube, state, LONG_HEAVY, 1000.0)
+    assert not state.targets().targets
+    assert kube.layouts()[0]["message"] == "waiting for the pod sets of every variant"
+    # an empty layout: the strategy's from-zero rule sizes the endpoint, not the layout
+    kube.replicas = {"tp4": 0, "tp4pp2": 0}
+    run(kube, state, LONG_HEAVY, 1005.0)
+    assert not state.targets().targets
+    # once it holds GPUs the layout takes over from what runs
+    kube.replicas = {"tp4": 1, "tp4pp2": 0}
+    run(kube, state, LONG_HEAVY, 1006.0)
+    assert state.targets().targets[(EndpointKey(MODEL, REGION), "tp4")] == 1
+
+
+def test_a_model_deployment_not_ready_is_left_alone() -> None:
+    kube, state = FakeKube(), LayoutState()
+    kube.md["status"] = {"conditions": [{"type": "Ready", "status": "False"}]}
+    run(kube, state, LONG_HEAVY, 1000.0)
+    assert not state.groups and kube.layouts() == []
+
+
 def test_free_gpus_count_the_nodes_less_what_pods_on_them_hold() -> None:
     pods = [pod("tp4", 0, 4, True, "n1"), pod("tp4", 1, 4, False, "n2")]
     assert free_gpus([node("n1"), node("n2")], pods, NodeLabels(), REGION, GPU) == (8, 8)
     assert free_gpus([node("n1")], pods, NodeLabels(), "elsewhere", GPU) == (0, 8)
+    spot = node("s1")
+    spot["metadata"]["labels"][NodeLabels().pool] = NodeLabels().spot_pool
+    assert free_gpus([node("n1"), spot], pods, NodeLabels(), REGION, GPU) == (4, 8)
+    assert free_gpus([node("n1"), spot], pods, NodeLabels(), REGION, GPU, spot=True) == (12, 8)

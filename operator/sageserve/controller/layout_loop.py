@@ -124,10 +124,13 @@ class LayoutState:
     reported: set[str] = field(default_factory=set)
 
     def targets(self) -> LayoutTargets:
-        """The layouts in force as the decision step's targets (`with_layouts`)."""
+        """The layouts in force as the decision step's targets (`with_layouts`). An empty
+        layout (no instance, no switch) is not managed: the strategy's floor and from-zero
+        rules size the endpoint until it holds GPUs again."""
         out = {
             (EndpointKey(model, region), variant): n
             for (model, region, _), g in self.groups.items()
+            if g.switch is not None or any(g.targets.values())
             for variant, n in g.targets.items()
         }
         return LayoutTargets(out, self.changed_at)
@@ -173,14 +176,17 @@ def free_gpus(
     labels: NodeLabels,
     region: str,
     gpu_type: str,
+    spot: bool = False,
 ) -> tuple[int, int]:
-    """(GPUs free, node size) of `gpu_type` in `region`'s serving pool: node GPUs less those
-    the pods bound to those nodes request (terminated pods hold none). The headroom a
-    switch may start its new pods on before the old ones stop."""
+    """(GPUs free, node size) of `gpu_type` in `region`'s serving pool (and its spot pool
+    when `spot`: the pace loop reclaims a spot node for pods that cannot be scheduled): node
+    GPUs less those the pods bound to those nodes request (terminated pods hold none). The
+    headroom a switch may start its new pods on before the old ones stop."""
+    pools = {labels.serving_pool, labels.spot_pool} if spot else {labels.serving_pool}
     mine = {
         n.name: n
         for n in parse_nodes(nodes, labels)
-        if n.region == region and n.gpu_type == gpu_type and n.pool == labels.serving_pool
+        if n.region == region and n.gpu_type == gpu_type and n.pool in pools
     }
     used = 0
     for pod in pods:
@@ -223,6 +229,11 @@ def layout_entry(
         "types": types,
         "message": g.message[:2048],
     }
+
+
+def _is_ready(body: Mapping[str, Any]) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _essence(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -281,6 +292,9 @@ class LayoutPass:
         seen: set[GroupKey] = set()
         entries: list[dict[str, Any]] = []
         for raw, md in mds:
+            if not _is_ready(raw):  # as the pace pass: its pod sets may not exist yet
+                seen |= {k for k in self.state.groups if k[0] == md.metadata.name}
+                continue
             try:
                 groups = layout_groups(md)
                 measured = self.measured(md, groups) if groups else None
@@ -316,16 +330,15 @@ class LayoutPass:
         name = md.metadata.name
         g = self.state.groups.setdefault((name, region, group.gpu_type), GroupState())
         sets = self.pod_sets.get(name, {})
+        found = {v.name: sets.get(pod_set_name(name, region, v.name)) for v in group.variants}
+        if any(d is None for d in found.values()):
+            g.message = "waiting for the pod sets of every variant"
+            return self.entry(group, region, g)
         replicas = {
-            v.name: int(
-                ((sets.get(pod_set_name(name, region, v.name)) or {}).get("spec") or {}).get(
-                    "replicas"
-                )
-                or 0
-            )
-            for v in group.variants
+            v: int((d or {}).get("spec", {}).get("replicas") or 0) for v, d in found.items()
         }
-        if not g.targets:  # first pass: the layout in force is what runs
+        if g.switch is None and not any(g.targets.values()):
+            # first pass, or an empty layout: the layout in force is what runs
             g.targets = dict(replicas)
             g.layout = group.layout(replicas)
         ready = ready_per_variant(self.pods, name, region)
@@ -413,7 +426,9 @@ class LayoutPass:
         reader, settings, plan, now = self.reader, self.settings, self.plan, self.now
         assert reader is not None
         labels = NodeLabels.from_env(os.environ)
-        spare, node_gpus = free_gpus(*self.cluster(), labels, region, group.gpu_type)
+        spare, node_gpus = free_gpus(
+            *self.cluster(), labels, region, group.gpu_type, self.policy.spec.spot.enabled
+        )
         history = int(settings.history_seconds)
         counts = reader.request_shapes(self.namespace, md.metadata.name, region, history)
         table = measured if measured is not None and measured.gpu_type == group.gpu_type else None
