@@ -17,6 +17,7 @@ from sageserve.controller.layout_loop import LayoutPass, LayoutState, free_gpus
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT, NodeLabels
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.request_types import shape_bucket
+from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.plan.oserve_layouts import TYPE_CAPACITY_KEY, with_layouts
 
 NS, MODEL, REGION, GPU = "llm", "m", "r1", "NVIDIA-H100-80GB-HBM3"
@@ -191,9 +192,17 @@ def run(kube: FakeKube, state: LayoutState, reader: Any, now: float) -> bool:
     return changed
 
 
+def switches() -> float:
+    labels = {"namespace": NS, "model": MODEL, "region": REGION, "gpu_type": GPU}
+    value = OPERATOR_METRICS.registry.get_sample_value("sageserve_layout_switches_total", labels)
+    return value or 0.0
+
+
 def test_a_long_prompt_mix_switches_to_the_pipeline_make_before_break() -> None:
     kube, state = FakeKube(), LayoutState()
+    before = switches()
     assert run(kube, state, LONG_HEAVY, 1000.0)
+    assert switches() == before + 1
     assert LONG_HEAVY.asked[-1] == (NS, MODEL, REGION, 3600)
     # the start first: both TP4 replicas stay while the pipeline loads on the free node
     targets = state.targets()

@@ -50,6 +50,7 @@ from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT,
 from sageserve.core.nodes import parse_nodes
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
+from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
 from sageserve.perf.model import PerfCatalog, load_catalog
 from sageserve.plan.layout_search import (
@@ -462,7 +463,7 @@ class LayoutPass:
                 f"{describe(current)} → {describe(target)} without the gate (the size is "
                 "the plan's or the pod sets')"
             )
-            self.begin(raw, space, group, g, target, max(budget, held) + spare, mix, why)
+            self.begin(raw, space, group, region, g, target, max(budget, held) + spare, mix, why)
             return
         windows = [Window(float(history), mix.rates)]
         decision = replan(
@@ -484,7 +485,8 @@ class LayoutPass:
         )
         if decision.switch and decision.plan is not None:
             why = f"switching {describe(current)} → {describe(decision.plan.target)}{figures}"
-            self.begin(raw, space, group, g, decision.plan.target, budget + spare, mix, why)
+            target = decision.plan.target
+            self.begin(raw, space, group, region, g, target, budget + spare, mix, why)
             return
         proposed = (
             f"; proposed {describe(decision.plan.target)}" if decision.plan is not None else ""
@@ -499,6 +501,7 @@ class LayoutPass:
         raw: dict[str, Any],
         space: LayoutSpace,
         group: LayoutGroup,
+        region: str,
         g: GroupState,
         target: Layout,
         room: int,
@@ -519,6 +522,9 @@ class LayoutPass:
         order = "make-before-break" if plan.make_before_break else "break-before-make"
         g.message = f"{why}; {order}, {len(plan.actions)} steps"
         self.kube.event(raw, "Normal", "LayoutSwitch", g.message)
+        OPERATOR_METRICS.layout_switches.labels(
+            self.namespace, group.model, region, group.gpu_type
+        ).inc()
         self.logger.info("%s: %s", group.model, g.message)
 
     def step(
@@ -546,6 +552,10 @@ class LayoutPass:
     # ---- output ---------------------------------------------------------------------------
 
     def entry(self, group: LayoutGroup, region: str, g: GroupState) -> dict[str, Any]:
+        for variant, n in g.targets.items():
+            OPERATOR_METRICS.layout_replicas.labels(
+                self.namespace, group.model, region, variant
+            ).set(n)
         weights: list[dict[str, float]] = []
         if g.mix is not None and g.capacity:
             layout = canonical(g.layout)

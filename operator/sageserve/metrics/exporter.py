@@ -85,6 +85,19 @@ class OperatorMetrics:
             ENDPOINT,
             registry=r,
         )
+        self.layout_replicas = Gauge(
+            "sageserve_layout_replicas",
+            "OServe layouts: instances of each variant in the layout in force (the targets "
+            "during a switch), per (model, region, variant).",
+            [*ENDPOINT, "variant"],
+            registry=r,
+        )
+        self.layout_switches = Counter(
+            "sageserve_layout_switches",
+            "OServe layout switches started, per (model, region, GPU type).",
+            [*ENDPOINT, "gpu_type"],
+            registry=r,
+        )
 
     def record_plan(self, namespace: str, plan: Mapping[str, Any], solver: str) -> None:
         """Export a plan as recorded in a ScalingPolicy's status (`status.plan`)."""
