@@ -482,11 +482,22 @@ class Preserve(ApiModel):
     )
 
 
+LAYOUT_RULES = cel(
+    (
+        "self.historySeconds >= self.replanSeconds",
+        "spec.layouts.historySeconds must cover replanSeconds: each re-plan reads the mix of at "
+        "least the interval since the last one (raise historySeconds or lower replanSeconds)",
+    ),
+)
+
+
 class Layouts(ApiModel):
     """OServe layouts (issue 18): a ModelDeployment listing two or more variants of one GPU
     type under this policy runs them side by side as parallelism layouts, chosen for the
     measured request mix (OServe §4.2 assignment, §4.3 search, §5.2 switching with our
     gain-against-cost gate). Absent: one planned variant per GPU type, as before."""
+
+    model_config = ConfigDict(json_schema_extra=LAYOUT_RULES)
 
     replan_seconds: int = Field(
         default=600,
