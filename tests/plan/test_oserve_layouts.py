@@ -359,3 +359,66 @@ def test_a_type_without_demand_is_shared_by_n() -> None:
     weights = variant_weights(GROUP, capacity, [TP4, PP2], (1.0, 0.0))
     assert weights[1]["tp4"] == pytest.approx(0.2 / 1.2, abs=1e-3)
     assert weights[1]["tp4pp2"] == pytest.approx(1 / 1.2, abs=1e-3)
+
+
+# ---- the same rule as the benchmark harness ---------------------------------------------------
+
+
+def _harness_walk(plan: Any, rng: Any) -> list[tuple[dict[Strategy, int], dict[Strategy, int]]]:
+    """An independent re-statement of `sim.oserve_fleet.Fleet._advance`: starts at once,
+    a stop waits until no started replica is still starting; replicas become Ready one at a
+    time in random order. Returns (Ready replicas, replicas held) after each event."""
+    from collections import deque
+
+    held = [(s, True) for s in plan.current]  # (strategy, ready)
+    actions = deque(plan.actions)
+    out = []
+
+    def advance() -> None:
+        while actions:
+            a = actions[0]
+            if a.kind == "start":
+                actions.popleft()
+                held.append((a.strategy, False))
+                continue
+            if any(not r for _, r in held):
+                return
+            actions.popleft()
+            held.remove((a.strategy, True))
+
+    def counts(ready_only: bool) -> dict[Strategy, int]:
+        c: dict[Strategy, int] = {}
+        for s, r in held:
+            if r or not ready_only:
+                c[s] = c.get(s, 0) + 1
+        return c
+
+    advance()
+    out.append((counts(True), counts(False)))
+    while any(not r for _, r in held):
+        starting = [i for i, (_, r) in enumerate(held) if not r]
+        i = rng.choice(starting)
+        held[i] = (held[i][0], True)
+        advance()
+        out.append((counts(True), counts(False)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_switch_targets_steps_exactly_as_the_harness_executes(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    tp8 = Strategy(8)
+    space = LayoutSpace({TP4: (2.0, 0.2), PP2: (2.2, 1.0), tp8: (2.1, 0.4)})
+    pool = [TP4, PP2, tp8]
+    budget = rng.choice([16, 24, 32])
+    current = [rng.choice(pool) for _ in range(rng.randint(1, 2))]
+    target = [rng.choice(pool) for _ in range(rng.randint(1, 2))]
+    plan = plan_switch(space, current, target, budget, (1.0, 0.5), 60.0, node_gpus=8)
+    done = 0
+    for ready, held in _harness_walk(plan, rng):
+        progress = switch_targets(plan, ready, done)
+        done = progress.done
+        assert {s: n for s, n in progress.targets.items() if n} == held
+    assert progress.finished
