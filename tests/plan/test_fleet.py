@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
-from sageserve.api.scaling_policy import ScalingPolicy
+from sageserve.api.scaling_policy import Layouts, ScalingPolicy
 from sageserve.core.types import EndpointKey
 from sageserve.plan.fleet import build_problem, endpoint_targets, variant_targets
 from sageserve.plan.ilp import solve_plan
@@ -77,3 +77,22 @@ def test_too_few_gpus_gives_a_reported_shortfall_not_an_error() -> None:
     assert result.shortfall_tps["llama-2-70b"]["us-east"] == pytest.approx(
         6160.0 - 4 * 308 - 4 * 180
     )
+
+
+def test_with_layouts_every_variant_of_a_gpu_type_counts_as_current() -> None:
+    """OServe layouts: a TP4xPP2 replica holds 8 H100s the ILP's planned variant would
+    otherwise have to start (its current is counted in the planned variant's GPUs)."""
+    mds, policy = _paper()
+    raw = mds[0].model_dump(by_alias=True, exclude_none=True)
+    h100 = next(v for v in raw["spec"]["variants"] if v["gpuType"] == H100)
+    raw["spec"]["variants"].append(
+        {**h100, "name": "h100-pp2", "gpusPerInstance": 16, "pipelineParallel": 2}
+    )
+    md = ModelDeployment.model_validate(raw)
+    current = {("llama-2-70b", "us-east", "h100"): 1, ("llama-2-70b", "us-east", "h100-pp2"): 1}
+    demand = {("llama-2-70b", "us-east"): [3000.0]}
+    plain = build_problem([md], policy.spec, current, demand)
+    assert plain.current["llama-2-70b"]["us-east"][H100] == 1
+    spec = policy.spec.model_copy(update={"layouts": Layouts()})
+    with_layouts = build_problem([md], spec, current, demand)
+    assert with_layouts.current["llama-2-70b"]["us-east"][H100] == 3  # (8 + 16) / 8

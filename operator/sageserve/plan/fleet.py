@@ -31,6 +31,26 @@ def planned_variants(md: ModelDeployment) -> dict[str, Variant]:
     return out
 
 
+def _layout_current(
+    md: ModelDeployment,
+    region: str,
+    planned: Mapping[str, Variant],
+    current: Mapping[tuple[str, str, str], int],
+) -> dict[str, int]:
+    """Instances now per GPU type when OServe layouts run (`spec.layouts`): every variant of
+    the type counts, in units of the planned variant's GPUs (rounded up), so the ILP does
+    not charge a start-up for GPUs a layout already holds in another variant."""
+    out = {}
+    for gpu, plan_v in planned.items():
+        gpus = sum(
+            current.get((md.metadata.name, region, v.name), 0) * v.gpus_per_instance
+            for v in md.spec.variants
+            if v.gpu_type == gpu
+        )
+        out[gpu] = -(-gpus // plan_v.gpus_per_instance)
+    return out
+
+
 def build_problem(
     mds: Sequence[ModelDeployment],
     policy: ScalingPolicySpec,
@@ -77,6 +97,8 @@ def build_problem(
         startup[name] = {g: float(v.startup_seconds) for g, v in variants.items()}
         for region in md.spec.regions:
             per_gpu = {g: current.get((name, region.name, v.name), 0) for g, v in variants.items()}
+            if policy.layouts is not None:
+                per_gpu = _layout_current(md, region.name, variants, current)
             current_out.setdefault(name, {})[region.name] = per_gpu
             series = list(demand_tps.get((name, region.name), [0.0]))
             series += [series[-1]] * (windows - len(series))
