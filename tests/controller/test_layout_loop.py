@@ -15,6 +15,7 @@ from sageserve.api.model_deployment import pod_set_name
 from sageserve.api.scaling_policy import LayoutEntry, layouts_from_status
 from sageserve.controller.layout_loop import LayoutPass, LayoutState, free_gpus
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT, NodeLabels
+from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.request_types import shape_bucket
 from sageserve.metrics.exporter import OPERATOR_METRICS
@@ -183,10 +184,12 @@ LONG_HEAVY = FakeReader((100, 100, 1800), (2000, 20, 2880))
 SHORT_ONLY = FakeReader((100, 100, 7200))
 
 
-def run(kube: FakeKube, state: LayoutState, reader: Any, now: float) -> bool:
+def run(
+    kube: FakeKube, state: LayoutState, reader: Any, now: float, plan: Plan | None = None
+) -> bool:
     conditions: list[dict[str, Any]] = []
     changed = LayoutPass(kube, policy_raw(), state, conditions, LOG).run(  # type: ignore[arg-type]
-        reader, None, now
+        reader, plan, now
     )
     kube.conditions = conditions  # type: ignore[attr-defined]
     return changed
@@ -311,6 +314,22 @@ def test_a_model_deployment_not_ready_is_left_alone() -> None:
     kube.md["status"] = {"conditions": [{"type": "Ready", "status": "False"}]}
     run(kube, state, LONG_HEAVY, 1000.0)
     assert not state.groups and kube.layouts() == []
+
+
+def test_a_new_plans_budget_is_followed_without_the_gate_even_with_no_traffic() -> None:
+    kube, state = FakeKube(), LayoutState()
+    key = EndpointKey(MODEL, REGION)
+    plan = Plan(0.0, {(key, "tp4"): 4})  # the ILP's 4 × 4 GPUs where 8 are held
+    assert run(kube, state, FakeReader(), 1000.0, plan)
+    assert dict(state.targets().targets) == {(key, "tp4"): 4, (key, "tp4pp2"): 0}
+    switch = next(m for r, m in kube.events if r == "LayoutSwitch")
+    assert "budget 16 GPUs (plan) where TP4 ×2 holds 8, no request counted" in switch
+    assert kube.layouts()[0]["message"].startswith("switched TP4 ×2 → TP4 ×4")
+    # with traffic the search spreads the plan's GPUs over the layouts
+    kube2, state2 = FakeKube(), LayoutState()
+    run(kube2, state2, LONG_HEAVY, 1000.0, plan)
+    replicas = {v: n for (_, v), n in state2.targets().targets.items()}
+    assert replicas["tp4pp2"] >= 1 and 4 * replicas["tp4"] + 8 * replicas["tp4pp2"] >= 16
 
 
 def test_free_gpus_count_the_nodes_less_what_pods_on_them_hold() -> None:

@@ -295,6 +295,9 @@ class LayoutPass:
         for raw, md in mds:
             if not _is_ready(raw):  # as the pace pass: its pod sets may not exist yet
                 seen |= {k for k in self.state.groups if k[0] == md.metadata.name}
+                entries += [
+                    e for e in (self.state.written or []) if e.get("model") == md.metadata.name
+                ]
                 continue
             try:
                 groups = layout_groups(md)
@@ -442,6 +445,22 @@ class LayoutPass:
         budget, source = budget_gpus(group, region, plan, replicas)
         g.computed_at = now
         if mix is None:
+            first = group.strategy(group.variants[0])
+            held = sum(s.gpus for s in g.layout)
+            if abs(budget - held) >= min(group.strategy(v).gpus for v in group.variants):
+                # no mix to choose by, but the size moved (a new plan): the first variant,
+                # as the ILP planned it, fills the budget
+                target = canonical([first] * (budget // first.gpus))
+                space = LayoutSpace({group.strategy(v): (1.0,) for v in group.variants})
+                why = (
+                    f"budget {budget} GPUs ({source}) where {describe(g.layout)} holds {held}, "
+                    f"no request counted in the last {history} s: {describe(target)}"
+                )
+                room = max(budget, held) + spare
+                self.begin(
+                    raw, space, group, region, g, target, room, Mix(((1.0, 1.0),), (1.0,)), why
+                )
+                return
             g.message = (
                 f"layout {describe(g.layout)} kept: no request counted in the last {history} s"
             )
