@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +54,7 @@ from sageserve.core.types import InstanceState, Request
 from sageserve.forecast.request_types import RequestTypes
 from sageserve.perf.model import PerfCatalog, VariantPerf
 from sageserve.plan.layout_search import Layout, Strategy, canonical
-from sageserve.plan.layout_switch import SwitchAction, SwitchPlan
+from sageserve.plan.layout_switch import SwitchPlan, switch_targets
 from sageserve.route.layout_dispatch import (
     OVERFLOW_RATIO,
     OVERFLOW_TOKENS,
@@ -194,7 +194,9 @@ class Fleet(InstanceHooks):
         self.outcomes: list[Outcome] = []
         self.type_counts: list[int] = [0] * types.k
         self.stats = FleetStats()
-        self._actions: deque[SwitchAction] = deque()
+        #: the switch plan running and how many of its actions are taken
+        self._plan: SwitchPlan | None = None
+        self._done = 0
         self._starting = 0
         self._n = 0
         for s in layout:
@@ -248,7 +250,7 @@ class Fleet(InstanceHooks):
 
     @property
     def switching(self) -> bool:
-        return bool(self._actions) or self._starting > 0
+        return self._plan is not None or self._starting > 0
 
     def execute(self, plan: SwitchPlan, now: float) -> None:
         """Run a switch plan's actions (see the module doc); one plan at a time."""
@@ -257,30 +259,37 @@ class Fleet(InstanceHooks):
         if not plan.actions:
             return
         self.stats.switches += 1
-        self._actions.extend(plan.actions)
+        self._plan, self._done = plan, 0
         self._advance(now)
 
     def _advance(self, now: float) -> None:
-        while self._actions:
-            a = self._actions[0]
-            if a.kind == "start":
-                self._actions.popleft()
-                r = self._add(a.strategy, ready=False)
-                self._starting += 1
-                self.stats.started_gpu_seconds += a.strategy.gpus * self.startup_s
-                self._push(now + self.startup_s, _EV_READY, r)
-                continue
-            if self._starting:
-                return  # a stop waits for the starts before it to serve
-            self._actions.popleft()
-            victims = [r for r in self.replicas if r.strategy == a.strategy and not r.stopped]
-            if not victims:
-                raise RuntimeError(f"switch plan stops {a.strategy}, which no replica runs")
-            v = min(victims, key=lambda r: (not r.ready, r.inst.remaining_tokens_at(now)))
-            v.stopped = True
-            v.inst.state = InstanceState.DRAINING
+        """Take the actions `plan.layout_switch.switch_targets` allows with the replicas
+        serving now: the rule the operator's layout loop steps pod sets by."""
+        if self._plan is not None:
+            ready = Counter(r.strategy for r in self.serving())
+            progress = switch_targets(self._plan, ready, self._done)
+            for a in self._plan.actions[self._done : progress.done]:
+                if a.kind == "start":
+                    r = self._add(a.strategy, ready=False)
+                    self._starting += 1
+                    self.stats.started_gpu_seconds += a.strategy.gpus * self.startup_s
+                    self._push(now + self.startup_s, _EV_READY, r)
+                else:
+                    self._stop(a.strategy, now)
+            self._done = progress.done
+            if progress.finished:
+                self._plan = None
         if not self._starting:
             self.stats.layouts.append((now, self.describe()))
+
+    def _stop(self, strategy: Strategy, now: float) -> None:
+        """Stop the serving replica of `strategy` with the least work left; it drains."""
+        victims = [r for r in self.replicas if r.strategy == strategy and not r.stopped]
+        if not victims:
+            raise RuntimeError(f"switch plan stops {strategy}, which no replica runs")
+        v = min(victims, key=lambda r: (not r.ready, r.inst.remaining_tokens_at(now)))
+        v.stopped = True
+        v.inst.state = InstanceState.DRAINING
 
     def _ready(self, r: _Replica, now: float) -> None:
         r.ready = True
