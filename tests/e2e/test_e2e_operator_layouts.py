@@ -268,7 +268,14 @@ def test_the_operator_switches_layouts_for_the_measured_mix_make_before_break(
             )
             entry = layout(kubeconfig, namespace)
             assert entry is not None
-            assert "switched TP4 ×2 → TP4xPP2" in entry["message"], entry
+            switches = [
+                e["message"]
+                for e in json.loads(
+                    kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
+                )["items"]
+                if e["reason"] == "LayoutSwitch"
+            ]
+            assert any("switching TP4 ×2 → TP4xPP2" in m for m in switches), switches
             long_type = next(t for t in entry["types"] if t["promptTokens"] > 1000)
             assert long_type["rate"] > 0
             assert {w["variant"]: w["weight"] for w in long_type["weights"]} == {"tp4pp2": 1.0}

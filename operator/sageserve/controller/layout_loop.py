@@ -442,7 +442,9 @@ class LayoutPass:
             k=settings.types,
             centroids=table.centroids if table is not None else None,
         )
-        budget, source = budget_gpus(group, region, plan, replicas)
+        # held: the layout in force, which the pod sets follow (their spec.replicas lag a
+        # pace pass behind a switch's last step)
+        budget, source = budget_gpus(group, region, plan, g.targets or replicas)
         g.computed_at = now
         if mix is None:
             first = group.strategy(group.variants[0])
