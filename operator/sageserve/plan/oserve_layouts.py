@@ -289,9 +289,9 @@ def budget_gpus(
 
     The plan's instances of the group's variants × their GPUs when the plan in force covers
     the (model, region) (the ILP plans one variant per GPU type; its GPUs are the model's
-    share of that type); else the GPUs the variants' pod sets hold now (`replicas`, their
-    spec.replicas), so that a strategy without a plan keeps its size and only the layout
-    changes."""
+    share of that type); else the GPUs `replicas` hold (the layout in force, first read from
+    the pod sets' spec.replicas), so that a strategy without a plan keeps its size and only
+    the layout changes."""
     key = EndpointKey(group.model, region)
     if plan is not None and key in plan.targets:
         gpus = sum(plan.variant_target(key, v.name) * v.gpus_per_instance for v in group.variants)
