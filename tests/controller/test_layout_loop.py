@@ -340,3 +340,31 @@ def test_free_gpus_count_the_nodes_less_what_pods_on_them_hold() -> None:
     spot["metadata"]["labels"][NodeLabels().pool] = NodeLabels().spot_pool
     assert free_gpus([node("n1"), spot], pods, NodeLabels(), REGION, GPU) == (4, 8)
     assert free_gpus([node("n1"), spot], pods, NodeLabels(), REGION, GPU, spot=True) == (12, 8)
+
+
+def test_a_switch_whose_new_pods_never_serve_is_abandoned_and_not_retried_at_once() -> None:
+    # the pipeline's pod is created but never Ready (an image that does not pull): after two
+    # start-ups (5 s each) and the 120 s grace the switch is given up, the old layout kept
+    kube, state = FakeKube(), LayoutState()
+    assert run(kube, state, LONG_HEAVY, 1000.0)
+    kube.replicas["tp4pp2"] = 1
+    kube.my_pods.append(pod("tp4pp2", 0, 8, False, "n2"))
+    assert not run(kube, state, LONG_HEAVY, 1129.0)  # still waiting: both TP4 serve
+    assert state.groups[(MODEL, REGION, GPU)].switch is not None
+    assert run(kube, state, LONG_HEAVY, 1131.0)
+    key = EndpointKey(MODEL, REGION)
+    assert dict(state.targets().targets) == {(key, "tp4"): 2, (key, "tp4pp2"): 0}
+    reasons = [r for r, _ in kube.events]
+    assert reasons == ["LayoutSwitch", "LayoutSwitchAbandoned"]
+    message = dict(kube.events)["LayoutSwitchAbandoned"]
+    assert "1 pod(s) of variant tp4pp2 not Ready" in message
+    assert "layout kept at TP4 ×2" in message
+    assert "abandoned after 131 s" in kube.layouts()[0]["message"]
+    # the next re-plan proposes the pipeline again: held back for an hour
+    assert not run(kube, state, LONG_HEAVY, 1200.0)
+    (entry,) = kube.layouts()
+    assert "was abandoned" in entry["message"] and "not proposed again" in entry["message"]
+    assert [r for r, _ in kube.events].count("LayoutSwitch") == 1
+    # an hour later it may be tried again
+    assert run(kube, state, LONG_HEAVY, 1131.0 + 3601.0)
+    assert [r for r, _ in kube.events].count("LayoutSwitch") == 2

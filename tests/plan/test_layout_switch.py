@@ -15,6 +15,7 @@ from sageserve.plan.layout_search import LayoutSpace, Strategy, canonical
 from sageserve.plan.layout_switch import (
     SwitchGate,
     Window,
+    abandon_switch,
     capacity_at_mix,
     decide,
     evaluate_switch,
@@ -22,6 +23,7 @@ from sageserve.plan.layout_switch import (
     match_layouts,
     plan_switch,
     replan,
+    stuck_after_s,
 )
 
 TP2, TP4, TP8, TP4PP2 = Strategy(2), Strategy(4), Strategy(8), Strategy(4, 2)
@@ -241,3 +243,28 @@ def test_replan_with_spare_gpus_prefers_the_cheaper_candidate() -> None:
     assert d.switch and d.plan is not None and d.plan.target == canonical(NEW)
     assert d.plan.make_before_break and d.evaluation is not None
     assert d.evaluation.net_requests == pytest.approx(12_000 - 7200)
+
+
+def test_an_abandoned_switch_keeps_what_serves_and_withdraws_the_starts_that_did_not() -> None:
+    # make-before-break on 24 GPUs: start TP4xPP2, then stop two TP4
+    plan = plan_switch(HAND, OLD, NEW, 24, RATES, 600.0, 8)
+    assert [a.kind for a in plan.actions] == ["start", "stop", "stop"]
+    # nothing taken: the old layout
+    assert abandon_switch(plan, {TP4: 4}, 0) == {TP4: 4, TP4PP2: 0}
+    # the start taken, its pod never Ready: withdrawn, the old layout kept whole
+    assert abandon_switch(plan, {TP4: 4}, 1) == {TP4: 4, TP4PP2: 0}
+    # break-before-make on 16: a stop taken first stays taken; a started replica that
+    # serves stays
+    tight = plan_switch(HAND, OLD, NEW, 16, RATES, 600.0, 8)
+    taken = [a.kind for a in tight.actions].index("start") + 1
+    assert abandon_switch(tight, {TP4: 2}, taken) == {TP4: 2, TP4PP2: 0}
+    assert abandon_switch(tight, {TP4: 2, TP4PP2: 1}, taken) == {TP4: 2, TP4PP2: 1}
+    with pytest.raises(ValueError, match="done"):
+        abandon_switch(plan, {}, 4)
+
+
+def test_a_switch_is_stuck_after_two_of_its_slowest_start_ups_and_a_grace() -> None:
+    plan = plan_switch(HAND, OLD, NEW, 24, RATES, 600.0, 8)
+    assert stuck_after_s(plan, {TP4: 900.0, TP4PP2: 600.0}) == 2 * 600.0 + 120.0
+    only_stops = plan_switch(HAND, OLD, (TP4,) * 2, 16, RATES, 600.0, 8)
+    assert stuck_after_s(only_stops, {TP4: 900.0}) == 120.0

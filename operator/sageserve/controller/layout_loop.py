@@ -66,8 +66,10 @@ from sageserve.plan.layout_switch import (
     SwitchGate,
     SwitchPlan,
     Window,
+    abandon_switch,
     plan_switch,
     replan,
+    stuck_after_s,
     switch_targets,
 )
 from sageserve.plan.oserve_layouts import (
@@ -91,6 +93,10 @@ GroupKey = tuple[str, str, str]
 _CATALOG: list[PerfCatalog] = []
 
 
+#: How long an abandoned switch's target is not proposed again (`LayoutPass.abandon`).
+ABANDONED_HOLD_S = 3600.0
+
+
 def catalog() -> PerfCatalog:
     """The bundled perf profiles, read once per process."""
     if not _CATALOG:
@@ -106,6 +112,11 @@ class GroupState:
     gate: SwitchGate = field(default_factory=SwitchGate)
     switch: SwitchPlan | None = None
     done: int = 0
+    #: when the switch in progress began (the loop's clock), to find it stuck
+    switch_since: float = 0.0
+    #: the target of the last abandoned switch and until when it is not proposed again
+    abandoned: Layout = ()
+    abandoned_until: float = 0.0
     targets: dict[str, int] = field(default_factory=dict)
     message: str = ""
     computed_at: float = 0.0
@@ -504,6 +515,18 @@ class LayoutPass:
             if ev is not None
             else ""
         )
+        if (
+            decision.switch
+            and decision.plan is not None
+            and canonical(decision.plan.target) == g.abandoned
+            and now < g.abandoned_until
+        ):
+            g.message = (
+                f"layout {describe(current)} kept: {describe(decision.plan.target)} was "
+                f"abandoned (its pods did not become Ready); not proposed again for "
+                f"{g.abandoned_until - now:.0f} s{figures}"
+            )
+            return
         if decision.switch and decision.plan is not None:
             why = f"switching {describe(current)} → {describe(decision.plan.target)}{figures}"
             target = decision.plan.target
@@ -539,7 +562,7 @@ class LayoutPass:
         plan = plan_switch(
             space, current, target, room, mix.rates, group.startup_seconds(), space.node_gpus
         )
-        g.switch, g.done, g.layout = plan, 0, canonical(target)
+        g.switch, g.done, g.layout, g.switch_since = plan, 0, canonical(target), self.now
         order = "make-before-break" if plan.make_before_break else "break-before-make"
         g.message = f"{why}; {order}, {len(plan.actions)} steps"
         self.kube.event(raw, "Normal", "LayoutSwitch", g.message)
@@ -555,9 +578,11 @@ class LayoutPass:
         if g.switch is None:
             return
         by = group.by_strategy
-        progress = switch_targets(
-            g.switch, {s: ready.get(v.name, 0) for s, v in by.items()}, g.done
-        )
+        serving = {s: ready.get(v.name, 0) for s, v in by.items()}
+        if self.now - g.switch_since > stuck_after_s(g.switch, group.startup_seconds()):
+            self.abandon(raw, group, g, serving)
+            return
+        progress = switch_targets(g.switch, serving, g.done)
         g.done = progress.done
         g.targets = {by[s].name: n for s, n in progress.targets.items() if s in by}
         for v in group.variants:
@@ -569,6 +594,41 @@ class LayoutPass:
             )
             g.switch = None
             self.kube.event(raw, "Normal", "LayoutSwitched", g.message)
+
+    def abandon(
+        self,
+        raw: dict[str, Any],
+        group: LayoutGroup,
+        g: GroupState,
+        serving: Mapping[Strategy, int],
+    ) -> None:
+        """Give up a switch whose new pods did not serve in time (`stuck_after_s`): keep
+        what serves (`abandon_switch`), post a Warning naming the variants that did not come
+        up and where to look, and do not propose the same target again for an hour, so a
+        variant that cannot start does not replace pods every other re-plan."""
+        assert g.switch is not None
+        plan, by = g.switch, group.by_strategy
+        kept = abandon_switch(plan, serving, g.done)
+        missing = {
+            by[s].name: n - serving.get(s, 0)
+            for s, n in switch_targets(plan, serving, g.done).targets.items()
+            if s in by and n > serving.get(s, 0)
+        }
+        g.targets = {by[s].name: n for s, n in kept.items() if s in by}
+        for v in group.variants:
+            g.targets.setdefault(v.name, 0)
+        g.layout = group.layout(g.targets)
+        g.abandoned, g.abandoned_until = canonical(plan.target), self.now + ABANDONED_HOLD_S
+        g.switch, g.gate = None, SwitchGate()
+        waited = ", ".join(f"{n} pod(s) of variant {v}" for v, n in sorted(missing.items()))
+        g.message = (
+            f"switch {describe(plan.current)} → {describe(plan.target)} abandoned after "
+            f"{self.now - g.switch_since:.0f} s: {waited or 'started pods'} not Ready (see "
+            f"the pods' events: image pull, scheduling, crash loop); layout kept at "
+            f"{describe(g.layout)}"
+        )
+        self.kube.event(raw, "Warning", "LayoutSwitchAbandoned", g.message)
+        self.logger.warning("%s: %s", group.model, g.message)
 
     # ---- output ---------------------------------------------------------------------------
 

@@ -597,3 +597,44 @@ def switch_targets(
         i += 1
     strategies = dict.fromkeys([*plan.current, *plan.target])
     return SwitchProgress({s: max(0, counts[s]) for s in strategies}, i, i == len(plan.actions))
+
+
+#: A switch whose started replicas are not all serving after this many start-ups (plus
+#: `STUCK_GRACE_S`) is abandoned (`abandon_switch`). Why: on Kubernetes a new pod can wait
+#: forever (an image that does not pull, a GPU node that never frees, a crash loop) while
+#: its stops wait for it (`switch_targets`), and a switch in progress blocks every re-plan.
+#: Two start-ups, because a start-up is the variant's own estimate and a slow pull or a
+#: rescheduled pod may double it; the grace covers scheduling on a busy cluster.
+STUCK_STARTUPS = 2.0
+STUCK_GRACE_S = 120.0
+
+
+def stuck_after_s(plan: SwitchPlan, startup_s: Mapping[Strategy, float]) -> float:
+    """Seconds after its first action when `plan` counts as stuck: `STUCK_STARTUPS` times
+    the slowest start-up among the strategies it starts, plus `STUCK_GRACE_S` (a plan that
+    starts nothing never waits)."""
+    started = {a.strategy for a in plan.actions if a.kind == "start"}
+    slowest = max((startup_s.get(s, 0.0) for s in started), default=0.0)
+    return STUCK_STARTUPS * slowest + STUCK_GRACE_S
+
+
+def abandon_switch(
+    plan: SwitchPlan, ready: Mapping[Strategy, int], done: int
+) -> dict[Strategy, int]:
+    """The targets that keep what serves when a switch is abandoned: the `done` actions stay
+    taken (stops are never undone), the rest are dropped, and each started strategy keeps
+    only its `ready` replicas (the starts that never served are withdrawn). Kept replicas
+    and the old layout's unstopped replicas keep serving, so an abandoned make-before-break
+    switch is the old layout plus whatever new replicas came up."""
+    if not 0 <= done <= len(plan.actions):
+        raise ValueError(f"done: {done} is not within the plan's {len(plan.actions)} actions")
+    counts: Counter[Strategy] = Counter(plan.current)
+    started: set[Strategy] = set()
+    for a in plan.actions[:done]:
+        counts[a.strategy] += 1 if a.kind == "start" else -1
+        if a.kind == "start":
+            started.add(a.strategy)
+    return {
+        s: min(counts[s], ready.get(s, 0)) if s in started else max(0, counts[s])
+        for s in dict.fromkeys([*plan.current, *plan.target])
+    }
