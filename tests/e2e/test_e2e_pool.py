@@ -229,6 +229,25 @@ def test_pooled_models_wake_for_a_burst_sleep_when_idle_and_the_plan_sizes_the_p
             assert [(c["status"], c["reason"]) for c in sized] == [("True", "Planned")]
             events = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"]).stdout
             assert "PoolResized" in events
+
+            # the policy moves to a strategy that does not size pools: the pool says so by
+            # the next resync, without being touched itself
+            patch = json.dumps({"spec": {"strategy": "reactive"}})
+            kubectl(
+                kubeconfig,
+                ["patch", "scalingpolicy", "fleet", "-n", namespace, "--type=merge", "-p", patch],
+            )
+
+            def sized_now() -> list[tuple[str, str]]:
+                out = kubectl(kubeconfig, ["get", "modelpool", POOL, "-n", namespace, "-o", "json"])
+                conditions = json.loads(out.stdout)["status"]["conditions"]
+                return [(c["status"], c["reason"]) for c in conditions if c["type"] == "Sized"]
+
+            eventually(
+                lambda: sized_now() == [("False", "StrategyDoesNotSizePools")],
+                120,
+                "Sized=False after the policy's strategy changed",
+            )
     finally:
         if router is not None:
             router.close()

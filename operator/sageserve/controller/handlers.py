@@ -26,7 +26,10 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
 from sageserve.controller.podset import render_pod_sets
-from sageserve.controller.pool import on_model_pool  # noqa: F401  (ModelPool handlers)
+from sageserve.controller.pool import (
+    on_model_pool,  # noqa: F401  (ModelPool handlers)
+    reconcile_pool,
+)
 from sageserve.controller.semantics import (
     NodeShape,
     model_deployment_problems,
@@ -164,14 +167,16 @@ def on_model_deployment(
 
 
 def resync(obj: dict[str, Any]) -> None:
-    """Reconcile one ModelDeployment outside kopf's handlers (the background loop's resync):
-    a policy or node that appears later makes a waiting object Ready."""
-    logger = logging.getLogger("sageserve.resync")
-    status = reconcile(obj, obj["metadata"]["namespace"], obj["metadata"]["uid"], logger)
+    """Reconcile one ModelDeployment or ModelPool outside kopf's handlers (the background
+    loop's resync): a policy or node that appears later makes a waiting object Ready."""
+    namespace, uid = obj["metadata"]["namespace"], obj["metadata"]["uid"]
+    if obj.get("kind") == "ModelPool":
+        plural, status = "modelpools", reconcile_pool(obj, namespace, uid)
+    else:
+        plural = "modeldeployments"
+        status = reconcile(obj, namespace, uid, logging.getLogger("sageserve.resync"))
     if any((obj.get("status") or {}).get(k) != v for k, v in status.items()):
-        kube().patch_status(
-            obj["metadata"]["namespace"], "modeldeployments", obj["metadata"]["name"], status
-        )
+        kube().patch_status(namespace, plural, obj["metadata"]["name"], status)
 
 
 _loops: Loops | None = None

@@ -591,21 +591,28 @@ class Loops(threading.Thread):
             self.logger.exception("layout pass failed; the layouts in force are kept")
 
     def resync_all(self, k: Kube) -> None:
-        """Reconcile every ModelDeployment once (a policy or node that appeared later makes a
-        waiting object Ready; a drifted pod set is restored)."""
+        """Reconcile every ModelDeployment and ModelPool once (a policy or node that appeared
+        later makes a waiting object Ready; a drifted pod set is restored; a pool's `Sized`
+        follows a policy whose strategy changed)."""
         started = time.monotonic()
         try:
-            mds = k.objects_in(self.namespaces, "modeldeployments")
+            # ModelPools too: a pool's `Sized` condition follows its policy's strategy,
+            # which can change without the pool changing
+            objs = [
+                obj
+                for plural in ("modeldeployments", "modelpools")
+                for obj in k.objects_in(self.namespaces, plural)
+            ]
         except Exception:  # API server away: the next sweep tries again
-            self.logger.exception("resync: listing ModelDeployments failed")
+            self.logger.exception("resync: listing ModelDeployments and ModelPools failed")
             return
-        for md in mds:
+        for obj in objs:
             if self.stopped.is_set():
                 return
             try:
-                self.resync(md)
+                self.resync(obj)
             except Exception:
-                self.logger.exception("resync of %s failed", md["metadata"]["name"])
+                self.logger.exception("resync of %s failed", obj["metadata"]["name"])
         OPERATOR_METRICS.round_seconds.labels(
             ",".join(self.namespaces or []), "", "resync"
         ).observe(time.monotonic() - started)

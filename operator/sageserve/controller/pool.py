@@ -306,6 +306,9 @@ def reconcile_pool(body: Mapping[str, Any], namespace: str, uid: str) -> dict[st
         except ValueError:
             break  # the policy reports its own problem
         sized, reason, message = pool_sizing(name, strategy)
+        was: Mapping[str, Any] = next(
+            (c for c in previous.get("conditions") or [] if c.get("type") == "Sized"), {}
+        )
         status["conditions"] = set_condition(
             status["conditions"],
             "Sized",
@@ -315,8 +318,8 @@ def reconcile_pool(body: Mapping[str, Any], namespace: str, uid: str) -> dict[st
             datetime.now(UTC),
             body["metadata"].get("generation"),
         )
-        if not sized:
-            k.event(dict(body), "Warning", reason, message)
+        if not sized and (was.get("status"), was.get("reason")) != ("False", reason):
+            k.event(dict(body), "Warning", reason, message)  # once, not every resync
     return status
 
 
