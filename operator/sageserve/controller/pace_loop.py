@@ -61,6 +61,12 @@ from sageserve.pace.step import Held, StepState, decide
 from sageserve.plan.oserve_layouts import with_layouts
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+#: Every Prometheus read of one plan, window or layout pass is done within this many seconds
+#: or the pass gives up (`MetricsTooSlow`; the plan in force is kept, the pass says so in
+#: `PlanReady`). Why: one thread paces every policy, and a struggling Prometheus answering
+#: each of a plan's tens of queries just inside the reader's timeout held pacing for
+#: minutes; a plan's reads take a few seconds on a healthy one.
+PLAN_READ_SECONDS = float(os.environ.get("SAGESERVE_PLAN_READ_SECONDS", "120"))
 #: The leader renews its Lease this often (a third of the Lease's 15 s duration).
 LEASE_RENEW_SECONDS = 5.0
 #: Scale calls (and their Events) of one pass in flight at once. Each waits ~10-30 ms on
@@ -565,13 +571,14 @@ class Loops(threading.Thread):
         state.next_plan = wall + interval
         if (policy.get("spec") or {}).get("strategy") == Strategy.PRESERVE.value:
             window = WindowPass(k, policy, state.conditions, self.logger).run_window(
-                prometheus_reader()
+                prometheus_reader(deadline=time.monotonic() + PLAN_READ_SECONDS)
             )
             if window is not None:
                 state.plan = window.in_force(wall)
             return window is not None
         cycle = PlanPass(k, policy, state.conditions, self.logger).run(
-            prometheus_reader(), NodeLabels.from_env(os.environ)
+            prometheus_reader(deadline=time.monotonic() + PLAN_READ_SECONDS),
+            NodeLabels.from_env(os.environ),
         )
         if cycle is not None:
             state.plan = cycle.in_force(wall)
@@ -585,7 +592,9 @@ class Loops(threading.Thread):
             return
         try:
             LayoutPass(k, policy, state.layouts, state.conditions, self.logger).run(
-                prometheus_reader(), state.plan, time.time()
+                prometheus_reader(deadline=time.monotonic() + PLAN_READ_SECONDS),
+                state.plan,
+                time.time(),
             )
         except Exception:
             self.logger.exception("layout pass failed; the layouts in force are kept")
