@@ -72,12 +72,15 @@ def md_raw(annotated: bool = True) -> dict[str, Any]:
     }
 
 
-def policy_raw() -> dict[str, Any]:
+def policy_raw(forecast: str | None = None) -> dict[str, Any]:
+    layouts: dict[str, Any] = {"replanSeconds": 10, "confirmations": 1}
+    if forecast is not None:
+        layouts["forecast"] = forecast
     return {
         "apiVersion": "sageserve.io/v1alpha1",
         "kind": "ScalingPolicy",
         "metadata": {"name": "p", "namespace": NS, "generation": 1},
-        "spec": {"strategy": "reactive", "layouts": {"replanSeconds": 10, "confirmations": 1}},
+        "spec": {"strategy": "reactive", "layouts": layouts},
     }
 
 
@@ -163,20 +166,38 @@ class FakeKube:
 
 
 class FakeReader:
-    """The routers' shape counter: `counts` requests per (prompt, output) over the history."""
+    """The routers' shape counter: `counts` requests per (prompt, output) over the history;
+    per step, each bucket's series (`series`) or else its mean rate over the hour."""
 
-    def __init__(self, *requests: tuple[int, int, float]) -> None:
+    def __init__(
+        self,
+        *requests: tuple[int, int, float],
+        series: dict[tuple[int, int], list[float]] | None = None,
+    ) -> None:
         self.counts: dict[tuple[str, str], float] = {}
         for p, o, c in requests:
             key = (shape_bucket(p), shape_bucket(o))
             self.counts[key] = self.counts.get(key, 0.0) + c
+        self.series = {
+            (shape_bucket(p), shape_bucket(o)): v for (p, o), v in (series or {}).items()
+        }
         self.asked: list[tuple[str, str, str, int]] = []
+        self.asked_series: list[tuple[str, str, str, float, float]] = []
 
     def request_shapes(
         self, namespace: str, model: str, region: str, seconds: int
     ) -> dict[tuple[str, str], float]:
         self.asked.append((namespace, model, region, seconds))
         return self.counts
+
+    def request_shape_series(
+        self, namespace: str, model: str, region: str, seconds: float, step: float
+    ) -> dict[tuple[str, str], list[float]]:
+        self.asked_series.append((namespace, model, region, seconds, step))
+        n = int(seconds // step)
+        out = {k: [c / 3600.0] * n for k, c in self.counts.items()}
+        out.update({k: v[-n:] for k, v in self.series.items()})
+        return out
 
 
 #: over the default hour: 0.5 req/s short, 0.8 req/s long prompts
@@ -185,12 +206,17 @@ SHORT_ONLY = FakeReader((100, 100, 7200))
 
 
 def run(
-    kube: FakeKube, state: LayoutState, reader: Any, now: float, plan: Plan | None = None
+    kube: FakeKube,
+    state: LayoutState,
+    reader: Any,
+    now: float,
+    plan: Plan | None = None,
+    forecast: str | None = None,
 ) -> bool:
     conditions: list[dict[str, Any]] = []
-    changed = LayoutPass(kube, policy_raw(), state, conditions, LOG).run(  # type: ignore[arg-type]
-        reader, plan, now
-    )
+    changed = LayoutPass(  # type: ignore[arg-type]
+        kube, policy_raw(forecast), state, conditions, LOG
+    ).run(reader, plan, now)
     kube.conditions = conditions  # type: ignore[attr-defined]
     return changed
 
@@ -259,6 +285,53 @@ def test_a_short_mix_keeps_the_layout_and_says_why() -> None:
     asked = len(SHORT_ONLY.asked)
     assert not run(kube, state, SHORT_ONLY, 1005.0)
     assert len(SHORT_ONLY.asked) == asked
+
+
+def ramping_long_prompts() -> FakeReader:
+    """0.5 req/s of short requests steady; long prompts ramping from 0 to 0.3 req/s over
+    the hour read (0.15 on average): at the measured mean both layouts serve everything,
+    but the next hour's long prompts overload two TP4 replicas."""
+    ramp = [0.3 * (i + 1) / 60 for i in range(60)]
+    return FakeReader(
+        (100, 100, 1800),
+        (2000, 20, sum(ramp) * 60),
+        series={(2000, 20): ramp},
+    )
+
+
+def test_a_ramping_long_prompt_type_switches_before_persistence_would() -> None:
+    kube, state = FakeKube(), LayoutState()
+    persisted = ramping_long_prompts()
+    run(kube, state, persisted, 1000.0, forecast="persist")
+    (entry,) = kube.layouts()
+    assert entry["message"].startswith("layout TP4 ×2 kept on 8 GPUs (held)")
+    assert not persisted.asked_series  # persistence reads no series
+    assert not kube.events
+
+    kube, state = FakeKube(), LayoutState()
+    forecast = ramping_long_prompts()
+    run(kube, state, forecast, 1000.0)
+    (entry,) = kube.layouts()
+    assert "switching TP4 ×2 → TP4xPP2" in entry["message"]
+    # the forecast is of the long-prompt type (arima), above its measured mean
+    assert "per-type forecast over 3600 s in 12 windows" in entry["message"]
+    assert "type 1 0.152 → " in entry["message"] and "(arima)" in entry["message"]
+    assert forecast.asked_series == [(NS, MODEL, REGION, 3600.0, 60.0)]
+    # status.layouts publishes the measured mix, not the forecast
+    assert entry["types"][1]["rate"] == pytest.approx(0.1525)
+    assert [r for r, _ in kube.events] == ["LayoutSwitch"]
+
+
+def test_a_type_with_too_little_history_keeps_its_measured_rate_and_says_so() -> None:
+    kube, state = FakeKube(), LayoutState()
+    # the routers have counted for 20 minutes only
+    short = {(100, 100): [0.5] * 20, (2000, 20): [0.15] * 20}
+    reader = FakeReader((100, 100, 600), (2000, 20, 180), series=short)
+    run(kube, state, reader, 1000.0)
+    (entry,) = kube.layouts()
+    assert "type 1: too little history: 20 points, arima needs 60" in entry["message"]
+    assert "its measured rate persists" in entry["message"]
+    assert "type 1 0.05 → 0.05 req/s (persisted)" in entry["message"]
 
 
 @pytest.mark.parametrize(

@@ -118,3 +118,31 @@ def test_nothing_listening_is_unavailable_at_once() -> None:
     with pytest.raises(MetricsUnavailable):
         PrometheusReader("http://127.0.0.1:1", timeout_s=2).instant("up")
     assert time.monotonic() - started < 1.5
+
+
+def test_request_shape_series_reads_each_bucket_on_the_grid_gaps_as_nan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reader = PrometheusReader("http://127.0.0.1:1")
+    asked: dict[str, object] = {}
+
+    def fake(expr: str, start_time: object, end_time: object, step: str, timeout: float) -> object:
+        asked.update(expr=expr, step=step)
+        start = start_time.timestamp()  # type: ignore[attr-defined]
+        return [
+            {
+                "metric": {"prompt_le": "128", "output_le": "256"},
+                "values": [[start, "0.5"], [start + 120, "1.5"]],
+            },
+            {"metric": {}, "values": [[start, "9"]]},  # no bucket labels: left out
+        ]
+
+    monkeypatch.setattr(reader._prom, "custom_query_range", fake)
+    got = reader.request_shape_series("llm", "m", "r1", 180, 60)
+    assert list(got) == [("128", "256")]
+    values = got[("128", "256")]
+    assert values[0] == 0.5 and values[2] == 1.5 and values[1] != values[1]  # NaN
+    assert asked["step"] == "60s"
+    expr = str(asked["expr"])
+    assert "rate(sageserve_router_request_shapes_total{" in expr and "[60s]" in expr
+    assert 'model_deployment="m"' in expr and "sum by (prompt_le, output_le)" in expr

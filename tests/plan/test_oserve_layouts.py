@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.request_types import shape_bucket
@@ -19,9 +21,14 @@ from sageserve.plan.oserve_layouts import (
     LayoutTargets,
     analytical_capacity,
     budget_gpus,
+    forecast_windows,
+    horizon_bounds,
+    layout_forecast_spec,
     layout_groups,
+    layout_history_seconds,
     mix_from_buckets,
     parse_measured,
+    type_series,
     variant_weights,
     with_layouts,
 )
@@ -422,3 +429,125 @@ def test_switch_targets_steps_exactly_as_the_harness_executes(seed: int) -> None
         done = progress.done
         assert {s: n for s, n in progress.targets.items() if n} == held
     assert progress.finished
+
+
+# ---- per-type forecasts (issue 18 item 2: types and their share forecast per window) ----
+
+NAN = float("nan")
+SHORT, LONG = (shape_bucket(100), shape_bucket(100)), (shape_bucket(2000), shape_bucket(20))
+HOUR_SPEC = layout_forecast_spec(ScalingPolicySpec(), 3600)
+
+
+def _mean(windows: Any, j: int) -> float:
+    total = sum(w.duration_s for w in windows)
+    return float(sum(w.duration_s * w.rates[j] for w in windows) / total)
+
+
+def _noisy(level: float, n: int = 60, seed: int = 1) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return [float(level * (1 + 0.03 * e)) for e in rng.standard_normal(n)]
+
+
+@pytest.mark.parametrize(
+    ("name", "series", "check"),
+    [
+        # a ramp is forecast above its history mean (and above its last value on average)
+        ("ramp", [0.01 * (i + 1) for i in range(60)], lambda f, m: f > 1.5 * m),
+        # a constant (noisy) rate is forecast at its mean
+        ("constant", _noisy(0.5), lambda f, m: f == pytest.approx(m, rel=0.05)),
+        # a few missing minutes are gaps, not zero demand: still at its mean
+        (
+            "gaps",
+            [NAN if i in (10, 30, 50) else v for i, v in enumerate(_noisy(0.5))],
+            lambda f, m: f == pytest.approx(m, rel=0.05),
+        ),
+    ],
+)
+def test_a_type_is_forecast_with_the_policy_method(name: str, series: Any, check: Any) -> None:
+    observed = [v for v in series if v == v]
+    mean = sum(observed) / len(observed)
+    fc = forecast_windows([series], [mean], HOUR_SPEC, "arima", 600)
+    assert fc.methods == ("arima",), fc.notes
+    assert [w.duration_s for w in fc.windows] == [600.0] * 6
+    assert check(_mean(fc.windows, 0), mean), (name, _mean(fc.windows, 0), mean)
+
+
+def test_a_ramps_windows_rise_and_the_summary_names_the_method() -> None:
+    ramp = [0.01 * (i + 1) for i in range(60)]
+    fc = forecast_windows([ramp], [0.305], HOUR_SPEC, "arima", 600)
+    rates = [w.rates[0] for w in fc.windows]
+    assert rates == sorted(rates) and rates[0] > 0.6
+    head = "per-type forecast over 3600 s in 6 windows: type 0 0.305"
+    assert fc.summary([0.305]).startswith(head)
+
+
+@pytest.mark.parametrize(
+    ("series", "why"),
+    [
+        ([0.2] * 20, "too little history: 20 points, arima needs 60"),
+        ([NAN] * 30 + _noisy(0.2, 30), "too many gaps: 50% of the last 60 points are missing"),
+        ([NAN] * 60, "no observations in the history"),
+    ],
+)
+def test_a_type_the_forecaster_cannot_fit_keeps_its_measured_rate(series: Any, why: str) -> None:
+    fc = forecast_windows([_noisy(0.5), series], [0.5, 0.2], HOUR_SPEC, "arima", 600)
+    assert fc.methods == ("arima", "persisted")
+    assert all(w.rates[1] == 0.2 for w in fc.windows)
+    assert fc.notes == (f"type 1: {why}; its measured rate persists",)
+
+
+def test_windows_are_replan_long_at_most_twelve_and_the_last_one_shorter() -> None:
+    assert horizon_bounds(1500, 600) == [(0, 600), (600, 1200), (1200, 1500)]
+    fc = forecast_windows([_noisy(0.5)], [0.5], HOUR_SPEC, "arima", 10)
+    assert [w.duration_s for w in fc.windows] == [300.0] * 12
+    with pytest.raises(ValueError):
+        horizon_bounds(0, 600)
+
+
+def test_the_horizon_is_the_history_within_the_policys_reach() -> None:
+    policy = ScalingPolicySpec()
+    assert (HOUR_SPEC.lead_seconds, HOUR_SPEC.horizon_seconds, HOUR_SPEC.step_seconds) == (
+        0.0,
+        3600.0,
+        60.0,
+    )
+    assert layout_forecast_spec(policy, 600).horizon_seconds == 600.0
+    assert layout_forecast_spec(policy, 7200).horizon_seconds == 3600.0
+    # the history read covers what the forecaster fits on (arima: the training hour)
+    assert layout_history_seconds(policy, 600) == 3600.0
+    assert layout_history_seconds(policy, 7200) == 7200.0
+    ensemble = ScalingPolicySpec.model_validate({"forecast": {"method": "ensemble"}})
+    assert layout_history_seconds(ensemble, 3600) == 8 * 3600.0  # peak-regression: 8 horizons
+
+
+def test_type_series_sums_buckets_by_type_gaps_stay_gaps() -> None:
+    series = {
+        SHORT: [0.5, NAN, 0.5, 0.5],
+        (shape_bucket(150), shape_bucket(90)): [0.1, NAN, NAN, 0.1],  # no request yet at 2
+        LONG: [NAN, NAN, 0.2, 0.3],  # its counter appears at step 2
+    }
+    cents = ((100.0, 100.0), (2000.0, 20.0))
+    short, long = type_series(series, cents)
+    assert short[0] == 0.6 and short[2] == 0.5 and short[3] == pytest.approx(0.6)
+    assert long[0] == 0.0 and long[2] == 0.2 and long[3] == 0.3
+    assert short[1] != short[1] and long[1] != long[1]  # no bucket answered: a gap
+    # series are aligned on now: a shorter one is missing at the start
+    (only,) = type_series({SHORT: [0.1, 0.2, 0.3], LONG: [0.4]}, [(100.0, 100.0)])
+    assert only == [0.1, 0.2, pytest.approx(0.7)]
+    with pytest.raises(ValueError):
+        type_series({("7", "8"): [1.0]}, cents)
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_type_series_uses_the_mixs_types_measured_or_fitted(measured: bool) -> None:
+    """The series are classified as `mix_from_buckets` classified the history's counts,
+    into a measured table's centroids or the weighted k-means': per type, the series'
+    mean is the mix's rate."""
+    counts = {SHORT: 1800.0, LONG: 720.0, (shape_bucket(3000), shape_bucket(30)): 360.0}
+    cents = ((100.0, 100.0), (2500.0, 25.0)) if measured else None
+    mix = mix_from_buckets(counts, 3600.0, k=2, centroids=cents)
+    assert mix is not None
+    series = {k: [c / 3600.0] * 60 for k, c in counts.items()}
+    per_type = type_series(series, mix.centroids)
+    assert [sum(s) / len(s) for s in per_type] == pytest.approx(list(mix.rates))
+    assert sorted(mix.rates) == pytest.approx([0.3, 0.5])

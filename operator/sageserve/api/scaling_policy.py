@@ -482,6 +482,14 @@ class Preserve(ApiModel):
     )
 
 
+class LayoutForecast(StrEnum):
+    """How a layout re-plan sees the horizon: the measured rates persisting, or each
+    request type's rate forecast per window with the policy's forecaster."""
+
+    PERSIST = "persist"
+    POLICY = "policy"
+
+
 LAYOUT_RULES = cel(
     (
         "self.historySeconds >= self.replanSeconds",
@@ -534,6 +542,14 @@ class Layouts(ApiModel):
         le=1,
         description="A switch must gain at least this share of the requests the layout in "
         "force serves over the horizon (inside the capacity model's error otherwise).",
+    )
+    forecast: LayoutForecast = Field(
+        default=LayoutForecast.POLICY,
+        description="policy: each request type's per-minute rate is forecast with "
+        "spec.forecast's method over min(historySeconds, forecast.horizonSeconds), in "
+        "replanSeconds windows, and the switch's gain is weighed on those windows (a type "
+        "with too little history keeps its measured rate); persist: the rates measured over "
+        "historySeconds persist for historySeconds.",
     )
 
 
@@ -671,7 +687,11 @@ class LayoutType(ApiModel):
 
     prompt_tokens: float = Field(ge=0, description="The type's centroid: prompt tokens.")
     output_tokens: float = Field(ge=0, description="The type's centroid: output tokens.")
-    rate: float = Field(ge=0, description="Requests/s of this type over the history read.")
+    rate: float = Field(
+        ge=0,
+        description="Requests/s of this type measured over the history read (not the "
+        "forecast: spec.layouts.forecast shapes only the re-plan's windows).",
+    )
     weights: list[LayoutWeight] = Field(
         default_factory=list, max_length=16, json_schema_extra=list_map("variant")
     )

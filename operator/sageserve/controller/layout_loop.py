@@ -15,8 +15,12 @@ ModelDeployment lists two or more variants of that GPU type, every `replanSecond
    covers the (model, region), else the GPUs their pod sets hold now
    (`plan.oserve_layouts.budget_gpus`);
 4. runs `plan.layout_switch.replan` (Algorithm 1 restricted to the declared variants, then
-   gain against cost and the `SwitchGate`'s hysteresis) from the layout in force; the
-   budget moving (a new plan) is followed without the gate: the plan already chose the size;
+   gain against cost and the `SwitchGate`'s hysteresis) from the layout in force, over the
+   horizon cut into windows: with `spec.layouts.forecast: policy` (the default) each type's
+   per-step rate (`PrometheusReader.request_shape_series`, summed per type) forecast with
+   the policy's forecaster (`plan.oserve_layouts.forecast_windows`), with `persist` the
+   measured rates for `historySeconds`; the budget moving (a new plan) is followed without
+   the gate: the plan already chose the size;
 5. executes a switch make-before-break: `plan_switch` with the GPUs free on the region's
    nodes of that type as headroom, stepped every pace pass by `switch_targets` as the
    started pods become Ready, so old pods go only once the new ones serve;
@@ -43,7 +47,7 @@ from typing import Any
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
-from sageserve.api.scaling_policy import Layouts, ScalingPolicy
+from sageserve.api.scaling_policy import LayoutForecast, Layouts, ScalingPolicy
 from sageserve.controller.kube import Kube
 from sageserve.controller.status import set_condition
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT, NodeLabels
@@ -81,9 +85,13 @@ from sageserve.plan.oserve_layouts import (
     Mix,
     analytical_capacity,
     budget_gpus,
+    forecast_windows,
+    layout_forecast_spec,
     layout_groups,
+    layout_history_seconds,
     mix_from_buckets,
     parse_measured,
+    type_series,
     variant_weights,
 )
 
@@ -497,7 +505,7 @@ class LayoutPass:
             )
             self.begin(raw, space, group, region, g, target, max(budget, held) + spare, mix, why)
             return
-        windows = [Window(float(history), mix.rates)]
+        windows, outlook = self.windows(md, region, mix)
         decision = replan(
             space,
             current,
@@ -514,7 +522,7 @@ class LayoutPass:
             f" (gain {ev.gain_requests:.1f} requests, cost {ev.cost_requests:.1f})"
             if ev is not None
             else ""
-        )
+        ) + (f"; {outlook}" if outlook else "")
         if (
             decision.switch
             and decision.plan is not None
@@ -530,7 +538,8 @@ class LayoutPass:
         if decision.switch and decision.plan is not None:
             why = f"switching {describe(current)} → {describe(decision.plan.target)}{figures}"
             target = decision.plan.target
-            self.begin(raw, space, group, region, g, target, budget + spare, mix, why)
+            planned = Mix(mix.centroids, windows[0].rates)  # the mix `decide` planned at
+            self.begin(raw, space, group, region, g, target, budget + spare, planned, why)
             return
         proposed = (
             f"; proposed {describe(decision.plan.target)}" if decision.plan is not None else ""
@@ -539,6 +548,43 @@ class LayoutPass:
             f"layout {describe(current)} kept on {budget} GPUs ({source}): "
             f"{decision.reason}{proposed}{figures}"
         )
+
+    def windows(
+        self,
+        md: ModelDeployment,
+        region: str,
+        mix: Mix,
+    ) -> tuple[list[Window], str]:
+        """The re-plan's horizon as forecast windows, and a line for the status message.
+
+        `spec.layouts.forecast: persist`: one window of `historySeconds` at the measured
+        rates. `policy` (the default): the buckets' per-step rates over the history
+        (`request_shape_series`, at `spec.forecast.granularitySeconds`, as long as the
+        policy's forecaster needs) summed per type of `mix` (its centroids: the same types)
+        and each forecast over the horizon in `replanSeconds` windows
+        (`plan.oserve_layouts.forecast_windows`); a type the forecaster cannot fit keeps its
+        measured rate, and so does every type when Prometheus does not answer the range
+        query (the message says which)."""
+        settings, reader = self.settings, self.reader
+        assert reader is not None
+        history = float(settings.history_seconds)
+        persisted = [Window(history, mix.rates)]
+        if settings.forecast == LayoutForecast.PERSIST:
+            return persisted, ""
+        policy = self.policy.spec
+        spec = layout_forecast_spec(policy, history)
+        seconds = layout_history_seconds(policy, history)
+        try:
+            series = reader.request_shape_series(
+                self.namespace, md.metadata.name, region, seconds, spec.step_seconds
+            )
+        except MetricsUnavailable as exc:
+            return persisted, f"no per-type forecast ({exc}): the measured rates persist"
+        per_type = type_series(series, mix.centroids)
+        fc = forecast_windows(
+            per_type, mix.rates, spec, policy.forecast.method.value, float(settings.replan_seconds)
+        )
+        return list(fc.windows), fc.summary(mix.rates)
 
     def begin(
         self,

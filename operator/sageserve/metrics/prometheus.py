@@ -133,6 +133,12 @@ class PrometheusReader:
         Missing points are NaN (a gap the forecaster knows how to treat), so every series
         has the same length whatever Prometheus returned.
         """
+        return {_key(labels): values for labels, values in self._range(expr, end, seconds, step)}
+
+    def _range(
+        self, expr: str, end: float, seconds: float, step: float
+    ) -> list[tuple[Mapping[str, str], list[float]]]:
+        """`history`'s range query, each series with every label kept."""
         n = max(1, int(seconds // step))
         start = end - (n - 1) * step
         result = self._ask(
@@ -144,14 +150,17 @@ class PrometheusReader:
                 timeout=timeout,
             )
         )
-        out: dict[tuple[str, str, str], list[float]] = {}
-        for series in result:
-            values = [math.nan] * n
-            for t, v in series.get("values", []):
-                i = round((float(t) - start) / step)
-                if 0 <= i < n:
-                    values[i] = float(v)
-            out[_key(series["metric"])] = values
+        out: list[tuple[Mapping[str, str], list[float]]] = []
+        try:
+            for series in result:
+                values = [math.nan] * n
+                for t, v in series.get("values", []):
+                    i = round((float(t) - start) / step)
+                    if 0 <= i < n:
+                        values[i] = float(v)
+                out.append((series["metric"], values))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MetricsUnavailable(f"unexpected series from Prometheus: {exc}") from exc
         return out
 
     def samples(self, expr: str) -> list[tuple[Mapping[str, str], float]]:
@@ -175,6 +184,22 @@ class PrometheusReader:
             p, o = labels.get("prompt_le"), labels.get("output_le")
             if p and o and math.isfinite(value) and value > 0:
                 out[(str(p), str(o))] = value
+        return out
+
+    def request_shape_series(
+        self, namespace: str, model: str, region: str, seconds: float, step: float = 60.0
+    ) -> dict[tuple[str, str], list[float]]:
+        """Requests/s answered per (prompt_le, output_le) bucket of one (model, region) on a
+        grid of `step` seconds over the last `seconds` (`queries.request_shape_rates`, a
+        rate over max(step, 60 s) as `token_histories` reads tokens), oldest first, the last
+        point now. Missing points are NaN, as in every history."""
+        window = f"{max(int(step), 60)}s"
+        expr = queries.request_shape_rates(namespace, model, region, window)
+        out: dict[tuple[str, str], list[float]] = {}
+        for labels, values in self._range(expr, time.time(), seconds, step):
+            p, o = labels.get("prompt_le"), labels.get("output_le")
+            if p and o:
+                out[(str(p), str(o))] = values
         return out
 
     def pod_loads(self, namespace: str) -> dict[str, PodLoad]:

@@ -131,6 +131,17 @@ def request_shapes(namespace: str, model: str, region: str, seconds: int) -> str
     )
 
 
+def request_shape_rates(namespace: str, model: str, region: str, window: str) -> str:
+    """Requests/s the routers answered per (prompt_le, output_le) bucket for one (model,
+    region) over `window`, summed over router replicas: evaluated on a grid (a range query),
+    the per-step series of each bucket the layout loop forecasts per type (OServe §5.1)."""
+    matchers = (
+        f'{vllm.LABEL_NAMESPACE}="{namespace}", {vllm.LABEL_MODEL_DEPLOYMENT}="{model}", '
+        f'{vllm.LABEL_REGION}="{region}"'
+    )
+    return f"sum by (prompt_le, output_le) (rate({REQUEST_SHAPES}_total{{{matchers}}}[{window}]))"
+
+
 def router_tokens(window: str, namespace: str, tiers: Sequence[str]) -> str:
     """Tokens/s the router answered per (model, region) for `tiers` over `window`: the
     batch share of served load when the tiers are the batch ones, with no PromQL from the

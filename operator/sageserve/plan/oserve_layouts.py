@@ -22,6 +22,13 @@ dispatch weights (issue 18; OServe §4.2, §4.3, §5.1, §5.2). Pure: the operat
 - **Targets**: the layout in force overrides the plan's targets of those variants
   (`with_layouts`), so the decision step moves each variant's pod set to its own count.
 - **Weights** (§4.2): the assignment LP's x_{k,j}/λ_j summed over each variant's replicas.
+- **Per-type forecasts** (§5.1: "types and their share forecast per window"): the buckets'
+  per-step rates are classified into the types (`type_series`, the same nearest centroid
+  in log space), summed into one series per type, and each is forecast over the re-plan
+  horizon with the policy's forecaster (`forecast.api.forecast_peak`, gaps as missing
+  data), the horizon cut into `replanSeconds` windows (`forecast_windows`). The windows
+  carry the point path's mean per window; a type the forecaster cannot fit keeps its
+  measured mean rate.
 """
 
 from __future__ import annotations
@@ -29,19 +36,25 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from sageserve.api.model_deployment import ModelDeployment, Variant
+from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
+from sageserve.forecast.api import forecast_peak
+from sageserve.forecast.methods import get_forecaster
 from sageserve.forecast.request_types import bucket_tokens, fit_request_types
+from sageserve.forecast.types import ForecastSpec
 from sageserve.perf.capacity import type_capacity
 from sageserve.perf.layout_check import profile_names, variant_parallelism
 from sageserve.perf.model import PerfCatalog
+from sageserve.plan.cycle import expected_in_window, forecast_spec
 from sageserve.plan.layout_search import Layout, Strategy, canonical
+from sageserve.plan.layout_switch import Window
 from sageserve.plan.oserve_assign import assign
 
 #: ModelDeployment annotation naming a ConfigMap with measured n (`calibrate --by-type`).
@@ -51,6 +64,8 @@ TYPE_CAPACITY_KEY = "type-capacity.yaml"
 
 #: (prompt_le, output_le) → requests counted in that bucket over the history.
 ShapeCounts = Mapping[tuple[str, str], float]
+#: (prompt_le, output_le) → requests/s per step of the history, oldest first (NaN: missing).
+ShapeSeries = Mapping[tuple[str, str], Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -160,10 +175,155 @@ def mix_from_buckets(
         types = fit_request_types(prompts, outputs, k=k, seed=seed, weights=weights)
         cents = tuple(types.centroid_tokens(j) for j in range(types.k))
         c = np.asarray(types.log_centroids, dtype=np.float64)
-    x = np.log1p(np.column_stack((prompts, outputs)))
-    nearest = ((x[:, None, :] - c[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)
+    nearest = _nearest(prompts, outputs, c)
     per_type = np.bincount(nearest, weights=np.asarray(weights), minlength=len(cents))
     return Mix(cents, tuple(float(v) / seconds for v in per_type))
+
+
+def _nearest(prompts: Sequence[float], outputs: Sequence[float], log_centroids: Any) -> Any:
+    """Index of the nearest centroid (log(1 + tokens) space) of each (prompt, output) point."""
+    x = np.log1p(np.column_stack((prompts, outputs)))
+    return ((x[:, None, :] - log_centroids[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)
+
+
+def type_series(series: ShapeSeries, centroids: Sequence[tuple[float, float]]) -> list[list[float]]:
+    """Requests/s per step of each type: the buckets' series summed by nearest centroid (in
+    log(1 + tokens) space at the bucket's representative lengths, as `mix_from_buckets`
+    classifies; pure). Series are aligned on their last point (now).
+
+    Gaps, settled: a step where no bucket has a finite value is missing for every type
+    (Prometheus recorded nothing then: the routers were not scraped); a bucket without a
+    value at a step where others have one counts 0 (its counter did not exist yet: no
+    request of that shape). A bucket label that is not a bound raises ValueError."""
+    types = len(centroids)
+    length = max((len(v) for v in series.values()), default=0)
+    out = np.zeros((types, length))
+    seen = np.zeros(length, dtype=bool)
+    keys = sorted(series)
+    if keys and types:
+        c = np.log1p(np.asarray([(float(p), float(o)) for p, o in centroids], dtype=np.float64))
+        prompts = [bucket_tokens(p) for p, _ in keys]
+        outputs = [bucket_tokens(o) for _, o in keys]
+        for key, j in zip(keys, _nearest(prompts, outputs, c), strict=True):
+            values = np.full(length, np.nan)
+            raw = np.asarray(series[key], dtype=np.float64)
+            if raw.size:
+                values[length - raw.size :] = raw
+            ok = np.isfinite(values) & (values >= 0)
+            seen |= ok
+            out[int(j)] += np.where(ok, values, 0.0)
+    out[:, ~seen] = np.nan
+    return [[float(v) for v in row] for row in out]
+
+
+def layout_forecast_spec(policy: ScalingPolicySpec, history_seconds: float) -> ForecastSpec:
+    """The policy's forecaster settings (`plan.cycle.forecast_spec`: step, quantile,
+    training window, ARIMA order) reaching over the layouts' re-plan horizon: from now
+    (no lead) to min(`historySeconds`, `forecast.horizonSeconds`), so that with the
+    defaults (an hour each) the gain is weighed over the hour persistence weighed it over,
+    and never beyond what the policy's forecaster is set to reach."""
+    horizon = min(float(history_seconds), float(policy.forecast.horizon_seconds))
+    return replace(forecast_spec(policy), lead_seconds=0.0, horizon_seconds=horizon)
+
+
+def layout_history_seconds(policy: ScalingPolicySpec, history_seconds: float) -> float:
+    """Seconds of per-step shape history the forecast reads: `historySeconds`, or more when
+    the policy's forecaster needs more points to fit (its `min_points`, the training window:
+    `plan.preserve.window_history_minutes`' rule), at most 10,000 steps (under Prometheus'
+    11,000 points per series)."""
+    spec = layout_forecast_spec(policy, history_seconds)
+    try:
+        points = get_forecaster(policy.forecast.method.value).min_points(spec)
+    except KeyError:
+        points = 0
+    seconds = max(float(history_seconds), points * spec.step_seconds, spec.min_history_seconds)
+    return min(seconds, 10_000 * spec.step_seconds)
+
+
+#: Most windows a re-plan's horizon is cut into (`layout_switch`: "6-12 windows of 5-10 min").
+MAX_WINDOWS = 12
+
+
+@dataclass(frozen=True)
+class TypeForecast:
+    """The re-plan horizon as forecast windows, and per type what made its rates."""
+
+    windows: tuple[Window, ...]
+    #: per type: the forecaster that ran, or "persisted" (its measured mean rate)
+    methods: tuple[str, ...]
+    #: why a type persisted, and the forecaster's notes
+    notes: tuple[str, ...] = ()
+
+    def summary(self, measured: Sequence[float]) -> str:
+        """One line for the status message: each type's measured → horizon-mean rate."""
+        total = sum(w.duration_s for w in self.windows)
+        parts = []
+        for j, how in enumerate(self.methods):
+            mean = (
+                sum(w.duration_s * w.rates[j] for w in self.windows) / total if total > 0 else 0.0
+            )
+            was = measured[j] if j < len(measured) else 0.0
+            parts.append(f"type {j} {was:.3g} → {mean:.3g} req/s ({how})")
+        head = f"per-type forecast over {total:.0f} s in {len(self.windows)} windows: "
+        tail = f"; {'; '.join(self.notes)}" if self.notes else ""
+        return head + ", ".join(parts) + tail
+
+
+def horizon_bounds(horizon_s: float, window_s: float) -> list[tuple[float, float]]:
+    """[start, end) of each window of `window_s` seconds from now to `horizon_s` (the last
+    one shorter when the horizon is not a whole number of windows)."""
+    if not horizon_s > 0 or not window_s > 0:
+        raise ValueError(f"horizon {horizon_s} s and windows of {window_s} s must be > 0")
+    out, t = [], 0.0
+    while t < horizon_s - 1e-9:
+        out.append((t, min(horizon_s, t + window_s)))
+        t += window_s
+    return out
+
+
+def forecast_windows(
+    series: Sequence[Sequence[float]],
+    persisted: Sequence[float],
+    spec: ForecastSpec,
+    method: str,
+    window_s: float,
+    max_windows: int = MAX_WINDOWS,
+) -> TypeForecast:
+    """Each type's requests/s per window of the horizon [now, now + spec.horizon_seconds]
+    (OServe §5.1, pure): the policy's forecaster (`forecast_peak`, the one the plan and
+    window loops call: gaps and partial gaps are missing data, `forecast/gaps.py`) on the
+    type's series, and the window's rate the mean of the point path over it
+    (`plan.cycle.expected_in_window`).
+
+    Why the point path, not the provisioning quantile: the windows weigh a switch's
+    expected gain in served requests against its cost, an expectation; the upper quantile
+    sizes capacity against a peak (and `forecast_peak` gives it for the horizon's peak
+    only, not per step). A type the method cannot forecast (too little history or too many
+    gaps for it, a failed fit, no observation) keeps its measured mean rate `persisted[j]`
+    in every window, and a note says why. Windows are `window_s` (the re-plan interval)
+    long, longer when the horizon would hold more than `max_windows` of them (each window
+    costs the switch evaluation two assignment LPs per candidate)."""
+    width = max(float(window_s), spec.horizon_seconds / max(1, max_windows))
+    bounds = horizon_bounds(spec.horizon_seconds, width)
+    per_type: list[list[float]] = []
+    methods: list[str] = []
+    notes: list[str] = []
+    for j, rate in enumerate(persisted):
+        values = series[j] if j < len(series) else []
+        fc = forecast_peak(values, spec, method, "persistence")
+        if fc.fallback_reason or not fc.reliable or not fc.path_tps:
+            why = fc.fallback_reason or "no observation in the history"
+            notes.append(f"type {j}: {why}; its measured rate persists")
+            per_type.append([float(rate)] * len(bounds))
+            methods.append("persisted")
+            continue
+        per_type.append([max(0.0, expected_in_window(fc, spec, a, b)) for a, b in bounds])
+        methods.append(fc.method)
+        notes.extend(f"type {j}: {n}" for n in fc.notes if n.startswith("gap floor"))
+    windows = tuple(
+        Window(b - a, tuple(rates[i] for rates in per_type)) for i, (a, b) in enumerate(bounds)
+    )
+    return TypeForecast(windows, tuple(methods), tuple(notes))
 
 
 def analytical_capacity(
