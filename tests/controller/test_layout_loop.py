@@ -249,9 +249,10 @@ def test_a_long_prompt_mix_switches_to_the_pipeline_make_before_break() -> None:
     long_type = parsed.types[1]
     assert (long_type.prompt_tokens, long_type.output_tokens) == (2000, 20)
     assert long_type.rate == pytest.approx(0.8)
-    assert {w.variant: w.weight for w in long_type.weights} == {"tp4pp2": 1.0}
+    assert {w.variant: w.weight for w in long_type.weights} == {"tp4": 0.0, "tp4pp2": 1.0}
     assert layouts_from_status({"layouts": kube.layouts()})[(MODEL, REGION)][1][2] == {
-        "tp4pp2": 1.0
+        "tp4": 0.0,
+        "tp4pp2": 1.0,
     }
 
     # the new pod comes up but is not Ready: nothing stops

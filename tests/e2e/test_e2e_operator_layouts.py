@@ -278,8 +278,29 @@ def test_the_operator_switches_layouts_for_the_measured_mix_make_before_break(
             assert any("switching TP4 ×2 → TP4xPP2" in m for m in switches), switches
             long_type = next(t for t in entry["types"] if t["promptTokens"] > 1000)
             assert long_type["rate"] > 0
-            assert {w["variant"]: w["weight"] for w in long_type["weights"]} == {"tp4pp2": 1.0}
+            assert {w["variant"]: w["weight"] for w in long_type["weights"]} == {
+                "tp4": 0.0,
+                "tp4pp2": 1.0,
+            }
             assert all(t["weights"] for t in entry["types"]), entry
+            # the router follows them: long prompts dispatched by their type to TP4xPP2
+            long_j = str(entry["types"].index(long_type))
+            eventually(
+                lambda: (
+                    router is not None
+                    and router.metric(
+                        "sageserve_router_layout_dispatch_total",
+                        namespace=namespace,
+                        model_deployment=MODEL,
+                        region=REGION,
+                        type=long_j,
+                        variant="tp4pp2",
+                    )
+                    > 0
+                ),
+                60,
+                "the router dispatching long prompts by type to TP4xPP2",
+            )
             traffic.stop()
 
             # short requests: back to 2 × TP4 (TP4xPP2 serves 1 req/s of them, 2 × TP4 4)

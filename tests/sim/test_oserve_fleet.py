@@ -17,9 +17,9 @@ from sageserve.forecast.request_types import RequestTypes
 from sageserve.perf.model import VariantPerf, load_catalog
 from sageserve.plan.layout_search import LayoutSpace, Strategy
 from sageserve.plan.layout_switch import plan_switch
-from sageserve.plan.oserve_assign import assign
+from sageserve.plan.oserve_assign import assign, layout_weights
 from sageserve.route.length_predictor import make_predictor
-from sageserve.sim.oserve_fleet import Fleet, nearest_type, strategy_weights
+from sageserve.sim.oserve_fleet import Fleet, nearest_type
 
 TP4, TP8 = Strategy(4, 1), Strategy(8, 1)
 TIER = Tier("iw-f", TierKind.INTERACTIVE, 1.0)
@@ -29,6 +29,8 @@ TYPES = RequestTypes(
     counts=(1, 1),
 )
 CAT = load_catalog()
+#: every replica serves either type at 10 req/s
+EQUAL = {TP4: (10.0, 10.0), TP8: (10.0, 10.0)}
 
 
 def perf_of(s: Strategy) -> VariantPerf:
@@ -61,7 +63,11 @@ def test_each_type_goes_only_where_the_lp_sends_it() -> None:
     a = assign([5.0, 5.0], [[10.0, 1.0], [1.0, 10.0]])
     assert a.weights[0][0] == pytest.approx(1.0) and a.weights[1][1] == pytest.approx(1.0)
     f = fleet([TP4, TP8])
-    f.set_weights(strategy_weights([TP4, TP8], a.weights))
+    f.set_weights(
+        dict(
+            enumerate(layout_weights({TP4: (10.0, 1.0), TP8: (1.0, 10.0)}, [TP4, TP8], [5.0, 5.0]))
+        )
+    )
     outs = f.run(requests([0, 1] * 40), 0.0, 1e9, 3600.0)
     assert {o.strategy for o in outs if o.type == 0} == {"TP4"}
     assert {o.strategy for o in outs if o.type == 1} == {"TP8"}
@@ -75,7 +81,7 @@ def test_fractional_weights_are_followed_exactly_per_strategy() -> None:
     layout = [TP4, TP4, TP8]
     a = assign([15.0, 0.0], [[10.0, 10.0]] * 3)
     assert [w[0] for w in a.weights] == pytest.approx([1 / 3] * 3)
-    w = strategy_weights(layout, a.weights)
+    w = dict(enumerate(layout_weights(EQUAL, layout, [15.0, 0.0])))
     assert w[0] == pytest.approx({TP4: 2 / 3, TP8: 1 / 3})
     f = fleet(layout)
     f.set_weights(w)
@@ -120,9 +126,8 @@ def test_overflow_follows_the_weights_exactly_when_nothing_queues() -> None:
     # the fractional case above at a load that never queues: the same 200 / 100 split, no
     # request overflowed
     layout = [TP4, TP4, TP8]
-    a = assign([15.0, 0.0], [[10.0, 10.0]] * 3)
     f = Fleet(perf_of, layout, TYPES, make_predictor("oracle"), 600.0, dispatch="weighted-overflow")
-    f.set_weights(strategy_weights(layout, a.weights))
+    f.set_weights(dict(enumerate(layout_weights(EQUAL, layout, [15.0, 0.0]))))
     outs = f.run(requests([0] * 300, gap_s=0.2), 0.0, 1e9, 3600.0)
     by = {s: sum(o.strategy == s for o in outs) for s in ("TP4", "TP8")}
     assert by == {"TP4": 200, "TP8": 100}

@@ -73,14 +73,13 @@ from sageserve.plan.layout_search import (
     search_layout,
 )
 from sageserve.plan.layout_switch import SwitchGate, Window, plan_switch, replan
-from sageserve.plan.oserve_assign import assign
+from sageserve.plan.oserve_assign import layout_weights
 from sageserve.route.length_predictor import make_predictor
 from sageserve.sim.oserve_fleet import (
     DISPATCH_STRATEGIES,
     Fleet,
     LayoutBudget,
     Outcome,
-    strategy_weights,
 )
 from sageserve.sim.scenario import load_scenario
 from sageserve.sim.type_capacity import (
@@ -348,9 +347,8 @@ class _Hetero:
         if not serving:
             return
         cap = self.s.space.capacity
-        a = assign(rates, [list(cap[s]) for s in serving])
         can_serve = {j: {s for s in serving if cap[s][j] > 0} for j in range(len(rates))}
-        fleet.set_weights(strategy_weights(serving, a.weights), can_serve)
+        fleet.set_weights(dict(enumerate(layout_weights(cap, serving, rates))), can_serve)
 
     def tick(self, fleet: Fleet, now: float) -> None:
         cfg = self.s.cfg

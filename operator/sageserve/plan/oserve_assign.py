@@ -36,8 +36,9 @@ how far the whole predicted mix could grow (the largest θ with θ·λ servable,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -287,3 +288,33 @@ def mix_scale(
         float(sum(x[k, j] / n[k, j] for j in range(j_count) if n[k, j] > 0)) for k in range(k_count)
     )
     return max(0.0, float(sol.x[theta])), util
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def layout_weights(
+    capacity: Mapping[K, Sequence[float]], layout: Sequence[K], rates: Sequence[float]
+) -> list[dict[K, float]]:
+    """Per type, the share of its requests each strategy of `layout` gets: the dispatch
+    weights (OServe §4.2), `assign`'s x_{k,j}/λ_j summed over the replicas of each strategy
+    (replicas of one strategy are interchangeable) and normalised. A type with no demand, or
+    that no replica can serve, is shared in proportion to n, so a dispatcher still has a
+    preference when it appears; a type no replica can serve at all gets no weights.
+
+    The one rule for the simulator's harness (`commands/bench_oserve.py`) and the operator's
+    `status.layouts` (`plan/oserve_layouts.variant_weights`), which the router follows."""
+    out: list[dict[K, float]] = [{} for _ in rates]
+    if not layout:
+        return out
+    result = assign(list(rates), [list(capacity[s]) for s in layout])
+    for j in range(len(rates)):
+        served = sum(result.weights[k][j] for k in range(len(layout)))
+        shares: dict[K, float] = {}
+        for k, s in enumerate(layout):
+            w = result.weights[k][j] if served > _NEGLIGIBLE else float(capacity[s][j])
+            shares[s] = shares.get(s, 0.0) + w
+        total = sum(shares.values())
+        if total > 0:
+            out[j] = {s: w / total for s, w in shares.items()}
+    return out

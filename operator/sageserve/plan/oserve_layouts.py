@@ -55,7 +55,7 @@ from sageserve.perf.model import PerfCatalog
 from sageserve.plan.cycle import expected_in_window, forecast_spec
 from sageserve.plan.layout_search import Layout, Strategy, canonical
 from sageserve.plan.layout_switch import Window
-from sageserve.plan.oserve_assign import assign
+from sageserve.plan.oserve_assign import layout_weights
 
 #: ModelDeployment annotation naming a ConfigMap with measured n (`calibrate --by-type`).
 TYPE_CAPACITY_ANNOTATION = "sageserve.io/type-capacity"
@@ -466,30 +466,18 @@ def variant_weights(
     layout: Sequence[Strategy],
     rates: Sequence[float],
 ) -> list[dict[str, float]]:
-    """Per type, the share of its requests each variant gets (OServe §4.2): the assignment
-    LP's x_{k,j}/λ_j summed over the variant's replicas. A type with no demand, or that no
-    replica can serve, is shared by the replicas that could serve it (by n), so the router
-    still has a preference when it appears."""
-    layout = canonical(layout)
+    """Per type, the share of its requests each variant gets (`layout_weights` by variant
+    name). Every variant of the group is named, 0 for those the layout does not run or the
+    type should not go to: the router applies weights only where every candidate pod's
+    variant is named, so a variant still running while a switch retires it must be named
+    (with 0) for the weights to hold during the switch."""
     by = group.by_strategy
-    types = len(rates)
-    out: list[dict[str, float]] = [{} for _ in range(types)]
-    if not layout:
-        return out
-    result = assign(list(rates), [list(capacity[s]) for s in layout])
-    for j in range(types):
-        shares: dict[str, float] = {}
-        served = sum(result.weights[k][j] for k in range(len(layout)))
-        for k, s in enumerate(layout):
-            if served > 1e-9:
-                w = result.weights[k][j]
-            else:  # fall back on n: where it would go if it came
-                total = sum(capacity[x][j] for x in layout)
-                w = capacity[s][j] / total if total > 0 else 0.0
-            name = by[s].name
-            shares[name] = shares.get(name, 0.0) + w
-        total = sum(shares.values())
-        out[j] = {v: round(w / total, 4) for v, w in shares.items()} if total > 0 else {}
+    out: list[dict[str, float]] = []
+    for shares in layout_weights(capacity, canonical(layout), rates):
+        named = dict.fromkeys((v.name for v in group.variants), 0.0) if shares else {}
+        for s, w in shares.items():
+            named[by[s].name] += w
+        out.append({v: round(w, 4) for v, w in named.items()})
     return out
 
 

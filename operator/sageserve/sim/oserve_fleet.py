@@ -412,16 +412,3 @@ class Fleet(InstanceHooks):
                 continue
             self._pop(pop(heap))
         return self.outcomes
-
-
-def strategy_weights(
-    layout: Sequence[Strategy], weights: Sequence[Sequence[float]]
-) -> dict[int, dict[Strategy, float]]:
-    """Per type, per strategy: the assignment's per-replica weights x_{k,j}/λ_j summed over
-    the replicas of each strategy (replicas of one strategy are interchangeable)."""
-    out: dict[int, dict[Strategy, float]] = {}
-    for s, row in zip(layout, weights, strict=True):
-        for j, w in enumerate(row):
-            d = out.setdefault(j, {})
-            d[s] = d.get(s, 0.0) + float(w)
-    return out
