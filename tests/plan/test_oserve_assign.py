@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog  # type: ignore[import-untyped]
 
-from sageserve.plan.oserve_assign import assign, max_throughput, mix_scale
+from sageserve.plan.layout_search import Strategy
+from sageserve.plan.oserve_assign import assign, layout_weights, max_throughput, mix_scale
 
 TOL = 1e-6
 
@@ -159,3 +160,22 @@ def test_every_rate_is_served_or_reported_and_capacities_hold(
         assert a.utilisation[k] == pytest.approx(used, abs=1e-6)
     # the tie-breaks never give up throughput
     assert a.throughput == pytest.approx(_reference_phi(lam, n, e), rel=1e-6, abs=1e-6)
+
+
+def test_dispatch_weights_per_strategy_by_hand() -> None:
+    # TP4 serves type 0 at 10/s and type 1 at 1/s, TP8 the other way round; λ = (5, 5):
+    # type 0 all to TP4, type 1 all to TP8 (any other split costs capacity)
+    tp4, tp8 = Strategy(4), Strategy(8)
+    crossed = {tp4: (10.0, 1.0), tp8: (1.0, 10.0)}
+    assert layout_weights(crossed, [tp4, tp8], [5.0, 5.0]) == [
+        pytest.approx({tp4: 1.0, tp8: 0.0}),
+        pytest.approx({tp4: 0.0, tp8: 1.0}),
+    ]
+    # replicas of one strategy add up; a type with no demand is shared by n
+    equal = {tp4: (10.0, 10.0), tp8: (10.0, 10.0)}
+    w = layout_weights(equal, [tp4, tp4, tp8], [15.0, 0.0])
+    assert w[0] == pytest.approx({tp4: 2 / 3, tp8: 1 / 3})
+    assert w[1] == pytest.approx({tp4: 2 / 3, tp8: 1 / 3})
+    # a type no replica can serve gets no weights; no replica, none at all
+    assert layout_weights({tp4: (10.0, 0.0)}, [tp4], [1.0, 1.0])[1] == {}
+    assert layout_weights(equal, [], [1.0, 1.0]) == [{}, {}]
