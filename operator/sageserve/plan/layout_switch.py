@@ -562,6 +562,20 @@ class SwitchProgress:
     finished: bool
 
 
+def _taken(plan: SwitchPlan, done: int) -> tuple[Counter[Strategy], set[Strategy]]:
+    """Replicas per strategy once the first `done` actions of `plan` are taken, and the
+    strategies those actions started."""
+    if not 0 <= done <= len(plan.actions):
+        raise ValueError(f"done: {done} is not within the plan's {len(plan.actions)} actions")
+    counts: Counter[Strategy] = Counter(plan.current)
+    started: set[Strategy] = set()
+    for a in plan.actions[:done]:
+        counts[a.strategy] += 1 if a.kind == "start" else -1
+        if a.kind == "start":
+            started.add(a.strategy)
+    return counts, started
+
+
 def switch_targets(
     plan: SwitchPlan, ready: Mapping[Strategy, int], done: int = 0
 ) -> SwitchProgress:
@@ -578,14 +592,7 @@ def switch_targets(
 
     Starts and stops never share a strategy (`match_layouts` keeps the intersection), so a
     strategy's target only rises or only falls over the plan."""
-    if not 0 <= done <= len(plan.actions):
-        raise ValueError(f"done: {done} is not within the plan's {len(plan.actions)} actions")
-    counts: Counter[Strategy] = Counter(plan.current)
-    started: set[Strategy] = set()
-    for a in plan.actions[:done]:
-        counts[a.strategy] += 1 if a.kind == "start" else -1
-        if a.kind == "start":
-            started.add(a.strategy)
+    counts, started = _taken(plan, done)
     i = done
     while i < len(plan.actions):
         a = plan.actions[i]
@@ -626,14 +633,7 @@ def abandon_switch(
     only its `ready` replicas (the starts that never served are withdrawn). Kept replicas
     and the old layout's unstopped replicas keep serving, so an abandoned make-before-break
     switch is the old layout plus whatever new replicas came up."""
-    if not 0 <= done <= len(plan.actions):
-        raise ValueError(f"done: {done} is not within the plan's {len(plan.actions)} actions")
-    counts: Counter[Strategy] = Counter(plan.current)
-    started: set[Strategy] = set()
-    for a in plan.actions[:done]:
-        counts[a.strategy] += 1 if a.kind == "start" else -1
-        if a.kind == "start":
-            started.add(a.strategy)
+    counts, started = _taken(plan, done)
     return {
         s: min(counts[s], ready.get(s, 0)) if s in started else max(0, counts[s])
         for s in dict.fromkeys([*plan.current, *plan.target])
