@@ -49,7 +49,8 @@ import yaml
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import LayoutForecast, Layouts, ScalingPolicy
 from sageserve.controller.kube import Kube
-from sageserve.controller.status import set_condition
+from sageserve.controller.spot import pod_gpus
+from sageserve.controller.status import essence, is_ready, set_condition
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT, NodeLabels
 from sageserve.core.nodes import parse_nodes
 from sageserve.core.snapshot import Plan
@@ -156,13 +157,6 @@ class LayoutState:
         return LayoutTargets(out, self.changed_at)
 
 
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def ready_per_variant(pods: Sequence[Mapping[str, Any]], model: str, region: str) -> dict[str, int]:
     """Ready (not terminating) pods of each variant of one (model, region)."""
     out: dict[str, int] = {}
@@ -170,24 +164,10 @@ def ready_per_variant(pods: Sequence[Mapping[str, Any]], model: str, region: str
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if labels.get(LABEL_DEPLOYMENT) != model or labels.get(LABEL_REGION) != region:
             continue
-        if is_ready(pod):
+        if is_ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
             v = str(labels.get(LABEL_VARIANT))
             out[v] = out.get(v, 0) + 1
     return out
-
-
-def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get(
-            "nvidia.com/gpu"
-        )
-        try:
-            total += int(value or 0)
-        except (TypeError, ValueError):
-            continue
-    return total
 
 
 def free_gpus(
@@ -214,7 +194,7 @@ def free_gpus(
             continue
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        used += _pod_gpus(pod)
+        used += pod_gpus(pod)
     size = max((n.gpus for n in mine.values()), default=8)
     return max(0, sum(n.gpus for n in mine.values() if n.ready) - used), size
 
@@ -251,15 +231,6 @@ def layout_entry(
     }
 
 
-def _is_ready(body: Mapping[str, Any]) -> bool:
-    conditions = (body.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _essence(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-
-
 class LayoutPass:
     """One pass of the layout loop for one policy (see the module doc). Every pace pass
     steps the switches in progress; a re-plan runs every `replanSeconds`."""
@@ -277,7 +248,7 @@ class LayoutPass:
         self.state = state
         self.conditions = conditions
         self.logger = logger
-        self.policy = ScalingPolicy.model_validate(_essence(body))
+        self.policy = ScalingPolicy.model_validate(essence(body))
         self.namespace = str(body["metadata"]["namespace"])
         self.problems: list[str] = []
         self._cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
@@ -298,7 +269,7 @@ class LayoutPass:
             self.state.groups.clear()
             return changed
         mds = [
-            (raw, ModelDeployment.model_validate(_essence(raw)))
+            (raw, ModelDeployment.model_validate(essence(raw)))
             for raw in self.kube.objects(self.namespace, "modeldeployments")
             if (raw.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
         ]
@@ -312,7 +283,7 @@ class LayoutPass:
         seen: set[GroupKey] = set()
         entries: list[dict[str, Any]] = []
         for raw, md in mds:
-            if not _is_ready(raw):  # as the pace pass: its pod sets may not exist yet
+            if not is_ready(raw):  # as the pace pass: its pod sets may not exist yet
                 seen |= {k for k in self.state.groups if k[0] == md.metadata.name}
                 entries += [
                     e for e in (self.state.written or []) if e.get("model") == md.metadata.name

@@ -28,6 +28,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.controller.status import is_ready
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.core.snapshot import Decision, EndpointSnapshot, InstanceView
 from sageserve.core.types import EndpointKey
@@ -35,11 +36,6 @@ from sageserve.metrics.prometheus import PodLoad, Series
 
 #: Capacity weight of a pod whose KV-cache size is unknown (see the module doc).
 UNKNOWN_CAPACITY = 1.0
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _terminating(pod: Mapping[str, Any]) -> bool:
@@ -79,7 +75,7 @@ def endpoint_snapshots(
         serving = [
             p
             for p in mine.get(region.name, [])
-            if _ready(p)
+            if is_ready(p)
             and not _terminating(p)
             and (p.get("spec") or {}).get("nodeName") not in lost_nodes
         ]

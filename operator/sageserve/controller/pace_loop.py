@@ -43,7 +43,7 @@ from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded
 from sageserve.controller.pool import parse_pool
 from sageserve.controller.semantics import SemanticProblem, node_shapes, policy_problems
 from sageserve.controller.spot import SpotPass
-from sageserve.controller.status import set_condition
+from sageserve.controller.status import essence, is_ready, set_condition
 from sageserve.controller.window_loop import WindowPass
 from sageserve.core.labels import (
     ANNOTATION_DELETION_COST,
@@ -130,15 +130,6 @@ def degraded(held: list[Held]) -> tuple[bool, str, str]:
     return True, "MetricsMissing", "holding " + "; ".join(parts)
 
 
-def _essence(obj: Any) -> dict[str, Any]:
-    return {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
-
-
-def _is_ready(obj: dict[str, Any]) -> bool:
-    conditions = (obj.get("status") or {}).get("conditions", [])
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 class PacePass:
     """One pass of the loop for one policy; separated from the daemon for readability."""
 
@@ -147,7 +138,7 @@ class PacePass:
         self.body = body
         self.state = state
         self.logger = logger
-        self.policy = ScalingPolicy.model_validate(_essence(body))
+        self.policy = ScalingPolicy.model_validate(essence(body))
         self.namespace = str(self.policy.metadata.namespace or body["metadata"]["namespace"])
         self.now = time.time()
         # SAGESERVE_DRY_RUN (the chart's dryRun value) overrides every policy to dry run.
@@ -226,10 +217,10 @@ class PacePass:
             )
         self.condition("Ready", True, "Pacing", pacing)
         fleet = [
-            (raw, ModelDeployment.model_validate(_essence(raw)))
+            (raw, ModelDeployment.model_validate(essence(raw)))
             for raw in self.kube.objects(self.namespace, "modeldeployments")
             if (raw.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
-            and _is_ready(raw)
+            and is_ready(raw)
         ]
         self.spot([md for _, md in fleet], self.pools())
         # every read of the pass within one pace interval, else the next pass is due and
@@ -486,7 +477,7 @@ def plans(policy: dict[str, Any]) -> bool:
     """Whether the policy's strategy follows a plan (its `uses_plan`): the hourly cycle's,
     or for `preserve` the window plan's."""
     try:
-        spec = ScalingPolicy.model_validate(_essence(policy)).spec
+        spec = ScalingPolicy.model_validate(essence(policy)).spec
     except ValueError:
         return False
     return strategy_for(spec).uses_plan
@@ -495,7 +486,7 @@ def plans(policy: dict[str, Any]) -> bool:
 def plan_interval_s(policy: dict[str, Any]) -> float:
     """Seconds between plans: `spec.preserve.windowSeconds` for `preserve` (PreServe §4.1,
     Alg. 2: one plan per window), else `spec.intervals.planSeconds`."""
-    spec = ScalingPolicy.model_validate(_essence(policy)).spec
+    spec = ScalingPolicy.model_validate(essence(policy)).spec
     if spec.strategy is Strategy.PRESERVE:
         return float(spec.preserve.window_seconds)
     return float(spec.intervals.plan_seconds)

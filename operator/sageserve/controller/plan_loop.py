@@ -25,7 +25,7 @@ from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.api.workload_tier import TierType
 from sageserve.controller.kube import Kube
 from sageserve.controller.pool import apply_pool_targets, parse_pool
-from sageserve.controller.status import set_condition
+from sageserve.controller.status import essence, set_condition
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes
 from sageserve.core.snapshot import Plan
@@ -190,9 +190,7 @@ class PlanPass:
         self.body = body
         self.conditions = conditions
         self.logger = logger
-        self.policy = ScalingPolicy.model_validate(
-            {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-        )
+        self.policy = ScalingPolicy.model_validate(essence(body))
         self.namespace = str(body["metadata"]["namespace"])
 
     def run(self, reader: PrometheusReader, labels: NodeLabels) -> PlanCycle | None:

@@ -14,6 +14,18 @@ from sageserve.controller.semantics import SemanticProblem
 from sageserve.core.labels import LABEL_REGION, LABEL_VARIANT
 
 
+def essence(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object's apiVersion, kind, metadata and spec: what its pydantic model validates
+    (the status is the operator's own)."""
+    return {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
+
+
+def is_ready(obj: Mapping[str, Any]) -> bool:
+    """Whether the object's `Ready` condition is True (pods and sageserve objects alike)."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def set_condition(
     conditions: Sequence[Mapping[str, Any]],
     type_: str,
