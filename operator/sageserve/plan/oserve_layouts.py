@@ -47,7 +47,7 @@ from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.api import forecast_peak
 from sageserve.forecast.methods import get_forecaster
-from sageserve.forecast.request_types import bucket_tokens, fit_request_types
+from sageserve.forecast.request_types import RequestTypes, bucket_tokens, fit_request_types
 from sageserve.forecast.types import ForecastSpec
 from sageserve.perf.capacity import type_capacity
 from sageserve.perf.layout_check import profile_names, variant_parallelism
@@ -170,20 +170,22 @@ def mix_from_buckets(
         return None
     if centroids is not None:
         cents = tuple((float(p), float(o)) for p, o in centroids)
-        c = np.log1p(np.asarray(cents, dtype=np.float64))
+        types = _types_at(cents)
     else:
         types = fit_request_types(prompts, outputs, k=k, seed=seed, weights=weights)
         cents = tuple(types.centroid_tokens(j) for j in range(types.k))
-        c = np.asarray(types.log_centroids, dtype=np.float64)
-    nearest = _nearest(prompts, outputs, c)
+    nearest = types.classify(prompts, outputs)
     per_type = np.bincount(nearest, weights=np.asarray(weights), minlength=len(cents))
     return Mix(cents, tuple(float(v) / seconds for v in per_type))
 
 
-def _nearest(prompts: Sequence[float], outputs: Sequence[float], log_centroids: Any) -> Any:
-    """Index of the nearest centroid (log(1 + tokens) space) of each (prompt, output) point."""
-    x = np.log1p(np.column_stack((prompts, outputs)))
-    return ((x[:, None, :] - log_centroids[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)
+def _types_at(centroids: Sequence[tuple[float, float]]) -> RequestTypes:
+    """Request types given by their centroids in tokens (a measured table's), to classify
+    with (`RequestTypes.classify`: nearest in log(1 + tokens) space)."""
+    logs = np.log1p(np.asarray(centroids, dtype=np.float64).reshape(-1, 2))
+    return RequestTypes(
+        log_centroids=tuple((float(p), float(o)) for p, o in logs), counts=(0,) * len(logs)
+    )
 
 
 def type_series(series: ShapeSeries, centroids: Sequence[tuple[float, float]]) -> list[list[float]]:
@@ -201,10 +203,10 @@ def type_series(series: ShapeSeries, centroids: Sequence[tuple[float, float]]) -
     seen = np.zeros(length, dtype=bool)
     keys = sorted(series)
     if keys and types:
-        c = np.log1p(np.asarray([(float(p), float(o)) for p, o in centroids], dtype=np.float64))
         prompts = [bucket_tokens(p) for p, _ in keys]
         outputs = [bucket_tokens(o) for _, o in keys]
-        for key, j in zip(keys, _nearest(prompts, outputs, c), strict=True):
+        nearest = _types_at(centroids).classify(prompts, outputs)
+        for key, j in zip(keys, nearest, strict=True):
             values = np.full(length, np.nan)
             raw = np.asarray(series[key], dtype=np.float64)
             if raw.size:
