@@ -22,6 +22,7 @@ if str(REPO) not in sys.path:
 
 from e2e import postgres  # noqa: E402
 from sageserve.batch import BatchStore  # noqa: E402
+from sageserve.route.identity import ANONYMOUS, Principal  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OTHER = "mistral-7b"
@@ -30,7 +31,7 @@ DEADLINES = {"niw": 86400.0, "niw-slow": 2 * 86400.0}
 T0 = 1_700_000_000.0
 
 
-def known_models(model: str) -> str | None:
+def known_models(model: str, caller: Principal = ANONYMOUS) -> str | None:
     return TIERS.get(model)
 
 

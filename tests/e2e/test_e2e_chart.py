@@ -280,8 +280,14 @@ def test_the_router_discovers_and_reads_tier_keys_with_only_the_charts_permissio
         base = "http://" + listening.split("listening on ")[1].strip()
 
         def get(path: str) -> str:
-            with urllib.request.urlopen(base + path, timeout=5) as resp:
-                return str(resp.read().decode())
+            keyed = urllib.request.Request(
+                base + path, headers={"Authorization": "Bearer sk-router-rbac"}
+            )
+            try:
+                with urllib.request.urlopen(keyed, timeout=5) as resp:
+                    return str(resp.read().decode())
+            except urllib.error.HTTPError as exc:  # the key not read yet: 401
+                return f"HTTP {exc.code}"
 
         def tier_of_keyed_request() -> bool:
             request = urllib.request.Request(

@@ -47,7 +47,9 @@ from test_e2e_router import SERVED, TRACE, bloom, ready_pods
 pytestmark = pytest.mark.slow
 CONNECTIONS = 10_000
 IDLE_S, BODY_S, STALL_S = 15, 3, 3
-EAST = {"x-sageserve-region": "us-east"}
+#: tenant A's key for its iw-f tier (its namespace lists keys: every request carries one)
+KEY_FAST = "sk-tenant-a-fast"
+EAST = {"x-sageserve-region": "us-east", "Authorization": f"Bearer {KEY_FAST}"}
 
 
 class FaultProxy:
@@ -145,16 +147,18 @@ def tenant_b(kubeconfig: Path) -> Iterator[str]:
 
 
 def key_tier_a(kubeconfig: Path, namespace: str) -> None:
-    """Tenant A's iw-n tier recognised by its own key, from a Secret."""
-    kubectl(
-        kubeconfig,
-        ["create", "secret", "generic", "keys", "-n", namespace, "--from-literal=a=sk-tenant-a"],
-    )
-    patch = {"spec": {"match": {"apiKeysSecretRef": {"name": "keys"}}}}
-    kubectl(
-        kubeconfig,
-        ["patch", "workloadtier", "iw-n", "-n", namespace, "--type=merge", "-p", json.dumps(patch)],
-    )
+    """Tenant A's tiers recognised by keys of their own, from Secrets: iw-n by
+    `sk-tenant-a`, iw-f by `KEY_FAST`."""
+    for secret, tier, key in [("keys", "iw-n", "sk-tenant-a"), ("keys-fast", "iw-f", KEY_FAST)]:
+        kubectl(
+            kubeconfig,
+            ["create", "secret", "generic", secret, "-n", namespace, f"--from-literal=a={key}"],
+        )
+        patch = json.dumps({"spec": {"match": {"apiKeysSecretRef": {"name": secret}}}})
+        kubectl(
+            kubeconfig,
+            ["patch", "workloadtier", tier, "-n", namespace, "--type=merge", "-p", patch],
+        )
 
 
 async def hold_connections(url: str, pid: int, count: int) -> dict[str, float]:
@@ -236,6 +240,7 @@ def raw_post(
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as s:
         header = "POST /v1/completions HTTP/1.1\r\nHost: router\r\n"
+        header += f"Authorization: Bearer {KEY_FAST}\r\n"
         header += "Content-Type: application/json\r\n"
         header += "Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {length}\r\n"
         s.sendall((header + head_extra + "\r\n").encode())
@@ -340,11 +345,22 @@ def test_the_router_under_hostile_clients_and_a_hung_pod_loses_no_request(
                 f"slow body 408 after {slow_s:.1f} s",
             )
 
-            # API keys: another tenant's is refused, an unknown one too, our own picks iw-n
-            for key, code in [("sk-tenant-b", 403), ("sk-guess", 401), ("sk-tenant-a", 200)]:
-                auth = {**EAST, "Authorization": f"Bearer {key}"}
+            # API keys: another tenant's model does not exist for its key, an unknown key
+            # and no key are refused, our own picks iw-n, and the tier header cannot raise it
+            keys: list[tuple[str | None, str | None, int]] = [
+                ("sk-tenant-b", None, 404),
+                ("sk-guess", None, 401),
+                (None, None, 401),
+                (None, "iw-f", 401),
+                ("sk-tenant-a", "iw-f", 403),
+                ("sk-tenant-a", None, 200),
+            ]
+            for key, tier, code in keys:
+                auth = {"x-sageserve-region": "us-east"}
+                auth |= {"Authorization": f"Bearer {key}"} if key else {}
+                auth |= {"x-sageserve-tier": tier} if tier else {}
                 status, body = router.post("/v1/completions", request(), auth)
-                assert status == code, (key, body)
+                assert status == code, (key, tier, body)
             assert router.metric("sageserve_router_requests_total", tier="iw-n", code="200") == 1
 
             # a pod that hangs: one stall timeout for one request, then avoided

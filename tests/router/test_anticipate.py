@@ -13,6 +13,7 @@ from aiohttp import web
 from sageserve.forecast.request_types import bucket_tokens, shape_bucket
 from sageserve.route.instance_picker import Arrival, make_picker
 from sageserve.route.length_predictor import LengthQuery
+from sageserve.route.tiers import TierMatch
 from sageserve.router.anticipate import PodAnticipators, client_id
 from sageserve.router.app import POD_HEADER, Router, RouterConfig, run_loop
 from sageserve.router.fleet import REMAINING_TOKENS, Backend, Fleet, ModelRoute, fleet_picker
@@ -158,6 +159,7 @@ def test_proxied_answers_teach_the_predictor_and_export_normalized_latency() -> 
         backend = Backend("llm", "pod-a", "llama", "us-east", "a100", f"http://127.0.0.1:{port}")
         fleet = Fleet(picker=make_picker("preserve"))
         fleet.set_models([MODEL])
+        fleet.set_tiers(MODEL.namespace, {"iw-f": TierMatch("iw-f", api_keys=("k1",))})
         fleet.set_backends([backend])
         metrics = RouterMetrics()
         router = Router(fleet, RouterConfig(), metrics)

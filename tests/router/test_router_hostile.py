@@ -21,10 +21,11 @@ from sageserve.route.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, serve
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
-from sageserve.router.tenancy import key_refusal
 
 MODEL = ModelRoute("team-a", "llama", "meta-llama/Llama-3.1-8B", ("us-east",), ("iw-f", "iw-n"))
 BODY = {"model": MODEL.served_name, "prompt": "hello", "max_tokens": 8}
+#: team-a's key (team-a lists keys, so every request of it must carry one)
+AUTH = {"Authorization": "Bearer sk-a"}
 
 
 class Pods:
@@ -95,6 +96,7 @@ async def head(port: int, length: int, extra: str = "") -> tuple[asyncio.StreamR
     writer.write(
         (
             "POST /v1/completions HTTP/1.1\r\nHost: router\r\n"
+            "Authorization: Bearer sk-a\r\n"
             f"Content-Type: application/json\r\nContent-Length: {length}\r\n{extra}\r\n"
         ).encode()
     )
@@ -123,7 +125,7 @@ def test_an_allowed_body_with_expect_continue_is_asked_for_and_served() -> None:
     async def scenario() -> None:
         async with (
             router() as (port, _, _),
-            aiohttp.ClientSession() as client,
+            aiohttp.ClientSession(headers=AUTH) as client,
             client.post(f"http://127.0.0.1:{port}/v1/completions", json=BODY, expect100=True) as r,
         ):
             assert r.status == 200
@@ -171,17 +173,35 @@ def test_a_client_dribbling_its_headers_is_cut_off_at_the_idle_timeout() -> None
     run(scenario)
 
 
-def test_an_api_key_of_another_tenant_is_refused_and_an_own_key_picks_its_tier() -> None:
+def test_identity_decides_the_tenant_and_tier_and_a_header_only_narrows() -> None:
+    cases: list[tuple[str | None, str | None, int]] = [
+        ("sk-b", None, 404),  # another tenant's model does not exist for its key
+        ("sk-nobody", None, 401),
+        (None, None, 401),  # team-a lists keys: no key, no entry
+        (None, "iw-f", 401),  # and a header grants nothing
+        ("sk-a", "iw-f", 403),  # sk-a may use iw-n only: the header may not raise it
+        ("sk-a", None, 200),
+        ("sk-a", "iw-n", 200),
+    ]
+
     async def scenario() -> None:
         async with router() as (port, pods, metrics), aiohttp.ClientSession() as client:
             url = f"http://127.0.0.1:{port}/v1/completions"
-            for key, status in [("sk-b", 403), ("sk-nobody", 401), ("sk-a", 200), (None, 200)]:
+            for key, tier, status in cases:
                 headers = {"Authorization": f"Bearer {key}"} if key else {}
+                if tier:
+                    headers["x-sageserve-tier"] = tier
                 async with client.post(url, json=BODY, headers=headers) as r:
-                    assert r.status == status, key
+                    assert r.status == status, (key, tier)
                     if status != 200:
                         message = (await r.json())["error"]["message"]
                         assert "team-b" not in message  # whose key it is stays unsaid
+                        assert "team-a" not in message
+            models = f"http://127.0.0.1:{port}/v1/models"
+            async with client.get(models, headers={"Authorization": "Bearer sk-b"}) as r:
+                assert (await r.json())["data"] == []  # team-b sees none of team-a's models
+            async with client.get(models) as r:  # anonymous: only open namespaces' models
+                assert (await r.json())["data"] == []
             assert sum(pods.got.values()) == 2
             tier_n = metrics.registry.get_sample_value(
                 "sageserve_router_requests_total",
@@ -193,30 +213,16 @@ def test_an_api_key_of_another_tenant_is_refused_and_an_own_key_picks_its_tier()
                     code="200",
                 ),
             )
-            assert tier_n == 1
+            assert tier_n == 2
 
     run(scenario)
-
-
-def test_key_refusal_rules() -> None:
-    tiers = {
-        "a": {"t": TierMatch("t", api_keys=("ka",))},
-        "b": {"t": TierMatch("t", api_keys=("kb",))},
-        "open": {"t": TierMatch("t")},
-    }
-    assert key_refusal(None, "a", "m", tiers) is None
-    assert key_refusal("ka", "a", "m", tiers) is None
-    assert key_refusal("kb", "a", "m", tiers).status == 403  # type: ignore[union-attr]
-    assert key_refusal("kx", "a", "m", tiers).status == 401  # type: ignore[union-attr]
-    assert key_refusal("kx", "open", "m", tiers) is None  # lists no key: checks none
-    assert key_refusal("kb", "open", "m", tiers).status == 403  # type: ignore[union-attr]
 
 
 def test_a_hung_pod_costs_one_stall_timeout_then_is_avoided() -> None:
     async def scenario() -> None:
         async with (
             router(stall_timeout_seconds=0.5, eject_seconds=30) as (port, pods, metrics),
-            aiohttp.ClientSession() as client,
+            aiohttp.ClientSession(headers=AUTH) as client,
         ):
             pods.hang.add("east-0")  # first by name: the picker's first choice
             url = f"http://127.0.0.1:{port}/v1/completions"

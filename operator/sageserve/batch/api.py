@@ -23,9 +23,16 @@ from typing import Any, TypeVar
 from aiohttp import BodyPartReader, web
 from sqlalchemy.exc import SQLAlchemyError
 
-from sageserve.batch.jsonl import ENDPOINTS, KnownModels
+from sageserve.batch.jsonl import ENDPOINTS
 from sageserve.batch.objects import BatchObject, Conflict, FileObject, InvalidInput, NotFound
 from sageserve.batch.store import DEFAULT_WINDOW, BatchStore, TierDeadlines
+from sageserve.route.identity import ANONYMOUS, Principal
+
+#: (served model name, caller) -> the batch tier the caller's lines of it run in; None
+#: when the model is not served to this caller for batch work
+BatchTierFor = Callable[[str, Principal], str | None]
+#: where the router's identity middleware leaves the caller on a request
+PRINCIPAL = web.RequestKey("sageserve.principal", Principal)
 
 log = logging.getLogger("sageserve.batch")
 
@@ -72,11 +79,11 @@ class BatchApi:
     def __init__(
         self,
         store: BatchStore,
-        models: KnownModels,
+        models: BatchTierFor,
         *,
         deadlines: TierDeadlines = lambda _: None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
-        accepted: Callable[[BatchObject], Awaitable[None]] | None = None,
+        accepted: Callable[[BatchObject, Principal], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.models = models
@@ -151,6 +158,7 @@ class BatchApi:
     # ---- batches -------------------------------------------------------------------
 
     async def create_batch(self, request: web.Request) -> web.Response:
+        caller = _principal(request)
         try:
             body = await _json_object(request)
             input_file_id = _string(body, "input_file_id", "the id of an uploaded file")
@@ -179,13 +187,13 @@ class BatchApi:
                 endpoint,
                 window,
                 metadata,
-                self.models,
+                lambda name: self.models(name, caller),
                 self.deadlines,
             )
         except _Refused as refused:
             return refused.response
         if self.accepted is not None:
-            await self.accepted(batch)
+            await self.accepted(batch, caller)
         return web.json_response(batch.to_openai())
 
     async def list_batches(self, request: web.Request) -> web.Response:
@@ -292,6 +300,11 @@ class BatchApi:
             "file",
             "file_too_large",
         )
+
+
+def _principal(request: web.Request) -> Principal:
+    found = request.get(PRINCIPAL)
+    return found if isinstance(found, Principal) else ANONYMOUS
 
 
 async def _read_limited(part: BodyPartReader, limit: int) -> bytes | None:

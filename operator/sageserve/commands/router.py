@@ -101,6 +101,21 @@ def router_command(
             "(PreServe §4.3.3)."
         ),
     ] = "remaining-tokens",
+    auth: Annotated[
+        str,
+        typer.Option(
+            help="Who must show an API key: required (every request; a namespace whose "
+            "WorkloadTiers list no key is reachable by nobody) or per-namespace (a namespace "
+            "that lists no key is open to anonymous requests). docs/security.md."
+        ),
+    ] = "required",
+    key_resync_seconds: Annotated[
+        float,
+        typer.Option(
+            help="How often the WorkloadTiers' key Secrets are read again: a key removed "
+            "from its Secret stops working within this long."
+        ),
+    ] = 30.0,
     predictor: Annotated[
         str,
         typer.Option(
@@ -116,6 +131,7 @@ def router_command(
     from sageserve.batch.api import BatchApi
     from sageserve.batch.store import BatchStore
     from sageserve.metrics.prometheus import PrometheusReader
+    from sageserve.route.identity import AUTH_MODES
     from sageserve.route.tiers import TierMatch
     from sageserve.router.anticipate import PodAnticipators
     from sageserve.router.app import Router, RouterConfig, run_loop, serve
@@ -142,6 +158,8 @@ def router_command(
         upstream_timeout_seconds=upstream_timeout_seconds,
     )
 
+    if auth not in AUTH_MODES:
+        raise typer.BadParameter(f"--auth {auth!r}: use one of {', '.join(AUTH_MODES)}")
     try:  # a bad name stops the router before it listens, naming the choices
         chosen_picker, anticipators = fleet_picker(picker), PodAnticipators(predictor)
     except (ValueError, KeyError) as exc:
@@ -150,12 +168,17 @@ def router_command(
     owner = replica or f"{socket.gethostname()}-{os.getpid()}"
 
     async def main() -> None:
-        fleet = Fleet(picker=chosen_picker, anticipators=anticipators)
+        fleet = Fleet(picker=chosen_picker, anticipators=anticipators, auth=auth)
         metrics = RouterMetrics()
         metrics.watch(fleet)
         pools = PoolSwitcher(metrics.registry, backend_url)
         discovery = Discovery(
-            fleet, asyncio.get_running_loop(), namespace, backend_url, pools=pools
+            fleet,
+            asyncio.get_running_loop(),
+            namespace,
+            backend_url,
+            pools=pools,
+            key_resync_seconds=key_resync_seconds,
         )
         discovery.start()
         reader = PrometheusReader(url, timeout_s=max(1.0, load_refresh_seconds))

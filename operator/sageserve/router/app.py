@@ -19,7 +19,9 @@ Hostile or broken clients (docs/reliability.md): a connection with no request un
 closed after `idle_timeout_seconds`, also one that never finishes its headers (slowloris);
 a body must arrive within `body_timeout_seconds` (408); a declared body over the limit is
 refused before a byte of it is read (413, with `Expect: 100-continue` before it is even
-sent); an API key of another tenant is refused (403, `router.tenancy`); a streamed answer
+sent); who may use which model and tier is the caller's API key (`route.identity`: 401
+without one where keys are declared, another tenant's models do not exist for it, the tier
+header only narrows among the key's tiers); a streamed answer
 whose pod stays silent `stall_timeout_seconds` counts as a failure before the first byte.
 """
 
@@ -39,15 +41,16 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from aiohttp.typedefs import Handler
 
+from sageserve.batch.api import PRINCIPAL
+from sageserve.route.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
 from sageserve.route.instance_picker import Arrival
 from sageserve.route.queue_manager import release_count
-from sageserve.route.tiers import TIER_HEADER, TierError, resolve_tier
+from sageserve.route.tiers import TIER_HEADER
 from sageserve.router.anticipate import Ticket, client_id
 from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
 from sageserve.router.pool import Lease, PoolSwitcher, PoolSwitchFailed
-from sageserve.router.tenancy import key_refusal
 from sageserve.router.usage import TAIL_BYTES, answered_tokens, reported_completion
 
 log = logging.getLogger("sageserve.router")
@@ -59,8 +62,10 @@ POD_HEADER = "x-sageserve-pod"
 #: Token budget assumed for a request without `max_tokens` (vLLM's default is up to the
 #: context; a fixed estimate keeps the in-flight accounting bounded).
 DEFAULT_MAX_TOKENS = 256
-#: Paths answered before discovery has listed the cluster (probes and metrics).
+#: Paths answered before discovery has listed the cluster (probes and metrics), and
+#: without an API key.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
 #: A refused body is read and thrown away this long at most, so that the client sees the
 #: answer rather than a reset connection; then the connection is closed.
 LINGER_SECONDS = 2.0
@@ -112,6 +117,27 @@ def estimated_tokens(body: dict[str, Any]) -> tuple[float, float]:
     return chars / 4.0, chars / 4.0 + budget
 
 
+#: An anonymous request for a model whose namespace lists keys.
+ANONYMOUS_REFUSED = Refusal(
+    401,
+    "invalid_request_error",
+    "an API key is required for this model: send Authorization: Bearer <key>",
+)
+
+
+def refusal_response(refusal: Refusal) -> web.Response:
+    response = openai_error(refusal.status, refusal.message, refusal.kind, refusal.param)
+    if refusal.status == 503:
+        response.headers["Retry-After"] = "5"
+    return response
+
+
+def principal_of(request: web.Request) -> Principal:
+    """The caller `_identified` found (anonymous for a request that skipped it)."""
+    found = request.get(PRINCIPAL)
+    return found if isinstance(found, Principal) else ANONYMOUS
+
+
 class Router:
     """The request handlers over one `Fleet`."""
 
@@ -133,7 +159,8 @@ class Router:
 
     def app(self) -> web.Application:
         app = web.Application(
-            client_max_size=self.config.max_body_bytes, middlewares=[self._after_listing]
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[self._after_listing, self._identified],
         )
         if self.extra_routes is not None:
             self.extra_routes(app)
@@ -168,6 +195,19 @@ class Router:
                 await asyncio.wait_for(self.fleet.listed.wait(), self.config.hold_seconds)
         return await handler(request)
 
+    @web.middleware
+    async def _identified(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every API call is made by someone: the key decides who (`route.identity`), and
+        a call without a valid key where one is required ends here, before its body is
+        read."""
+        if request.path in PROBE_PATHS:
+            return await handler(request)
+        found = self.fleet.authenticate(bearer_key(request.headers.get("Authorization")))
+        if isinstance(found, Refusal):
+            return refusal_response(found)
+        request[PRINCIPAL] = found
+        return await handler(request)
+
     async def readyz(self, _: web.Request) -> web.Response:
         """Ready once discovery has listed the cluster: a replica that has not yet would
         hold every request (the readiness probe keeps Services off it meanwhile)."""
@@ -179,10 +219,10 @@ class Router:
         body, content_type = self.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    async def models(self, _: web.Request) -> web.Response:
+    async def models(self, request: web.Request) -> web.Response:
         data = [
             {"id": m.served_name, "object": "model", "owned_by": f"{m.namespace}/{m.name}"}
-            for m in sorted(self.fleet.models.values(), key=lambda m: m.served_name)
+            for m in self.fleet.models_for(principal_of(request))
         ]
         return web.json_response({"object": "list", "data": data})
 
@@ -247,28 +287,27 @@ class Router:
         if isinstance(parsed, web.Response):
             return parsed
         body = parsed
-        model = self.fleet.models.get(body["model"])
+        principal = principal_of(request)
+        model = self.fleet.model_for(principal, body["model"])
+        if model is None and principal.anonymous and body["model"] in self.fleet.models:
+            return refusal_response(ANONYMOUS_REFUSED)
         if model is None:
-            served = ", ".join(sorted(self.fleet.models)) or "none yet"
+            served = ", ".join(m.served_name for m in self.fleet.models_for(principal))
             return openai_error(
                 404,
-                f"model {body['model']!r} is not served here; served models: {served}",
+                f"model {body['model']!r} is not served here; served models: "
+                f"{served or 'none yet'}",
                 "invalid_request_error",
                 "model",
             )
-        key = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or None
-        refused = key_refusal(key, model.namespace, model.served_name, self.fleet.tiers)
-        if refused is not None:
-            return openai_error(refused.status, refused.message, refused.kind)
-        try:
-            tier = resolve_tier(
-                request.headers.get(TIER_HEADER),
-                key,
-                model.tiers,
-                self.fleet.tiers.get(model.namespace, {}),
-            )
-        except TierError as exc:
-            return openai_error(400, str(exc), "invalid_request_error", TIER_HEADER)
+        tier = choose_tier(
+            principal,
+            request.headers.get(TIER_HEADER),
+            model.tiers,
+            self.fleet.tiers.get(model.namespace, {}),
+        )
+        if isinstance(tier, Refusal):
+            return refusal_response(tier)
         home = request.headers.get(REGION_HEADER) or self.config.home_region
         _, tokens = estimated_tokens(body)
         region = await self._region_or_hold(model, home, tokens)
@@ -290,7 +329,7 @@ class Router:
         if self.fleet.is_batch(model, tier):
             await self._until_trough(model, region, tier)
         user = body.get("user")
-        client = client_id(key or (str(user) if user else None))
+        client = client_id(principal.key_id or (str(user) if user else None))
         return await self._send(request, body, model, region, tier, started, tokens, client)
 
     async def _until_trough(self, model: ModelRoute, region: str, tier: str) -> None:

@@ -97,6 +97,10 @@ def policy_routing(
     return spill, layouts
 
 
+#: How often key Secrets are read again: a revoked key works at most this long after.
+DEFAULT_KEY_RESYNC_SECONDS = 30.0
+
+
 class Discovery:
     """List + watch threads that keep a `Fleet` current."""
 
@@ -108,6 +112,7 @@ class Discovery:
         url_template: str = DEFAULT_BACKEND_URL,
         api: client.ApiClient | None = None,
         pools: PoolSwitcher | None = None,
+        key_resync_seconds: float = DEFAULT_KEY_RESYNC_SECONDS,
     ) -> None:
         self.fleet = fleet
         self.pools = pools
@@ -121,6 +126,10 @@ class Discovery:
         self.stopped = threading.Event()
         #: watches whose first list has not reached the fleet yet
         self.unlisted: set[str] = set()
+        #: every namespace's WorkloadTiers as last listed: their key Secrets are read again
+        #: every `key_resync_seconds`, so a key removed from a Secret stops working then
+        self.key_resync_seconds = key_resync_seconds
+        self._last_tiers: dict[str, list[dict[str, Any]]] = {}
 
     def start(self) -> None:
         """Start every watch; `fleet.listed` is clear until each has delivered its first
@@ -132,6 +141,8 @@ class Discovery:
                 f"models/{ns}", self._custom_call(ns, "modeldeployments"), self._models_for(ns)
             )
             self._thread(f"tiers/{ns}", self._custom_call(ns, "workloadtiers"), self._tiers_for(ns))
+        if self.key_resync_seconds > 0:
+            threading.Thread(target=self._resync_keys, name="discovery-keys", daemon=True).start()
             if self.pools is not None:
                 self._thread(
                     f"pools/{ns}", self._custom_call(ns, "modelpools"), self._pools_for(ns)
@@ -202,8 +213,16 @@ class Discovery:
         mine = [r for per in self._routes.values() for rs in per.values() for r in rs]
         self.fleet.set_models(others + mine)
 
+    def _resync_keys(self) -> None:
+        """Read every listed tier's key Secret again, every `key_resync_seconds` (the
+        Secrets themselves are not watched: reading the named ones needs only `get`)."""
+        while not self.stopped.wait(self.key_resync_seconds):
+            for ns, objs in list(self._last_tiers.items()):
+                self._tiers_for(ns)(objs)
+
     def _tiers_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
         def on_tiers(objs: list[dict[str, Any]]) -> None:
+            self._last_tiers[ns] = objs
             tiers = {}
             for obj in objs:
                 try:
@@ -212,10 +231,12 @@ class Discovery:
                     )
                 except (KeyError, ValueError):
                     continue
+                keys = self._api_keys(ns, wt)
                 tiers[wt.metadata.name] = TierMatch(
                     wt.metadata.name,
                     tuple(wt.spec.match.header_values),
-                    self._api_keys(ns, wt),
+                    keys or (),
+                    keys_unreadable=keys is None,
                     batch=wt.spec.type == TierType.BATCH,
                     deadline_s=float(wt.spec.batch.deadline_seconds) if wt.spec.batch else None,
                     promotion_age_s=float(wt.spec.batch.promotion_age_seconds)
@@ -238,18 +259,31 @@ class Discovery:
 
         return on_policies
 
-    def _api_keys(self, ns: str, wt: WorkloadTier) -> tuple[str, ...]:
+    def _api_keys(self, ns: str, wt: WorkloadTier) -> tuple[str, ...] | None:
+        """The keys of a tier's Secret; None when it cannot be read (the namespace then
+        fails closed, `route.identity`), never an empty list that would open it."""
         ref = wt.spec.match.api_keys_secret_ref
         if ref is None:
             return ()
         try:
             secret = self.core.read_namespaced_secret(ref.name, ns)
+            values = (secret.data or {}).values()
+            return tuple(sorted(base64.b64decode(v).decode().strip() for v in values))
         except client.exceptions.ApiException as exc:
-            log.warning(
-                "tier %s: Secret %s unreadable (%s)", wt.metadata.name, ref.name, exc.reason
-            )
-            return ()
-        return tuple(sorted(base64.b64decode(v).decode() for v in (secret.data or {}).values()))
+            reason = exc.reason
+        except (ValueError, UnicodeDecodeError) as exc:
+            reason = f"a value is not base64 UTF-8 text: {exc}"
+        except Exception as exc:  # API server away: fail closed until the next resync
+            reason = str(exc) or type(exc).__name__
+        log.warning(
+            "tier %s/%s: key Secret %s unreadable (%s); the namespace refuses keys it "
+            "cannot check until it is read",
+            ns,
+            wt.metadata.name,
+            ref.name,
+            reason,
+        )
+        return None
 
     # ---- list + watch -------------------------------------------------------------------
 

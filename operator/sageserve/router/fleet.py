@@ -27,6 +27,16 @@ from dataclasses import dataclass, field
 
 from sageserve.api.scaling_policy import LayoutWeights
 from sageserve.core.snapshot import emu
+from sageserve.route.identity import (
+    AuthMode,
+    KeyRing,
+    Principal,
+    Refusal,
+    allowed_tiers,
+    authenticate,
+    key_ring,
+    may_see,
+)
 from sageserve.route.instance_picker import Arrival, InstancePicker, make_picker, pick_instance
 from sageserve.route.layout_dispatch import (
     OVERFLOW_RATIO,
@@ -151,6 +161,11 @@ class Fleet:
     #: the plan's spill-over weights per (namespace, model deployment), by home region
     spill: dict[tuple[str, str], Mapping[str, SpillBounds]] = field(default_factory=dict)
     ledger: SpillLedger = field(default_factory=SpillLedger)
+    #: who must show a key (`route.identity`; the command line's default is `required`,
+    #: a fleet built by hand, as in tests and benchmarks, keeps keyless namespaces open)
+    auth: AuthMode = "per-namespace"
+    #: every key of every namespace's tiers, by digest (rebuilt by `set_tiers`)
+    ring: KeyRing = field(default_factory=KeyRing)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     #: set once discovery has listed every kind it watches (a fleet built by hand, as in
     #: tests and benchmarks, is complete from the start: discovery clears it)
@@ -177,6 +192,30 @@ class Fleet:
 
     def set_tiers(self, namespace: str, tiers: Mapping[str, TierMatch]) -> None:
         self.tiers[namespace] = dict(tiers)
+        self.ring = key_ring(self.tiers)
+
+    # ---- who may do what (route.identity) ----------------------------------------------
+
+    def authenticate(self, key: str | None) -> Principal | Refusal:
+        return authenticate(key, self.ring, self.auth)
+
+    def visible(self, principal: Principal, namespace: str) -> bool:
+        """Whether `principal` may see a model (or Batch API object) of `namespace`."""
+        return may_see(principal, namespace, self.ring, self.auth)
+
+    def model_for(self, principal: Principal, served_name: str) -> ModelRoute | None:
+        """The model `principal` asks for by name (None: not served, or another tenant's:
+        a caller cannot tell the two apart)."""
+        model = self.models.get(served_name)
+        if model is None or not self.visible(principal, model.namespace):
+            return None
+        return model
+
+    def models_for(self, principal: Principal) -> list[ModelRoute]:
+        return sorted(
+            (m for m in self.models.values() if self.visible(principal, m.namespace)),
+            key=lambda m: m.served_name,
+        )
 
     def set_spill(self, namespace: str, spill: Mapping[str, Mapping[str, SpillBounds]]) -> None:
         """This namespace's plans' spill-over weights, by model deployment."""
@@ -223,14 +262,16 @@ class Fleet:
         match = self.tiers.get(model.namespace, {}).get(tier)
         return match is not None and match.batch
 
-    def batch_tier(self, served_name: str) -> str | None:
-        """The tier a Batch API request for `served_name` runs in: the model's first batch
-        tier (None: the model is not served, or serves no batch tier)."""
-        model = self.models.get(served_name)
+    def batch_tier(self, served_name: str, principal: Principal) -> str | None:
+        """The tier a Batch API request of `principal` for `served_name` runs in: the
+        model's first batch tier the caller may use (None: the model is not served to this
+        caller, or serves it no batch tier)."""
+        model = self.model_for(principal, served_name)
         if model is None:
             return None
         known = self.tiers.get(model.namespace, {})
-        return next((t for t in model.tiers if t in known and known[t].batch), None)
+        allowed = allowed_tiers(principal, model.tiers)
+        return next((t for t in allowed if t in known and known[t].batch), None)
 
     def batch_tiers(self) -> dict[str, TierMatch]:
         """Every batch tier the router knows, by name (the first namespace's on a clash)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from sageserve.batch.objects import BatchObject, ClaimedRequest
 from sageserve.batch.store import BatchStore
+from sageserve.route.identity import Principal
 from sageserve.route.queue_manager import DEFAULT_PROMOTION_AGE_S, release_count
 from sageserve.router.app import Router, estimated_tokens
 from sageserve.router.fleet import ModelRoute
@@ -143,12 +144,14 @@ class BatchReleaser:
             released += len(claimed)
         return released
 
-    async def accepted(self, batch: BatchObject) -> None:
+    async def accepted(self, batch: BatchObject, caller: Principal) -> None:
         """Count a new batch's tokens as batch load received, per model deployment and tier
         (`sageserve_batch_accepted_tokens_total`): the plan's β is 10 % of the batch load
         received in the last hour (SageServe §6.3), not of what the troughs let through."""
         content = await asyncio.to_thread(self.store.file_content, batch.input_file_id)
-        for (model, tier), tokens in accepted_tokens(content, self.fleet.batch_tier).items():
+        for (model, tier), tokens in accepted_tokens(
+            content, lambda m: self.fleet.batch_tier(m, caller)
+        ).items():
             route = self.fleet.models.get(model)
             if route is not None:
                 home = self.router.config.home_region
