@@ -258,6 +258,7 @@ def test_the_router_renders_hardened_like_the_operator(
     assert env["SAGESERVE_PROMETHEUS_URL"].startswith("http")
     params = router_cli_params(container["args"])
     assert params["batch_db"] == "off"  # the Batch API needs a storage decision: off
+    assert params["auth"] == "required"  # every request carries a key by default
     assert params["namespace"] == namespaces
     assert params["port"] == port and params["host"] == "0.0.0.0"
     if "router.region=us-east" in sets:
@@ -435,6 +436,8 @@ def test_sqlite_with_several_router_replicas_is_refused_with_the_fix() -> None:
         ("router.replicas=2", "replicas"),
         ("router.batch.sqlite.size=lots", "size"),
         ("router.batch.leaseSeconds=forever", "leaseSeconds"),
+        ("router.auth=off", "auth"),
+        ("router.keyResyncSeconds=0", "keyResyncSeconds"),
     ],
 )
 def test_bad_router_values_are_refused_naming_the_key(setting: str, field: str) -> None:

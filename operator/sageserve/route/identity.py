@@ -18,7 +18,7 @@ whose key is not found while any namespace is unreadable is answered 503 (the ke
 in the Secret we could not read), and an anonymous request to such a namespace 401.
 
 Keys are looked up by their SHA-256, so how long a lookup takes says nothing of how much
-of a key matched, and the ring keeps no key in clear. A key listed by two namespaces is
+of a key matched, and the ring indexes digests only. A key listed by two namespaces is
 refused (it would make one tenant's files another's).
 
 Pure: the router passes what it read from the request and the tiers discovery listed.
