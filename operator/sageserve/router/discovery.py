@@ -141,8 +141,6 @@ class Discovery:
                 f"models/{ns}", self._custom_call(ns, "modeldeployments"), self._models_for(ns)
             )
             self._thread(f"tiers/{ns}", self._custom_call(ns, "workloadtiers"), self._tiers_for(ns))
-        if self.key_resync_seconds > 0:
-            threading.Thread(target=self._resync_keys, name="discovery-keys", daemon=True).start()
             if self.pools is not None:
                 self._thread(
                     f"pools/{ns}", self._custom_call(ns, "modelpools"), self._pools_for(ns)
@@ -150,6 +148,8 @@ class Discovery:
             self._thread(
                 f"policies/{ns}", self._custom_call(ns, "scalingpolicies"), self._policies_for(ns)
             )
+        if self.key_resync_seconds > 0:
+            threading.Thread(target=self._resync_keys, name="discovery-keys", daemon=True).start()
 
     def stop(self) -> None:
         self.stopped.set()
