@@ -99,8 +99,9 @@ def policy_routing(
 
 
 def tier_limits(limits: RateLimits | None) -> Limits | None:
-    """A WorkloadTier's `spec.limits` as the router's limiter reads them."""
-    if limits is None:
+    """A WorkloadTier's `spec.limits` as the router's limiter reads them (None: unlimited,
+    also for limits naming no limit, which the API server's CEL rule refuses anyway)."""
+    if limits is None or not (limits.requests_per_minute or limits.tokens_per_minute):
         return None
     return Limits(
         requests_per_minute=limits.requests_per_minute,
