@@ -113,6 +113,56 @@ class TierMatch(ApiModel):
     )
 
 
+class LimitScope(StrEnum):
+    """Who shares a tier's rate limits: each API key its own budget, or the whole tier one."""
+
+    KEY = "key"
+    TIER = "tier"
+
+
+#: The most a tier may declare per minute: far above any fleet's throughput, low enough
+#: that the router's arithmetic stays exact in floating point.
+MAX_REQUESTS_PER_MINUTE = 10_000_000
+MAX_TOKENS_PER_MINUTE = 10_000_000_000
+
+LIMITS_RULES = cel(
+    (
+        "has(self.requestsPerMinute) || has(self.tokensPerMinute)",
+        "spec.limits needs requestsPerMinute or tokensPerMinute (or both): set one, or "
+        "remove spec.limits for an unlimited tier",
+    ),
+)
+
+
+class RateLimits(ApiModel):
+    """How much one tenant's client may send through the router, so that one client cannot
+    take the router and every pod behind it. Each limit is a token bucket holding one
+    minute's budget, refilled continuously (docs/router.md)."""
+
+    model_config = ConfigDict(json_schema_extra=LIMITS_RULES)
+
+    requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REQUESTS_PER_MINUTE,
+        description="Requests admitted per minute (OpenAI's RPM); a burst of up to this "
+        "many is admitted at once.",
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TOKENS_PER_MINUTE,
+        description="Estimated tokens admitted per minute (OpenAI's TPM): each request "
+        "costs its prompt characters ÷ 4 plus its max_tokens (256 when unset); a request "
+        "costing more than this is refused outright.",
+    )
+    per: LimitScope = Field(
+        default=LimitScope.KEY,
+        description="key: each API key of the tier gets the whole budget; tier: the "
+        "tier's keys share one budget.",
+    )
+
+
 class WorkloadTierSpec(ApiModel):
     """A class of requests sharing one SLO and one priority."""
 
@@ -130,6 +180,11 @@ class WorkloadTierSpec(ApiModel):
         default=None, description="Queue Manager settings; only for batch tiers."
     )
     match: TierMatch = sub_object(TierMatch)
+    limits: RateLimits | None = Field(
+        default=None,
+        description="Per-tenant rate limits the router enforces (429 with Retry-After past "
+        "them); none when absent.",
+    )
 
 
 class TierAttainment(ApiModel):

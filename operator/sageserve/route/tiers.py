@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sageserve.route.rate_limit import Limits
+
 #: The request header that names a tier.
 TIER_HEADER = "x-sageserve-tier"
 
@@ -28,6 +30,9 @@ class TierMatch:
     #: a batch tier's deadline and promotion age (WorkloadTier `spec.batch`), seconds
     deadline_s: float | None = None
     promotion_age_s: float | None = None
+    #: requests and tokens per minute the router admits (WorkloadTier `spec.limits`,
+    #: `route.rate_limit`); None: unlimited
+    limits: Limits | None = None
 
     def matches_header(self, value: str) -> bool:
         return value == self.name or value in self.header_values

@@ -49,6 +49,7 @@ from sageserve.route.tiers import TIER_HEADER
 from sageserve.router.anticipate import Ticket, client_id
 from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
+from sageserve.router.limits import TierLimits, add_rate_headers
 from sageserve.router.metrics import RouterMetrics
 from sageserve.router.pool import Lease, PoolSwitcher, PoolSwitchFailed
 from sageserve.router.usage import TAIL_BYTES, answered_tokens, reported_completion
@@ -147,6 +148,7 @@ class Router:
         config: RouterConfig,
         metrics: RouterMetrics,
         extra_routes: Callable[[web.Application], None] | None = None,
+        limits: TierLimits | None = None,
     ) -> None:
         self.fleet = fleet
         self.config = config
@@ -156,6 +158,8 @@ class Router:
         self.ejected = Ejections(config.eject_seconds)
         #: request-level switching of pooled models (None: the router serves no pool)
         self.pools: PoolSwitcher | None = None
+        #: each tier's rate limits (WorkloadTier spec.limits), applied in `forward`
+        self.limits = limits or TierLimits(fleet, metrics)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -170,6 +174,7 @@ class Router:
         app.router.add_get("/metrics", self.own_metrics)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.on_response_prepare.append(add_rate_headers)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -310,6 +315,9 @@ class Router:
             return refusal_response(tier)
         home = request.headers.get(REGION_HEADER) or self.config.home_region
         _, tokens = estimated_tokens(body)
+        limited = self.limits.check(request, model, tier, principal, tokens)
+        if limited is not None:
+            return limited
         region = await self._region_or_hold(model, home, tokens)
         if region is None:
             self.metrics.count(model, home or "", tier, 503)

@@ -23,8 +23,9 @@ from kubernetes import client, watch
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import LayoutWeights, layouts_from_status, spill_from_status
-from sageserve.api.workload_tier import TierType, WorkloadTier
+from sageserve.api.workload_tier import LimitScope, RateLimits, TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
+from sageserve.route.rate_limit import Limits
 from sageserve.route.tiers import TierMatch
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.pool import PoolSwitcher, pool_routes
@@ -95,6 +96,18 @@ def policy_routing(
         for key, types in layouts_from_status(status).items():
             layouts.setdefault(key, []).extend(types)
     return spill, layouts
+
+
+def tier_limits(limits: RateLimits | None) -> Limits | None:
+    """A WorkloadTier's `spec.limits` as the router's limiter reads them (None: unlimited,
+    also for limits naming no limit, which the API server's CEL rule refuses anyway)."""
+    if limits is None or not (limits.requests_per_minute or limits.tokens_per_minute):
+        return None
+    return Limits(
+        requests_per_minute=limits.requests_per_minute,
+        tokens_per_minute=limits.tokens_per_minute,
+        per_tier=limits.per == LimitScope.TIER,
+    )
 
 
 #: How often key Secrets are read again: a revoked key works at most this long after.
@@ -242,6 +255,7 @@ class Discovery:
                     promotion_age_s=float(wt.spec.batch.promotion_age_seconds)
                     if wt.spec.batch
                     else None,
+                    limits=tier_limits(wt.spec.limits),
                 )
             self.loop.call_soon_threadsafe(self.fleet.set_tiers, ns, tiers)
 

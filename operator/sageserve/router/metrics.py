@@ -126,6 +126,13 @@ class RouterMetrics:
             ["status"],
             registry=r,
         )
+        self.rate_limited = Counter(
+            "sageserve_router_rate_limited",
+            "Requests refused (429) by their tier's rate limits (WorkloadTier spec.limits), "
+            "by the limit that refused them: requests or tokens",
+            ["namespace", "tier", "limit"],
+            registry=r,
+        )
         self.retries = Counter(
             "sageserve_router_retries",
             "Requests retried on another pod",
@@ -135,6 +142,11 @@ class RouterMetrics:
 
     def count(self, m: ModelRoute, region: str, tier: str, code: int) -> None:
         self.requests.labels(m.namespace, m.name, region, tier, str(code)).inc()
+
+    def limited(self, namespace: str, tier: str, limit: str) -> None:
+        """One request refused by a rate limit; `tier` is a tier discovery listed and
+        `limit` "requests" or "tokens", so the label sets stay bounded."""
+        self.rate_limited.labels(namespace, tier, limit).inc()
 
     def ttft(self, m: ModelRoute, region: str, tier: str, seconds: float) -> None:
         self.first_token.labels(m.namespace, m.name, region, tier).observe(seconds)
