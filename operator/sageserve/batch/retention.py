@@ -32,7 +32,8 @@ SWEEP_CHUNK = 200
 
 
 class Swept(NamedTuple):
-    """What one sweep deleted."""
+    """What one sweep deleted: files past their retention, and finished batches whose
+    requests and result files went (those result files are counted here, not in files)."""
 
     files: int
     batches: int
