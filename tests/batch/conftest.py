@@ -29,6 +29,9 @@ OTHER = "mistral-7b"
 TIERS = {MODEL: "niw", OTHER: "niw-slow"}
 DEADLINES = {"niw": 86400.0, "niw-slow": 2 * 86400.0}
 T0 = 1_700_000_000.0
+#: two tenants: every object one creates is invisible to the other
+ME = Principal("team-a", "a1b2c3d4e5f60718", frozenset({"niw"}))
+THEM = Principal("team-b", "0f1e2d3c4b5a6978", frozenset({"niw"}))
 
 
 def known_models(model: str, caller: Principal = ANONYMOUS) -> str | None:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from sageserve.batch import BatchStore
 from sageserve.batch.api import BatchApi
+from sageserve.route.identity import ANONYMOUS
 from tests.batch.conftest import MODEL, deadline_of, jsonl, known_models, line, read_jsonl
 
 LIMIT = 4096
@@ -138,7 +139,7 @@ def test_an_upload_over_the_limit_is_refused_and_nothing_is_stored(tmp_path: Pat
             assert r.status == 413
         async with client.post(f"{url}/v1/files", data=form(b"y" * LIMIT)) as r:
             assert r.status == 200  # exactly the limit is fine
-        files, _ = await asyncio.to_thread(store.list_files)
+        files, _ = await asyncio.to_thread(store.list_files, ANONYMOUS)
         assert [f.bytes for f in files] == [LIMIT]
 
     run(tmp_path, scenario)
@@ -158,7 +159,7 @@ def test_bad_uploads_name_the_field(tmp_path: Path) -> None:
             assert r.status == 400 and (await error_of(r))["param"] == "file"
         async with client.post(f"{url}/v1/files", json={"file": "x"}) as r:
             assert r.status == 400 and "multipart/form-data" in (await error_of(r))["message"]
-        assert (await asyncio.to_thread(store.list_files))[0] == []
+        assert (await asyncio.to_thread(store.list_files, ANONYMOUS))[0] == []
 
     run(tmp_path, scenario)
 

@@ -11,7 +11,7 @@ import threading
 from collections import Counter
 
 from sageserve.batch import BatchStore, ClaimedRequest
-from tests.batch.conftest import MODEL, T0, deadline_of, jsonl, known_models, line
+from tests.batch.conftest import ME, MODEL, T0, deadline_of, jsonl, known_models, line
 
 REQUESTS = 240
 WORKERS_PER_REPLICA = 2
@@ -21,10 +21,10 @@ def test_replicas_claiming_at_once_never_share_a_request(store_url: str) -> None
     replicas = [BatchStore.open(store_url), BatchStore.open(store_url)]
     try:
         upload = replicas[0].create_file(
-            jsonl([line(f"r{i}") for i in range(REQUESTS)]), "in.jsonl", now=T0
+            ME, jsonl([line(f"r{i}") for i in range(REQUESTS)]), "in.jsonl", now=T0
         )
         batch = replicas[0].create_batch(
-            upload.id, "/v1/chat/completions", "24h", None, known_models, deadline_of, now=T0
+            ME, upload.id, "/v1/chat/completions", "24h", None, known_models, deadline_of, now=T0
         )
         start = threading.Barrier(len(replicas) * WORKERS_PER_REPLICA)
         claimed: dict[str, list[ClaimedRequest]] = {}
@@ -60,7 +60,7 @@ def test_replicas_claiming_at_once_never_share_a_request(store_url: str) -> None
         assert len(every) == REQUESTS and len(set(every)) == REQUESTS  # nobody shared one
         assert set(firsts.values()) == {1} and len(firsts) == REQUESTS
         assert replicas[1].finalize(T0 + 3) == [(batch.id, "completed")]
-        assert replicas[0].get_batch(batch.id).request_counts.completed == REQUESTS
+        assert replicas[0].get_batch(ME, batch.id).request_counts.completed == REQUESTS
     finally:
         for store in replicas:
             store.close()
@@ -72,9 +72,9 @@ def test_replicas_closing_batches_at_once_write_the_files_once(store_url: str) -
         store = replicas[0]
         ids = []
         for b in range(4):
-            upload = store.create_file(jsonl([line(f"b{b}")]), "in.jsonl", now=T0)
+            upload = store.create_file(ME, jsonl([line(f"b{b}")]), "in.jsonl", now=T0)
             batch = store.create_batch(
-                upload.id, "/v1/chat/completions", known_models=known_models, now=T0
+                ME, upload.id, "/v1/chat/completions", known_models=known_models, now=T0
             )
             ids.append(batch.id)
         for request in store.claim(MODEL, 10, "w", 60, T0 + 1):
@@ -92,7 +92,7 @@ def test_replicas_closing_batches_at_once_write_the_files_once(store_url: str) -
         for thread in threads:
             thread.join(timeout=60)
         assert sorted(closed) == sorted((i, "completed") for i in ids)
-        assert len(store.list_files(purpose="batch_output")[0]) == len(ids)
+        assert len(store.list_files(ME, purpose="batch_output")[0]) == len(ids)
     finally:
         for replica in replicas:
             replica.close()

@@ -13,7 +13,7 @@ import textwrap
 import time
 
 from sageserve.batch import BatchStore
-from tests.batch.conftest import MODEL, jsonl, known_models, line, read_jsonl
+from tests.batch.conftest import ME, MODEL, jsonl, known_models, line, read_jsonl
 
 REQUESTS = 60
 LEASE_S = 2.0
@@ -37,8 +37,8 @@ def test_a_router_killed_mid_batch_loses_nothing_and_duplicates_nothing(
 ) -> None:
     store = BatchStore.open(store_url)
     try:
-        upload = store.create_file(jsonl([line(f"r{i}") for i in range(REQUESTS)]), "in.jsonl")
-        batch = store.create_batch(upload.id, "/v1/chat/completions", known_models=known_models)
+        upload = store.create_file(ME, jsonl([line(f"r{i}") for i in range(REQUESTS)]), "in.jsonl")
+        batch = store.create_batch(ME, upload.id, "/v1/chat/completions", known_models=known_models)
         worker = subprocess.Popen(
             [sys.executable, "-c", WORKER, store_url, MODEL, str(LEASE_S)],
             stdout=subprocess.PIPE,
@@ -57,14 +57,14 @@ def test_a_router_killed_mid_batch_loses_nothing_and_duplicates_nothing(
                 assert request.id not in done_before  # what was answered stays answered
                 finished += store.complete(request.id, "survivor", 200, {"by": "survivor"})
         assert store.finalize() == [(batch.id, "completed")]
-        result = store.get_batch(batch.id)
+        result = store.get_batch(ME, batch.id)
         assert result.request_counts.to_openai() == {
             "total": REQUESTS,
             "completed": REQUESTS,
             "failed": 0,
         }
         assert result.output_file_id is not None
-        output = read_jsonl(store.file_content(result.output_file_id))
+        output = read_jsonl(store.file_content(ME, result.output_file_id))
         assert sorted(o["custom_id"] for o in output) == sorted(f"r{i}" for i in range(REQUESTS))
         by = [o["response"]["body"]["by"] for o in output]
         assert by.count("doomed") >= len(done_before)

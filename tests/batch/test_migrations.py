@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 
-from sageserve.batch import BatchStore
-from sageserve.batch.db import MIGRATIONS, current_revision
+from sageserve.batch import BatchStore, NotFound
+from sageserve.batch.db import MIGRATIONS, current_revision, make_engine, upgrade
 from sageserve.batch.schema import metadata
+from sageserve.route.identity import ANONYMOUS
+from tests.batch.conftest import ME
 
 
 def head() -> str | None:
@@ -58,3 +62,63 @@ def test_migration_scripts_ship_with_the_package() -> None:
     assert (MIGRATIONS / "env.py").is_file()
     assert (MIGRATIONS / "script.py.mako").is_file()
     assert list((MIGRATIONS / "versions").glob("rev_*.py"))
+
+
+def test_a_queue_from_the_first_revision_upgrades_with_its_rows(store_url: str) -> None:
+    """Rows written before owners and retention existed become anonymous callers' with the
+    default retention; a tenant sees none of them, and the schema is the code's."""
+    engine = make_engine(store_url)
+    upgrade(engine, "0001")
+    t0 = 1_700_000_000.0
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO files (id, purpose, filename, bytes, created_at, content) "
+                "VALUES ('file-old', 'batch', 'old.jsonl', 3, :t, :c)"
+            ),
+            {"t": t0, "c": b"{}\n"},
+        )
+        for batch_id, status, finalized in (
+            ("batch_done", "completed", t0 + 10),
+            ("batch_run", "in_progress", None),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
+                    "status, created_at, deadline, finalizing_at, total, completed, failed) "
+                    "VALUES (:id, '/v1/chat/completions', 'file-old', '24h', :s, :t, :d, :f, "
+                    "1, 0, 0)"
+                ),
+                {"id": batch_id, "s": status, "t": t0, "d": t0 + 86400, "f": finalized},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO requests (id, batch_id, line, url, body, arrival, state, "
+                    "attempts) VALUES (:r, :b, 1, '/v1/chat/completions', '{}', :t, "
+                    "'queued', 0)"
+                ),
+                {"r": f"req-{batch_id}", "b": batch_id, "t": t0},
+            )
+    engine.dispose()
+    store = BatchStore.open(store_url)
+    try:
+        assert current_revision(store.engine) == head()
+        with store.engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+        old = store.get_file(ANONYMOUS, "file-old")
+        assert old.expires_at == t0 + 30 * 86400
+        assert store.file_content(ANONYMOUS, "file-old") == b"{}\n"
+        assert {b.id for b in store.list_batches(ANONYMOUS)[0]} == {"batch_done", "batch_run"}
+        assert store.list_files(ME)[0] == [] and store.list_batches(ME)[0] == []
+        with pytest.raises(NotFound):
+            store.get_batch(ME, "batch_done")
+        # the finished batch got the default retention from its closing; the running one
+        # keeps its request, and its input file, however late the sweep
+        assert store.sweep(t0 + 10 + 30 * 86400) == (0, 1)
+        assert store.get_file(ANONYMOUS, "file-old").id == "file-old"
+        assert [c.id for c in store.claim("x", 1, "r", 60, t0)] == []  # no model: waits
+        with store.engine.connect() as conn:
+            left = conn.execute(text("SELECT id FROM requests")).scalars().all()
+        assert left == ["req-batch_run"]
+    finally:
+        store.close()

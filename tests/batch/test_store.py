@@ -8,6 +8,7 @@ import pytest
 
 from sageserve.batch import BatchStore, Conflict, InvalidInput, NotFound
 from tests.batch.conftest import (
+    ME,
     MODEL,
     OTHER,
     T0,
@@ -22,9 +23,9 @@ ENDPOINT = "/v1/chat/completions"
 
 
 def submit(store: BatchStore, lines: list[str], now: float = T0, window: str = "24h") -> str:
-    upload = store.create_file(jsonl(lines), "requests.jsonl", now=now)
+    upload = store.create_file(ME, jsonl(lines), "requests.jsonl", now=now)
     batch = store.create_batch(
-        upload.id, ENDPOINT, window, {"team": "a"}, known_models, deadline_of, now=now
+        ME, upload.id, ENDPOINT, window, {"team": "a"}, known_models, deadline_of, now=now
     )
     return batch.id
 
@@ -43,7 +44,7 @@ def test_a_batch_runs_to_its_output_and_error_files(store: BatchStore) -> None:
         store,
         [line("r1"), "{not json", line("r2"), line("r3", model="nobody/unknown"), line("r4")],
     )
-    batch = store.get_batch(batch_id)
+    batch = store.get_batch(ME, batch_id)
     assert batch.status == "in_progress"
     assert batch.request_counts.to_openai() == {"total": 5, "completed": 0, "failed": 2}
     assert batch.deadline == T0 + 86400 and batch.tier == "niw"
@@ -58,13 +59,13 @@ def test_a_batch_runs_to_its_output_and_error_files(store: BatchStore) -> None:
 
     assert store.finalize(T0 + 3) == [(batch_id, "completed")]
     assert store.finalize(T0 + 4) == []  # closed once
-    batch = store.get_batch(batch_id)
+    batch = store.get_batch(ME, batch_id)
     assert batch.status == "completed"
     assert batch.request_counts.to_openai() == {"total": 5, "completed": 2, "failed": 3}
     assert batch.output_file_id and batch.error_file_id
-    assert store.get_file(batch.output_file_id).purpose == "batch_output"
+    assert store.get_file(ME, batch.output_file_id).purpose == "batch_output"
 
-    output = read_jsonl(store.file_content(batch.output_file_id))
+    output = read_jsonl(store.file_content(ME, batch.output_file_id))
     assert [o["custom_id"] for o in output] == ["r1", "r2"]
     assert output[0]["response"] == {
         "status_code": 200,
@@ -73,7 +74,7 @@ def test_a_batch_runs_to_its_output_and_error_files(store: BatchStore) -> None:
     }
     assert output[0]["error"] is None and output[0]["id"].startswith("batch_req_")
 
-    errors = read_jsonl(store.file_content(batch.error_file_id))
+    errors = read_jsonl(store.file_content(ME, batch.error_file_id))
     assert [e["custom_id"] for e in errors] == [None, "r3", "r4"]  # in input line order
     assert errors[0]["error"]["code"] == "invalid_json_line"
     assert "line 2" in errors[0]["error"]["message"] and errors[0]["response"] is None
@@ -100,12 +101,12 @@ def test_each_bad_line_is_reported_with_its_number_and_the_others_run(store: Bat
     batch_id = submit(store, lines)
     run_all(store, MODEL, T0 + 1)
     store.finalize(T0 + 2)
-    batch = store.get_batch(batch_id)
+    batch = store.get_batch(ME, batch_id)
     assert batch.request_counts.to_openai() == {"total": 9, "completed": 2, "failed": 7}
     assert batch.error_file_id is not None and batch.output_file_id is not None
-    output = read_jsonl(store.file_content(batch.output_file_id))
+    output = read_jsonl(store.file_content(ME, batch.output_file_id))
     assert [o["custom_id"] for o in output] == ["ok-1", "ok-2"]
-    errors = read_jsonl(store.file_content(batch.error_file_id))
+    errors = read_jsonl(store.file_content(ME, batch.error_file_id))
     found = {(e["custom_id"], e["error"]["code"]) for e in errors}
     assert found == {
         (None, "invalid_json_line"),
@@ -124,7 +125,7 @@ def test_each_bad_line_is_reported_with_its_number_and_the_others_run(store: Bat
 
 def test_a_file_with_nothing_to_run_fails_the_batch_saying_why(store: BatchStore) -> None:
     batch_id = submit(store, [line("x", model="nobody"), "oops"])
-    batch = store.get_batch(batch_id)
+    batch = store.get_batch(ME, batch_id)
     assert batch.status == "failed"
     assert batch.errors is not None
     assert [(e["code"], e["line"]) for e in batch.errors] == [
@@ -133,37 +134,37 @@ def test_a_file_with_nothing_to_run_fails_the_batch_saying_why(store: BatchStore
     ]
     assert batch.request_counts.to_openai() == {"total": 2, "completed": 0, "failed": 2}
     empty = store.create_batch(
-        store.create_file(b"\n\n", "empty.jsonl").id, ENDPOINT, known_models=known_models
+        ME, store.create_file(ME, b"\n\n", "empty.jsonl").id, ENDPOINT, known_models=known_models
     )
     assert empty.status == "failed" and empty.errors is not None
     assert empty.errors[0]["code"] == "empty_file"
 
 
 def test_create_batch_refuses_what_cannot_become_a_batch(store: BatchStore) -> None:
-    upload = store.create_file(jsonl([line("a")]), "in.jsonl")
+    upload = store.create_file(ME, jsonl([line("a")]), "in.jsonl")
     with pytest.raises(NotFound) as missing:
-        store.create_batch("file-nope", ENDPOINT, known_models=known_models)
+        store.create_batch(ME, "file-nope", ENDPOINT, known_models=known_models)
     assert missing.value.param == "input_file_id"
     with pytest.raises(InvalidInput) as window:
-        store.create_batch(upload.id, ENDPOINT, "forever", known_models=known_models)
+        store.create_batch(ME, upload.id, ENDPOINT, "forever", known_models=known_models)
     assert window.value.param == "completion_window" and "'24h'" in str(window.value)
     with pytest.raises(InvalidInput) as endpoint:
-        store.create_batch(upload.id, "/v1/embeddings", known_models=known_models)
+        store.create_batch(ME, upload.id, "/v1/embeddings", known_models=known_models)
     assert endpoint.value.param == "endpoint"
     small = BatchStore(store.engine, max_requests=1)
-    two = store.create_file(jsonl([line("a"), line("b")]), "two.jsonl")
+    two = store.create_file(ME, jsonl([line("a"), line("b")]), "two.jsonl")
     with pytest.raises(InvalidInput) as too_many:
-        small.create_batch(two.id, ENDPOINT, known_models=known_models)
+        small.create_batch(ME, two.id, ENDPOINT, known_models=known_models)
     assert too_many.value.code == "too_many_requests" and "split" in str(too_many.value)
-    assert store.list_batches()[0] == []
+    assert store.list_batches(ME)[0] == []
 
 
 def test_the_deadline_is_the_shorter_of_window_and_tier(store: BatchStore) -> None:
-    short = store.get_batch(submit(store, [line("a")], window="2h"))
+    short = store.get_batch(ME, submit(store, [line("a")], window="2h"))
     assert short.deadline == T0 + 7200
-    slow = store.get_batch(submit(store, [line("b", model=OTHER)], window="7d"))
+    slow = store.get_batch(ME, submit(store, [line("b", model=OTHER)], window="7d"))
     assert slow.deadline == T0 + 2 * 86400 and slow.tier == "niw-slow"
-    mixed = store.get_batch(submit(store, [line("c", model=OTHER), line("d")], window="7d"))
+    mixed = store.get_batch(ME, submit(store, [line("c", model=OTHER), line("d")], window="7d"))
     assert mixed.deadline == T0 + 86400 and mixed.tier == "niw"
 
 
@@ -180,9 +181,9 @@ def test_a_request_whose_owner_died_runs_again_and_counts_once(store: BatchStore
     assert not store.complete(first.id, "router-a", 200, answer("a"), now=T0 + 34)
     assert not store.complete(again.id, "router-b", 200, answer("b"), now=T0 + 35)
     store.finalize(T0 + 40)
-    batch = store.get_batch(batch_id)
+    batch = store.get_batch(ME, batch_id)
     assert batch.output_file_id is not None and batch.error_file_id is None
-    [result] = read_jsonl(store.file_content(batch.output_file_id))
+    [result] = read_jsonl(store.file_content(ME, batch.output_file_id))
     assert result["response"]["body"] == answer("b")
 
 
@@ -195,9 +196,9 @@ def test_a_request_started_too_often_fails_instead_of_looping(store: BatchStore)
     assert fine.custom_id == "fine"
     capped.complete(fine.id, "c", 200, answer("fine"), now=T0 + 25)
     capped.finalize(T0 + 26)
-    batch = capped.get_batch(batch_id)
+    batch = capped.get_batch(ME, batch_id)
     assert batch.status == "completed" and batch.error_file_id is not None
-    [error] = read_jsonl(capped.file_content(batch.error_file_id))
+    [error] = read_jsonl(capped.file_content(ME, batch.error_file_id))
     assert error["custom_id"] == "poison" and error["error"]["code"] == "too_many_attempts"
     assert poison.custom_id == "poison"
 
@@ -225,11 +226,11 @@ def test_the_deadline_expires_a_batch_and_reports_every_unfinished_line(
     assert store.finalize(T0 + 3599) == []
     assert store.claim(MODEL, 5, "b", 60, T0 + 3600) == []  # past the deadline: not started
     assert store.finalize(T0 + 3600) == [(batch_id, "expired")]
-    batch = store.get_batch(batch_id)
+    batch = store.get_batch(ME, batch_id)
     assert batch.status == "expired" and batch.timestamps["expired_at"] == T0 + 3600
     assert batch.request_counts.to_openai() == {"total": 3, "completed": 1, "failed": 2}
     assert batch.error_file_id is not None and batch.output_file_id is not None
-    errors = read_jsonl(store.file_content(batch.error_file_id))
+    errors = read_jsonl(store.file_content(ME, batch.error_file_id))
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
         ("held", "batch_expired"),
         ("queued", "batch_expired"),
@@ -242,36 +243,36 @@ def test_the_deadline_expires_a_batch_and_reports_every_unfinished_line(
 def test_cancel_stops_queued_requests_and_waits_for_running_ones(store: BatchStore) -> None:
     batch_id = submit(store, [line("running"), line("queued-1"), line("queued-2")])
     [running] = store.claim(MODEL, 1, "a", 60, T0 + 1)
-    batch = store.cancel(batch_id, now=T0 + 2)
+    batch = store.cancel(ME, batch_id, now=T0 + 2)
     assert batch.status == "cancelling" and batch.timestamps["cancelling_at"] == T0 + 2
     assert store.claim(MODEL, 5, "b", 60, T0 + 3) == []
-    assert store.cancel(batch_id, now=T0 + 4).status == "cancelling"  # idempotent
+    assert store.cancel(ME, batch_id, now=T0 + 4).status == "cancelling"  # idempotent
     assert store.finalize(T0 + 5) == []  # a replica still runs one of its requests
     assert store.complete(running.id, "a", 200, answer("running"), now=T0 + 6)
     assert store.finalize(T0 + 7) == [(batch_id, "cancelled")]
-    batch = store.get_batch(batch_id)
+    batch = store.get_batch(ME, batch_id)
     assert batch.status == "cancelled"
     assert batch.request_counts.to_openai() == {"total": 3, "completed": 1, "failed": 2}
     assert batch.output_file_id is not None and batch.error_file_id is not None
-    assert [o["custom_id"] for o in read_jsonl(store.file_content(batch.output_file_id))] == [
+    assert [o["custom_id"] for o in read_jsonl(store.file_content(ME, batch.output_file_id))] == [
         "running"
     ]
-    errors = read_jsonl(store.file_content(batch.error_file_id))
+    errors = read_jsonl(store.file_content(ME, batch.error_file_id))
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
     with pytest.raises(Conflict):
         done = submit(store, [line("z")], now=T0 + 8)
         run_all(store, MODEL, T0 + 9)
         store.finalize(T0 + 10)
-        store.cancel(done, now=T0 + 11)
+        store.cancel(ME, done, now=T0 + 11)
 
 
 def test_cancel_with_nothing_running_is_cancelled_at_once(store: BatchStore) -> None:
     batch_id = submit(store, [line("a"), line("b")])
-    assert store.cancel(batch_id, now=T0 + 1).status == "cancelled"
+    assert store.cancel(ME, batch_id, now=T0 + 1).status == "cancelled"
     # a replica that died holding a request does not keep a cancel waiting forever
     other = submit(store, [line("c")], now=T0 + 2)
     store.claim(MODEL, 1, "dead", 10, T0 + 3)
-    assert store.cancel(other, now=T0 + 4).status == "cancelling"
+    assert store.cancel(ME, other, now=T0 + 4).status == "cancelling"
     assert store.finalize(T0 + 14) == [(other, "cancelled")]
 
 
@@ -322,31 +323,31 @@ def test_claims_come_oldest_first_per_model(store: BatchStore) -> None:
 
 
 def test_files_list_page_and_delete(store: BatchStore) -> None:
-    made = [store.create_file(b"{}\n", f"f{i}.jsonl", now=T0 + i) for i in range(5)]
-    page, more = store.list_files(limit=2)
+    made = [store.create_file(ME, b"{}\n", f"f{i}.jsonl", now=T0 + i) for i in range(5)]
+    page, more = store.list_files(ME, limit=2)
     assert [f.filename for f in page] == ["f4.jsonl", "f3.jsonl"] and more
-    page, more = store.list_files(limit=10, after=page[-1].id)
+    page, more = store.list_files(ME, limit=10, after=page[-1].id)
     assert [f.filename for f in page] == ["f2.jsonl", "f1.jsonl", "f0.jsonl"] and not more
-    assert store.list_files(purpose="batch_output")[0] == []
-    store.delete_file(made[0].id)
+    assert store.list_files(ME, purpose="batch_output")[0] == []
+    store.delete_file(ME, made[0].id)
     with pytest.raises(NotFound):
-        store.get_file(made[0].id)
+        store.get_file(ME, made[0].id)
     with pytest.raises(NotFound):
-        store.file_content(made[0].id)
+        store.file_content(ME, made[0].id)
     with pytest.raises(NotFound):
-        store.delete_file(made[0].id)
+        store.delete_file(ME, made[0].id)
     with pytest.raises(InvalidInput):
-        store.create_file(b"x", "x.bin", purpose="fine-tune")
+        store.create_file(ME, b"x", "x.bin", purpose="fine-tune")
 
 
 def test_batches_list_newest_first_with_a_cursor(store: BatchStore) -> None:
     ids = [submit(store, [line(f"r{i}")], now=T0 + i) for i in range(3)]
-    page, more = store.list_batches(limit=2)
+    page, more = store.list_batches(ME, limit=2)
     assert [b.id for b in page] == [ids[2], ids[1]] and more
-    page, more = store.list_batches(limit=2, after=ids[1])
+    page, more = store.list_batches(ME, limit=2, after=ids[1])
     assert [b.id for b in page] == [ids[0]] and not more
     with pytest.raises(NotFound) as unknown:
-        store.list_batches(after="batch_nope")
+        store.list_batches(ME, after="batch_nope")
     assert unknown.value.param == "after"
     assert page[0].metadata == {"team": "a"}
 
@@ -358,7 +359,7 @@ def test_a_store_opened_again_finds_everything(store_url: str) -> None:
     first.close()
     again = BatchStore.open(store_url)  # a restarted router: migrations are a no-op
     try:
-        assert again.get_batch(batch_id).request_counts.total == 2
+        assert again.get_batch(ME, batch_id).request_counts.total == 2
         assert [c.custom_id for c in again.claim(MODEL, 5, "b", 30, T0 + 2)] == ["b"]
         assert [c.id for c in again.claim(MODEL, 5, "b", 30, T0 + 32)] == [held.id]
     finally:

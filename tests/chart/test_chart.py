@@ -391,6 +391,7 @@ def test_the_batch_queue_on_sqlite_is_one_replica_on_a_kept_volume() -> None:
     params = router_cli_params(container["args"])
     assert params["batch_db"] == "sqlite:////var/lib/sageserve/batch.db"
     assert params["batch_lease_seconds"] == 120.0
+    assert params["batch_retention_seconds"] == 30 * 86400.0
     assert {"name": "queue", "mountPath": "/var/lib/sageserve"} in container["volumeMounts"]
     volume = next(v for v in pod["volumes"] if v["name"] == "queue")
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
@@ -438,6 +439,7 @@ def test_sqlite_with_several_router_replicas_is_refused_with_the_fix() -> None:
         ("router.batch.leaseSeconds=forever", "leaseSeconds"),
         ("router.auth=off", "auth"),
         ("router.keyResyncSeconds=0", "keyResyncSeconds"),
+        ("router.batch.retentionSeconds=60", "retentionSeconds"),
     ],
 )
 def test_bad_router_values_are_refused_naming_the_key(setting: str, field: str) -> None:

@@ -6,8 +6,14 @@ router adds them to its application with ``BatchApi(...).add_routes(app)``. Obje
 errors are shaped as OpenAI's (``{"error": {"message", "type", "param", "code"}}``), so
 the OpenAI SDKs and tools built for the Batch API work unchanged.
 
-An upload is read part by part and refused with 413 as soon as it passes
-``max_upload_bytes``, before anything is stored (issue 14, bad input). Store calls are
+Every object belongs to the caller's tenant (``_principal``): another tenant's file or
+batch is 404, as one that never existed, and absent from lists.
+
+An upload is read chunk by chunk, its bytes and request lines counted as they arrive: it is
+refused with 413 as soon as it passes ``max_upload_bytes``, or 400 at the first line past
+the per-batch cap (50,000 requests), before the rest is read or anything is parsed or
+stored. A body (upload or JSON) that does not arrive within ``body_timeout_s`` is 408 and
+the connection is closed, so a client dribbling bytes holds no handler. Store calls are
 blocking database transactions and run in ``asyncio.to_thread``; ``models`` and
 ``deadlines`` are called from that worker thread while a batch is created.
 """
@@ -18,13 +24,15 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import BodyPartReader, web
 from sqlalchemy.exc import SQLAlchemyError
 
 from sageserve.batch.jsonl import ENDPOINTS
+from sageserve.batch.limits import MAX_DEPTH, LineCounter, content_disposition, too_deep
 from sageserve.batch.objects import BatchObject, Conflict, FileObject, InvalidInput, NotFound
+from sageserve.batch.retention import expires_after_object, parse_expires_after
 from sageserve.batch.store import DEFAULT_WINDOW, BatchStore, TierDeadlines
 from sageserve.route.identity import ANONYMOUS, Principal
 
@@ -44,6 +52,10 @@ MULTIPART_SLACK = 64 * 1024
 MAX_FILE_LIST = 10_000
 MAX_BATCH_LIST = 100
 MAX_METADATA_PAIRS = 16
+#: The router's default for a body to arrive (``RouterConfig.body_timeout_seconds``).
+DEFAULT_BODY_TIMEOUT_S = 30.0
+#: The multipart fields of OpenAI's ``expires_after`` on an upload.
+EXPIRES_ANCHOR, EXPIRES_SECONDS = "expires_after[anchor]", "expires_after[seconds]"
 T = TypeVar("T")
 
 
@@ -73,7 +85,8 @@ class BatchApi:
 
     ``models`` maps a served model name to its batch tier (None: not served for batch
     work); ``deadlines`` maps a tier to its deadline in seconds (None: the completion
-    window alone); uploads over ``max_upload_bytes`` get 413.
+    window alone); uploads over ``max_upload_bytes`` get 413; a body that takes longer
+    than ``body_timeout_s`` to arrive gets 408.
     """
 
     def __init__(
@@ -83,12 +96,14 @@ class BatchApi:
         *,
         deadlines: TierDeadlines = lambda _: None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         accepted: Callable[[BatchObject, Principal], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.models = models
         self.deadlines = deadlines
         self.max_upload_bytes = max_upload_bytes
+        self.body_timeout_s = body_timeout_s
         #: told of every batch accepted into the queue (the router counts its load: β)
         self.accepted = accepted
 
@@ -106,9 +121,17 @@ class BatchApi:
     # ---- files ---------------------------------------------------------------------
 
     async def upload_file(self, request: web.Request) -> web.Response:
+        caller = _principal(request)
         try:
-            purpose, filename, content = await self._read_upload(request)
-            obj = await self._call(self.store.create_file, content, filename, purpose)
+            upload = await self._in_time(self._read_upload(request))
+            obj = await self._call(
+                self.store.create_file,
+                caller,
+                upload.content,
+                upload.filename,
+                upload.purpose,
+                upload.expires_after_s,
+            )
         except _Refused as refused:
             return refused.response
         return web.json_response(obj.to_openai())
@@ -118,7 +141,11 @@ class BatchApi:
             limit = _limit(request, MAX_FILE_LIST, MAX_FILE_LIST)
             purpose = request.query.get("purpose")
             found, more = await self._call(
-                self.store.list_files, purpose, limit, request.query.get("after")
+                self.store.list_files,
+                _principal(request),
+                purpose,
+                limit,
+                request.query.get("after"),
             )
         except _Refused as refused:
             return refused.response
@@ -126,31 +153,32 @@ class BatchApi:
 
     async def get_file(self, request: web.Request) -> web.Response:
         try:
-            obj = await self._call(self.store.get_file, request.match_info["file_id"])
+            obj = await self._call(
+                self.store.get_file, _principal(request), request.match_info["file_id"]
+            )
         except _Refused as refused:
             return refused.response
         return web.json_response(obj.to_openai())
 
     async def file_content(self, request: web.Request) -> web.Response:
-        file_id = request.match_info["file_id"]
+        file_id, caller = request.match_info["file_id"], _principal(request)
         try:
-            obj = await self._call(self.store.get_file, file_id)
-            content = await self._call(self.store.file_content, file_id)
+            obj = await self._call(self.store.get_file, caller, file_id)
+            content = await self._call(self.store.file_content, caller, file_id)
         except _Refused as refused:
             return refused.response
-        disposition = f'attachment; filename="{obj.filename.replace(chr(34), "")}"'
         return web.Response(
             body=content,
             headers={
                 "Content-Type": "application/octet-stream",
-                "Content-Disposition": disposition,
+                "Content-Disposition": content_disposition(obj.filename),
             },
         )
 
     async def delete_file(self, request: web.Request) -> web.Response:
         file_id = request.match_info["file_id"]
         try:
-            await self._call(self.store.delete_file, file_id)
+            await self._call(self.store.delete_file, _principal(request), file_id)
         except _Refused as refused:
             return refused.response
         return web.json_response({"id": file_id, "object": "file", "deleted": True})
@@ -160,7 +188,7 @@ class BatchApi:
     async def create_batch(self, request: web.Request) -> web.Response:
         caller = _principal(request)
         try:
-            body = await _json_object(request)
+            body = await self._in_time(_json_object(request))
             input_file_id = _string(body, "input_file_id", "the id of an uploaded file")
             endpoint = _string(body, "endpoint", " or ".join(ENDPOINTS))
             if endpoint not in ENDPOINTS:
@@ -181,14 +209,19 @@ class BatchApi:
                     )
                 )
             metadata = _metadata(body.get("metadata"))
+            keep = _invalid_as_400(
+                expires_after_object, body.get("output_expires_after"), "output_expires_after"
+            )
             batch = await self._call(
                 self.store.create_batch,
+                caller,
                 input_file_id,
                 endpoint,
                 window,
                 metadata,
                 lambda name: self.models(name, caller),
                 self.deadlines,
+                keep,
             )
         except _Refused as refused:
             return refused.response
@@ -200,7 +233,7 @@ class BatchApi:
         try:
             limit = _limit(request, 20, MAX_BATCH_LIST)
             found, more = await self._call(
-                self.store.list_batches, limit, request.query.get("after")
+                self.store.list_batches, _principal(request), limit, request.query.get("after")
             )
         except _Refused as refused:
             return refused.response
@@ -208,14 +241,18 @@ class BatchApi:
 
     async def get_batch(self, request: web.Request) -> web.Response:
         try:
-            batch = await self._call(self.store.get_batch, request.match_info["batch_id"])
+            batch = await self._call(
+                self.store.get_batch, _principal(request), request.match_info["batch_id"]
+            )
         except _Refused as refused:
             return refused.response
         return web.json_response(batch.to_openai())
 
     async def cancel_batch(self, request: web.Request) -> web.Response:
         try:
-            batch = await self._call(self.store.cancel, request.match_info["batch_id"])
+            batch = await self._call(
+                self.store.cancel, _principal(request), request.match_info["batch_id"]
+            )
         except _Refused as refused:
             return refused.response
         return web.json_response(batch.to_openai())
@@ -251,8 +288,23 @@ class BatchApi:
                 )
             ) from None
 
-    async def _read_upload(self, request: web.Request) -> tuple[str, str, bytes]:
-        """(purpose, filename, content) of a multipart upload, refused past the limit."""
+    async def _in_time(self, reading: Awaitable[T]) -> T:
+        """``reading`` (of the request's body), or 408 with the connection closed when the
+        body does not arrive within ``body_timeout_s``."""
+        try:
+            return await asyncio.wait_for(reading, self.body_timeout_s)
+        except TimeoutError:
+            response = openai_error(
+                408,
+                f"the request body did not arrive within {self.body_timeout_s:g} s: send it "
+                "at once, or split a large file into several uploads",
+                code="body_timeout",
+            )
+            response.force_close()
+            raise _Refused(response) from None
+
+    async def _read_upload(self, request: web.Request) -> _Upload:
+        """The fields of a multipart upload, refused past the byte or line limit."""
         if not request.content_type.startswith("multipart/"):
             raise _Refused(
                 openai_error(
@@ -264,24 +316,23 @@ class BatchApi:
             )
         if (request.content_length or 0) > self.max_upload_bytes + MULTIPART_SLACK:
             raise _Refused(self._too_large())
-        purpose: str | None = None
-        filename = "upload.jsonl"
+        fields: dict[str, str] = {}
+        filename = ""
         content: bytes | None = None
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):
                 raise _Refused(openai_error(400, "nested multipart bodies are not supported"))
-            if part.name == "purpose":
-                purpose = (await _read_limited(part, 256) or b"").decode(errors="replace")
-            elif part.name == "file":
+            if part.name == "file":
                 filename = part.filename or filename
-                content = await _read_limited(part, self.max_upload_bytes)
-                if content is None:
-                    raise _Refused(self._too_large())
+                content = await self._read_file_part(part)
+            elif part.name in ("purpose", EXPIRES_ANCHOR, EXPIRES_SECONDS):
+                fields[part.name] = (await _read_limited(part, 256) or b"").decode(errors="replace")
             else:
                 await part.release()
         if content is None:
             raise _Refused(openai_error(400, "file: required, the JSONL file of requests", "file"))
+        purpose = fields.get("purpose")
         if purpose != "batch":
             raise _Refused(
                 openai_error(
@@ -290,7 +341,41 @@ class BatchApi:
                     "purpose",
                 )
             )
-        return purpose, filename, content
+        keep = None
+        if EXPIRES_ANCHOR in fields or EXPIRES_SECONDS in fields:
+            keep = _invalid_as_400(
+                parse_expires_after,
+                fields.get(EXPIRES_ANCHOR),
+                fields.get(EXPIRES_SECONDS),
+                "expires_after",
+                True,
+            )
+        return _Upload(purpose, filename, content, keep)
+
+    async def _read_file_part(self, part: BodyPartReader) -> bytes:
+        """The file's bytes, its size and request lines counted chunk by chunk: refused as
+        soon as either passes its limit, so a hostile file costs at most one chunk past
+        the limit, and is never parsed."""
+        most = self.store.max_requests
+        chunks: list[bytes] = []
+        size = 0
+        lines = LineCounter()
+        while chunk := await part.read_chunk(64 * 1024):
+            size += len(chunk)
+            if size > self.max_upload_bytes:
+                raise _Refused(self._too_large())
+            if lines.feed(chunk) > most:
+                raise _Refused(
+                    openai_error(
+                        400,
+                        f"file has more than {most} request lines, the limit of one batch: "
+                        "split the requests into several files and batches",
+                        "file",
+                        "too_many_requests",
+                    )
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _too_large(self) -> web.Response:
         return openai_error(
@@ -300,6 +385,22 @@ class BatchApi:
             "file",
             "file_too_large",
         )
+
+
+class _Upload(NamedTuple):
+    purpose: str
+    filename: str
+    content: bytes
+    #: ``expires_after`` in seconds (None: the default retention)
+    expires_after_s: float | None
+
+
+def _invalid_as_400(parse: Callable[..., T], *args: Any) -> T:
+    """A pure parser's ``InvalidInput`` as the 400 naming its field."""
+    try:
+        return parse(*args)
+    except InvalidInput as exc:
+        raise _Refused(openai_error(400, str(exc), exc.param, exc.code)) from None
 
 
 def _principal(request: web.Request) -> Principal:
@@ -320,8 +421,13 @@ async def _read_limited(part: BodyPartReader, limit: int) -> bytes | None:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if too_deep(raw):
+        raise _Refused(
+            openai_error(400, f"the body nests arrays and objects deeper than {MAX_DEPTH} levels")
+        )
     try:
-        body = json.loads(await request.read())
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _Refused(openai_error(400, f"the body is not JSON: {exc}")) from None
     if not isinstance(body, dict):

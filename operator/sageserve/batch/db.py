@@ -111,8 +111,9 @@ def reading(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def upgrade(engine: Engine) -> None:
-    """Migrate to the newest revision; replicas starting together take turns.
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate to ``revision`` (the newest by default); replicas starting together take
+    turns.
 
     On a fresh SQLite file, replicas racing to create it can be told "database is locked"
     without the busy handler being consulted (SQLite's deadlock avoidance); the whole
@@ -128,7 +129,7 @@ def upgrade(engine: Engine) -> None:
                         text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK}
                     )
                 config.attributes["connection"] = conn
-                command.upgrade(config, "head")
+                command.upgrade(config, revision)
             return
         except OperationalError as exc:
             locked = engine.dialect.name == "sqlite" and "locked" in str(exc)

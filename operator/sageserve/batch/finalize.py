@@ -7,6 +7,10 @@ exactly one of the two files: a successful answer in the output file, anything e
 error file with a code and a message. A request that missed the deadline is written there
 with code ``batch_expired``, never silently dropped (SageServe §6.2's deadline, issue 14).
 
+The output and error files belong to the batch's owner and are kept for the batch's
+``output_retention_s`` (the router's default when unset); the batch's requests are
+purged at the same time (``purge_at``, ``retention.py``).
+
 Closing takes the batch's row lock (PostgreSQL) or the write lock (SQLite) and checks the
 batch again, so two replicas closing at once write the files once.
 """
@@ -54,8 +58,9 @@ def closable(conn: Connection, now: float) -> list[str]:
     return list(conn.execute(stmt).scalars())
 
 
-def close(conn: Connection, batch_id: str, now: float) -> str | None:
-    """Close one batch if it can be; return its final status, or None."""
+def close(conn: Connection, batch_id: str, now: float, retention_s: float) -> str | None:
+    """Close one batch if it can be; return its final status, or None. Its result files
+    are kept ``retention_s`` unless the batch asked for its own retention."""
     batch = conn.execute(
         select(b).where(b.c.id == batch_id).with_for_update(skip_locked=True)
     ).first()
@@ -79,8 +84,14 @@ def close(conn: Connection, batch_id: str, now: float) -> str | None:
             conn, batch_id, CANCELLED, "batch_cancelled", "the batch was cancelled", now
         )
     output, errors, counts = _render(conn, batch_id)
-    output_id = _write_file(conn, f"{batch_id}_output.jsonl", output, now) if output else None
-    error_id = _write_file(conn, f"{batch_id}_error.jsonl", errors, now) if errors else None
+    purge_at = now + (batch.output_retention_s or retention_s)
+
+    def write(kind: str, content: bytes) -> str | None:
+        if not content:
+            return None
+        return _write_file(conn, batch, f"{batch_id}_{kind}.jsonl", content, now, purge_at)
+
+    output_id, error_id = write("output", output), write("error", errors)
     conn.execute(
         update(b)
         .where(b.c.id == batch_id)
@@ -92,6 +103,7 @@ def close(conn: Connection, batch_id: str, now: float) -> str | None:
             total=counts.total,
             completed=counts.completed,
             failed=counts.failed,
+            purge_at=purge_at,
             **{f"{status}_at": now},
         )
     )
@@ -183,7 +195,10 @@ def _jsonl(lines: list[str]) -> bytes:
     return ("\n".join(lines) + "\n").encode() if lines else b""
 
 
-def _write_file(conn: Connection, filename: str, content: bytes, now: float) -> str:
+def _write_file(
+    conn: Connection, batch: Any, filename: str, content: bytes, now: float, expires_at: float
+) -> str:
+    """A result file of ``batch``, owned as the batch is."""
     file_id = new_id("file-")
     conn.execute(
         files.insert().values(
@@ -193,6 +208,9 @@ def _write_file(conn: Connection, filename: str, content: bytes, now: float) -> 
             bytes=len(content),
             created_at=now,
             content=content,
+            owner=batch.owner,
+            created_by=batch.created_by,
+            expires_at=expires_at,
         )
     )
     return file_id

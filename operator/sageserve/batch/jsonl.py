@@ -3,7 +3,9 @@
 Why per line: a batch of thousands of requests should not fail because one line is bad
 (issue 14, bad input). A malformed line, a line for a model this router does not serve
 for batch work, a url that is not the batch's endpoint or a repeated ``custom_id`` becomes
-a line of the errors file naming its line number and the fix; every other line runs.
+a line of the errors file naming its line number and the fix; every other line runs. A
+line nested deeper than ``limits.MAX_DEPTH`` is one of those errors, found by counting
+brackets before ``json.loads`` would recurse into it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from sageserve.batch.limits import MAX_DEPTH, too_deep
 
 #: The endpoints a batch may target (OpenAI's Batch API also has embeddings; the pods
 #: here serve completions).
@@ -86,8 +90,12 @@ def parse_input(content: bytes, endpoint: str, known_models: KnownModels) -> Par
 def _parse_line(
     number: int, raw: bytes, endpoint: str, known_models: KnownModels
 ) -> ParsedLine | LineError:
+    if too_deep(raw):
+        return _too_deep(number)
     try:
         obj = json.loads(raw)
+    except RecursionError:  # under MAX_DEPTH brackets, but a deep interpreter stack
+        return _too_deep(number)
     except json.JSONDecodeError as exc:
         return LineError(
             number,
@@ -136,6 +144,16 @@ def _parse_line(
             "served name of a model with a batch tier (GET /v1/models lists the served names)",
         )
     return ParsedLine(number, custom_id, model, tier, body)
+
+
+def _too_deep(number: int) -> LineError:
+    return LineError(
+        number,
+        None,
+        "invalid_json_line",
+        f"line {number} nests arrays and objects deeper than {MAX_DEPTH} levels: flatten "
+        "the request",
+    )
 
 
 def _request_problem(number: int, obj: dict[str, Any], endpoint: str) -> tuple[str, str] | None:

@@ -51,6 +51,8 @@ class FileObject:
     filename: str
     bytes: int
     created_at: float
+    #: when retention deletes it (None: kept until deleted)
+    expires_at: float | None = None
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -58,6 +60,7 @@ class FileObject:
             "object": "file",
             "bytes": self.bytes,
             "created_at": int(self.created_at),
+            "expires_at": None if self.expires_at is None else int(self.expires_at),
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",

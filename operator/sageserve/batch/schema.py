@@ -10,6 +10,11 @@ UPDATE that succeeds once.
 Lines of an input file that cannot run (malformed JSON, unknown model, ...) are stored as
 requests already ``failed`` with their error, so the error file is written from one table.
 
+Files and batches belong to a tenant (``owner``: the namespace whose WorkloadTiers list
+the caller's API key, "" for anonymous callers); ``created_by`` records the key's digest.
+Every read filters by owner, so the owner-first indexes serve the listings. ``expires_at``
+(files) and ``purge_at`` (batches) say when retention removes them (``retention.py``).
+
 Times are unix seconds (float). The migrations under ``migrations/versions`` create exactly
 these tables; ``tests/batch/test_migrations.py`` checks that they agree.
 """
@@ -65,7 +70,16 @@ files = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("content", LargeBinary, nullable=False),
-    Index("ix_files_created", "created_at"),
+    #: the tenant the file belongs to ("" anonymous); an output file is its batch's owner's
+    Column("owner", String(63), nullable=False, server_default=""),
+    #: the digest of the API key that uploaded it (its batch's, for an output file)
+    Column("created_by", String(64), nullable=False, server_default=""),
+    #: unix seconds: past it the sweeper deletes the file (None: kept until deleted)
+    Column("expires_at", Float, nullable=True),
+    # list_files: one owner's files, newest first
+    Index("ix_files_owner_created", "owner", "created_at", "id"),
+    # sweep: the files whose retention ran out
+    Index("ix_files_expires", "expires_at"),
 )
 
 batches = Table(
@@ -97,8 +111,21 @@ batches = Table(
     Column("total", Integer, nullable=False, default=0),
     Column("completed", Integer, nullable=False, default=0),
     Column("failed", Integer, nullable=False, default=0),
+    Column("owner", String(63), nullable=False, server_default=""),
+    Column("created_by", String(64), nullable=False, server_default=""),
+    #: seconds the output and error files are kept after they are written (None: the
+    #: router's default retention)
+    Column("output_retention_s", Float, nullable=True),
+    #: unix seconds: past it a finished batch's requests (prompts and answers) and result
+    #: files are deleted; set when the batch reaches a final status, cleared once purged
+    Column("purge_at", Float, nullable=True),
     Index("ix_batches_status", "status"),
-    Index("ix_batches_created", "created_at"),
+    # list_batches: one owner's batches, newest first
+    Index("ix_batches_owner_created", "owner", "created_at", "id"),
+    # deleting or sweeping a file: the batches reading it
+    Index("ix_batches_input_file", "input_file_id", "status"),
+    # sweep: finished batches whose retention ran out
+    Index("ix_batches_purge", "purge_at"),
 )
 
 requests = Table(

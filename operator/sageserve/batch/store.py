@@ -8,6 +8,12 @@ any moment (it is committed before ``create_batch`` returns), is answered at lea
 idempotent per request id). SQLite (the default, embedded) serves one router; PostgreSQL
 lets several replicas share one queue without running a request twice at once.
 
+Files and batches are owned: every call about one takes the caller (a
+``route.identity.Principal``) and sees only its tenant's objects, so another tenant's id
+is "no such file" exactly as an id that never existed (no probing for what others have).
+Retention (``retention.py``) deletes files and finished batches' requests after their
+``expires_at``; ``sweep`` runs it.
+
 Every method is synchronous and short; callers on an event loop use
 ``asyncio.to_thread``. ``now`` (unix seconds) defaults to the clock and is a parameter so
 that tests and the simulator can move time; replicas should have synchronised clocks,
@@ -22,12 +28,13 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection, Engine
 
-from sageserve.batch import db, finalize, queue
+from sageserve.batch import db, finalize, queue, retention
 from sageserve.batch.ids import new_id
 from sageserve.batch.jsonl import ENDPOINTS, KnownModels, ParsedFile, parse_input
+from sageserve.batch.limits import LineCounter, safe_filename
 from sageserve.batch.objects import (
     BatchObject,
     ClaimedRequest,
@@ -38,6 +45,7 @@ from sageserve.batch.objects import (
     QueueDepth,
     RequestCounts,
 )
+from sageserve.batch.retention import DEFAULT_RETENTION_S, Swept
 from sageserve.batch.schema import (
     BATCH_CANCELLED,
     BATCH_FAILED,
@@ -52,6 +60,7 @@ from sageserve.batch.schema import (
     files,
     requests,
 )
+from sageserve.route.identity import Principal
 
 #: OpenAI's limit of requests per batch.
 DEFAULT_MAX_REQUESTS = 50_000
@@ -92,10 +101,14 @@ class BatchStore:
         *,
         max_requests: int = DEFAULT_MAX_REQUESTS,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retention_s: float = DEFAULT_RETENTION_S,
     ) -> None:
         self.engine = engine
         self.max_requests = max_requests
         self.max_attempts = max_attempts
+        #: how long a file, or a finished batch's results, is kept when the client set
+        #: no ``expires_after``
+        self.retention_s = retention_s
 
     @classmethod
     def open(
@@ -104,12 +117,15 @@ class BatchStore:
         *,
         max_requests: int = DEFAULT_MAX_REQUESTS,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retention_s: float = DEFAULT_RETENTION_S,
     ) -> BatchStore:
         """Connect to ``sqlite:///PATH`` or ``postgresql+psycopg://...`` and migrate the
         schema to the newest revision (replicas starting together take turns)."""
         engine = db.make_engine(url)
         db.upgrade(engine)
-        return cls(engine, max_requests=max_requests, max_attempts=max_attempts)
+        return cls(
+            engine, max_requests=max_requests, max_attempts=max_attempts, retention_s=retention_s
+        )
 
     def close(self) -> None:
         self.engine.dispose()
@@ -122,14 +138,25 @@ class BatchStore:
     # ---- files ---------------------------------------------------------------------
 
     def create_file(
-        self, content: bytes, filename: str, purpose: str = "batch", now: float | None = None
+        self,
+        caller: Principal,
+        content: bytes,
+        filename: str,
+        purpose: str = "batch",
+        expires_after_s: float | None = None,
+        now: float | None = None,
     ) -> FileObject:
-        """Store an uploaded file (the caller enforces the size limit while reading)."""
+        """Store an uploaded file as ``caller``'s, kept ``expires_after_s`` (the default
+        retention when None); the caller enforces the size and line limits while reading."""
         if purpose not in FILE_PURPOSES:
             raise InvalidInput(
                 f"purpose {purpose!r} is not supported here: use 'batch'", param="purpose"
             )
-        obj = FileObject(new_id("file-"), purpose, filename[:255], len(content), _now(now))
+        created = _now(now)
+        keep = self.retention_s if expires_after_s is None else expires_after_s
+        obj = FileObject(
+            new_id("file-"), purpose, safe_filename(filename), len(content), created, created + keep
+        )
         with db.writing(self.engine) as conn:
             conn.execute(
                 files.insert().values(
@@ -139,53 +166,78 @@ class BatchStore:
                     bytes=obj.bytes,
                     created_at=obj.created_at,
                     content=content,
+                    owner=caller.owner,
+                    created_by=caller.key_id,
+                    expires_at=obj.expires_at,
                 )
             )
         return obj
 
-    def get_file(self, file_id: str) -> FileObject:
+    def get_file(self, caller: Principal, file_id: str) -> FileObject:
         with db.reading(self.engine) as conn:
-            return self._file(conn, file_id)
+            return self._file(conn, caller, file_id)
 
     def list_files(
-        self, purpose: str | None = None, limit: int = 100, after: str | None = None
+        self,
+        caller: Principal,
+        purpose: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
     ) -> tuple[list[FileObject], bool]:
-        """Newest first, ``limit`` of them after the file ``after``; and whether more
-        follow."""
+        """``caller``'s files, newest first, ``limit`` of them after the file ``after``;
+        and whether more follow."""
         with db.reading(self.engine) as conn:
-            stmt = select(*_FILE_COLUMNS)
+            stmt = select(*_FILE_COLUMNS).where(files.c.owner == caller.owner)
             if purpose is not None:
                 stmt = stmt.where(files.c.purpose == purpose)
             if after is not None:
-                cursor = self._file(conn, after, param="after")
+                cursor = self._file(conn, caller, after, param="after")
                 stmt = stmt.where(_before(files.c.created_at, files.c.id, cursor))
             stmt = stmt.order_by(files.c.created_at.desc(), files.c.id.desc()).limit(limit + 1)
             rows = conn.execute(stmt).all()
         return [_file_object(row) for row in rows[:limit]], len(rows) > limit
 
-    def file_content(self, file_id: str) -> bytes:
+    def file_content(self, caller: Principal, file_id: str) -> bytes:
         with db.reading(self.engine) as conn:
-            content = conn.execute(select(files.c.content).where(files.c.id == file_id)).scalar()
+            content = conn.execute(
+                select(files.c.content).where(files.c.id == file_id, _owned(files, caller))
+            ).scalar()
         if content is None:
             raise NotFound("file", file_id)
         return bytes(content)
 
-    def delete_file(self, file_id: str) -> None:
-        """Delete a file; a batch made from it keeps running (its requests are stored)."""
+    def delete_file(self, caller: Principal, file_id: str) -> None:
+        """Delete a file and the prompts of the finished batches made from it. The input
+        of a batch still running is refused (Conflict): its requests are read from the
+        queue, but the file is what the batch's owner will want to check it against."""
         with db.writing(self.engine) as conn:
-            if conn.execute(delete(files).where(files.c.id == file_id)).rowcount != 1:
-                raise NotFound("file", file_id)
+            self._file(conn, caller, file_id)
+            reader = conn.execute(
+                select(batches.c.id, batches.c.status)
+                .where(batches.c.input_file_id == file_id, batches.c.status.notin_(BATCH_TERMINAL))
+                .limit(1)
+            ).first()
+            if reader is not None:
+                raise Conflict(
+                    f"file {file_id!r} is the input of batch {reader.id!r}, which is "
+                    f"{reader.status}: cancel the batch (POST /v1/batches/{reader.id}/cancel) "
+                    "or wait until it ends, then delete the file",
+                    code="file_in_use",
+                )
+            retention.delete_files(conn, [file_id])
 
     # ---- batches -------------------------------------------------------------------
 
     def create_batch(
         self,
+        caller: Principal,
         input_file_id: str,
         endpoint: str,
         completion_window: str = DEFAULT_WINDOW,
         metadata: Mapping[str, str] | None = None,
         known_models: KnownModels = lambda _: None,
         deadline_seconds: TierDeadlines = lambda _: None,
+        output_expires_after_s: float | None = None,
         now: float | None = None,
     ) -> BatchObject:
         """Queue every runnable line of the input file; the others become error lines.
@@ -194,7 +246,9 @@ class BatchStore:
         batch work, the line is an error). The batch is due ``completion_window`` after
         creation, or sooner if a tier of its lines has a shorter deadline
         (``deadline_seconds``); its ``tier`` is that tier. A file with no runnable line
-        makes a ``failed`` batch whose ``errors`` say why, line by line.
+        makes a ``failed`` batch whose ``errors`` say why, line by line. The input file
+        must be ``caller``'s; the batch and its result files are ``caller``'s, the result
+        files kept ``output_expires_after_s`` (the default retention when None).
         """
         if endpoint not in ENDPOINTS:
             raise InvalidInput(
@@ -204,7 +258,7 @@ class BatchStore:
         window_s = parse_window(completion_window)
         created = _now(now)
         with db.reading(self.engine) as conn:
-            source = self._file(conn, input_file_id, param="input_file_id")
+            source = self._file(conn, caller, input_file_id, param="input_file_id")
             if source.purpose != "batch":
                 raise InvalidInput(
                     f"input_file_id {input_file_id!r} has purpose {source.purpose!r}: upload "
@@ -214,14 +268,8 @@ class BatchStore:
             content = conn.execute(
                 select(files.c.content).where(files.c.id == input_file_id)
             ).scalar_one()
+        self._check_size(bytes(content), input_file_id)
         parsed = parse_input(bytes(content), endpoint, known_models)
-        if parsed.total > self.max_requests:
-            raise InvalidInput(
-                f"input_file_id {input_file_id!r} has {parsed.total} requests, more than "
-                f"{self.max_requests} per batch: split it into several batches",
-                param="input_file_id",
-                code="too_many_requests",
-            )
         tiers = sorted({line.tier for line in parsed.requests})
         tier_deadlines = {t: d for t in tiers if (d := deadline_seconds(t)) is not None}
         tier = min(tier_deadlines, key=lambda t: tier_deadlines[t]) if tier_deadlines else None
@@ -243,32 +291,52 @@ class BatchStore:
             "total": parsed.total,
             "completed": 0,
             "failed": 0,
+            "owner": caller.owner,
+            "created_by": caller.key_id,
+            "output_retention_s": output_expires_after_s or self.retention_s,
         }
         if not parsed.requests:
             row.update(_failed_row(parsed, input_file_id, created))
+            row["purge_at"] = created + row["output_retention_s"]
         with db.writing(self.engine) as conn:
+            self._file(conn, caller, input_file_id, param="input_file_id")  # not deleted since
             conn.execute(batches.insert().values(**row))
             if parsed.requests:
                 conn.execute(requests.insert(), _request_rows(batch_id, endpoint, parsed, created))
-        return self.get_batch(batch_id)
+        return self.get_batch(caller, batch_id)
 
-    def get_batch(self, batch_id: str) -> BatchObject:
+    def _check_size(self, content: bytes, input_file_id: str) -> None:
+        """Refuse a file of more requests than a batch holds before parsing any of it."""
+        lines = LineCounter().feed(content)
+        if lines > self.max_requests:
+            raise InvalidInput(
+                f"input_file_id {input_file_id!r} has {lines} requests, more than "
+                f"{self.max_requests} per batch: split it into several batches",
+                param="input_file_id",
+                code="too_many_requests",
+            )
+
+    def get_batch(self, caller: Principal, batch_id: str) -> BatchObject:
         with db.reading(self.engine) as conn:
-            row = conn.execute(select(batches).where(batches.c.id == batch_id)).first()
+            row = conn.execute(
+                select(batches).where(batches.c.id == batch_id, _owned(batches, caller))
+            ).first()
             if row is None:
                 raise NotFound("batch", batch_id)
             return self._batch_objects(conn, [row])[0]
 
     def list_batches(
-        self, limit: int = 20, after: str | None = None
+        self, caller: Principal, limit: int = 20, after: str | None = None
     ) -> tuple[list[BatchObject], bool]:
-        """Newest first, ``limit`` of them after the batch ``after``; and whether more
-        follow."""
+        """``caller``'s batches, newest first, ``limit`` of them after the batch ``after``;
+        and whether more follow."""
         with db.reading(self.engine) as conn:
-            stmt = select(batches)
+            stmt = select(batches).where(_owned(batches, caller))
             if after is not None:
                 cursor = conn.execute(
-                    select(batches.c.created_at, batches.c.id).where(batches.c.id == after)
+                    select(batches.c.created_at, batches.c.id).where(
+                        batches.c.id == after, _owned(batches, caller)
+                    )
                 ).first()
                 if cursor is None:
                     raise NotFound("batch", after, param="after")
@@ -277,13 +345,15 @@ class BatchStore:
             rows = conn.execute(stmt.limit(limit + 1)).all()
             return self._batch_objects(conn, rows[:limit]), len(rows) > limit
 
-    def cancel(self, batch_id: str, now: float | None = None) -> BatchObject:
+    def cancel(self, caller: Principal, batch_id: str, now: float | None = None) -> BatchObject:
         """Stop a batch: its queued requests are cancelled now; it becomes ``cancelled``
         once no replica runs one of its requests (those answers still count)."""
         at = _now(now)
         with db.writing(self.engine) as conn:
             status = conn.execute(
-                select(batches.c.status).where(batches.c.id == batch_id).with_for_update()
+                select(batches.c.status)
+                .where(batches.c.id == batch_id, _owned(batches, caller))
+                .with_for_update()
             ).scalar()
             if status is None:
                 raise NotFound("batch", batch_id)
@@ -309,8 +379,8 @@ class BatchStore:
                     )
                 )
         with db.writing(self.engine) as conn:
-            finalize.close(conn, batch_id, at)
-        return self.get_batch(batch_id)
+            finalize.close(conn, batch_id, at, self.retention_s)
+        return self.get_batch(caller, batch_id)
 
     def finalize(self, now: float | None = None) -> list[tuple[str, str]]:
         """Close every batch that can be: write its output and error files and set its
@@ -323,10 +393,34 @@ class BatchStore:
         closed: list[tuple[str, str]] = []
         for batch_id in candidates:
             with db.writing(self.engine) as conn:
-                status = finalize.close(conn, batch_id, at)
+                status = finalize.close(conn, batch_id, at, self.retention_s)
             if status is not None:
                 closed.append((batch_id, status))
         return closed
+
+    def sweep(self, now: float | None = None) -> Swept:
+        """Delete what retention says is due: finished batches' requests and result files
+        past their ``purge_at``, then files past their ``expires_at`` that no running batch
+        reads (with the prompts of the finished batches made from them). Accepted work is
+        never deleted: an unfinished batch and its input file are kept until it ends. Run
+        it periodically, from any replica; each chunk is its own short transaction."""
+        at = _now(now)
+        purged = deleted = 0
+        while True:
+            with db.reading(self.engine) as conn:
+                due = retention.purgeable_batches(conn, at)
+            for batch_id in due:
+                with db.writing(self.engine) as conn:
+                    purged += retention.purge_batch(conn, batch_id)
+            if len(due) < retention.SWEEP_CHUNK:
+                break
+        while True:
+            with db.writing(self.engine) as conn:
+                expired = retention.expired_files(conn, at)
+                deleted += retention.delete_files(conn, expired)
+            if len(expired) < retention.SWEEP_CHUNK:
+                break
+        return Swept(deleted, purged)
 
     # ---- the queue -----------------------------------------------------------------
 
@@ -422,8 +516,13 @@ class BatchStore:
 
     # ---- helpers -------------------------------------------------------------------
 
-    def _file(self, conn: Connection, file_id: str, param: str | None = None) -> FileObject:
-        row = conn.execute(select(*_FILE_COLUMNS).where(files.c.id == file_id)).first()
+    def _file(
+        self, conn: Connection, caller: Principal, file_id: str, param: str | None = None
+    ) -> FileObject:
+        """``caller``'s file ``file_id``; another tenant's is NotFound, as a missing one."""
+        row = conn.execute(
+            select(*_FILE_COLUMNS).where(files.c.id == file_id, _owned(files, caller))
+        ).first()
         if row is None:
             raise NotFound("file", file_id, param=param)
         return _file_object(row)
@@ -441,6 +540,7 @@ _FILE_COLUMNS = (
     files.c.filename,
     files.c.bytes,
     files.c.created_at,
+    files.c.expires_at,
 )
 _TIMESTAMPS = (
     "in_progress_at",
@@ -453,6 +553,11 @@ _TIMESTAMPS = (
 )
 
 
+def _owned(table: Any, caller: Principal) -> Any:
+    """The rows of ``table`` that belong to ``caller``'s tenant."""
+    return table.c.owner == caller.owner
+
+
 def _now(now: float | None) -> float:
     return time.time() if now is None else now
 
@@ -463,7 +568,10 @@ def _before(created: Any, ident: Any, cursor: Any) -> Any:
 
 
 def _file_object(row: Any) -> FileObject:
-    return FileObject(row.id, row.purpose, row.filename, int(row.bytes), float(row.created_at))
+    expires = None if row.expires_at is None else float(row.expires_at)
+    return FileObject(
+        row.id, row.purpose, row.filename, int(row.bytes), float(row.created_at), expires
+    )
 
 
 def _batch_object(row: Any, live: RequestCounts | None) -> BatchObject:

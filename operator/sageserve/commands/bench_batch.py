@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sageserve.batch.store import BatchStore
+from sageserve.route.identity import ANONYMOUS
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -94,9 +95,9 @@ def bench_store(store: BatchStore, requests: int, workers: int, claim_size: int)
     model = f"bench-{uuid.uuid4().hex[:12]}"
     content = input_file(model, requests)
     t0 = time.perf_counter()
-    upload = store.create_file(content, "bench.jsonl")
+    upload = store.create_file(ANONYMOUS, content, "bench.jsonl")
     batch = store.create_batch(
-        upload.id, ENDPOINT, "24h", None, lambda m: "batch" if m == model else None
+        ANONYMOUS, upload.id, ENDPOINT, "24h", None, lambda m: "batch" if m == model else None
     )
     accepted_s = time.perf_counter() - t0
     if batch.request_counts.failed:

@@ -81,6 +81,13 @@ def router_command(
     max_upload_bytes: Annotated[
         int, typer.Option(help="Larger Batch API input files are refused with 413.")
     ] = 100 * 1024 * 1024,
+    batch_retention_seconds: Annotated[
+        float,
+        typer.Option(
+            help="How long Batch API files, and a finished batch's requests and results, are "
+            "kept when the client sets no expires_after (OpenAI's bounds: 3600 to 2592000)."
+        ),
+    ] = 30 * 86400.0,
     batch_lease_seconds: Annotated[
         float,
         typer.Option(
@@ -164,7 +171,16 @@ def router_command(
         chosen_picker, anticipators = fleet_picker(picker), PodAnticipators(predictor)
     except (ValueError, KeyError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    store = None if batch_db == "off" else BatchStore.open(batch_db)
+    if not 3600 <= batch_retention_seconds <= 30 * 86400:
+        raise typer.BadParameter(
+            f"--batch-retention-seconds {batch_retention_seconds:g}: use 3600 (1 hour) to "
+            "2592000 (30 days), OpenAI's bounds on expires_after"
+        )
+    store = (
+        None
+        if batch_db == "off"
+        else BatchStore.open(batch_db, retention_s=batch_retention_seconds)
+    )
     owner = replica or f"{socket.gethostname()}-{os.getpid()}"
 
     async def main() -> None:
@@ -195,6 +211,7 @@ def router_command(
                 fleet.batch_tier,
                 deadlines=lambda tier: (fleet.batch_tiers().get(tier) or TierMatch("")).deadline_s,
                 max_upload_bytes=max_upload_bytes,
+                body_timeout_s=body_timeout_seconds,
                 accepted=releaser.accepted,
             ).add_routes
 

@@ -13,7 +13,9 @@ router's own EMU estimate (Prometheus' reading corrected by what was sent since,
 release raises the estimate at once and the rule limits itself). A claim is a lease
 renewed while the request runs; a replica killed mid-request loses nothing: its leases
 lapse and another replica (or its restart) claims the requests again; `complete` counts
-each request once.
+each request once. Every `sweep_s` the replica also deletes what retention says is due
+(`BatchStore.sweep`: expired files, finished batches' requests and results; never an
+unfinished batch's work).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sageserve.batch.limits import too_deep
 from sageserve.batch.objects import BatchObject, ClaimedRequest
 from sageserve.batch.store import BatchStore
 from sageserve.route.identity import Principal
@@ -48,6 +51,8 @@ class ReleaseConfig:
     finalize_s: float = 5.0
     #: at most this many promoted (aged) requests released per signal
     aged_per_signal: int = 16
+    #: how often expired files and finished batches past their retention are deleted
+    sweep_s: float = 60.0
 
 
 class BatchReleaser:
@@ -74,6 +79,7 @@ class BatchReleaser:
         """Signal, release, renew and finalize until cancelled."""
         renewer = asyncio.create_task(self._renew_forever())
         finalizer = asyncio.create_task(self._finalize_forever())
+        sweeper = asyncio.create_task(self._sweep_forever())
         try:
             while True:
                 try:
@@ -86,6 +92,7 @@ class BatchReleaser:
         finally:
             renewer.cancel()
             finalizer.cancel()
+            sweeper.cancel()
             for task in self.running.values():
                 task.cancel()
 
@@ -148,7 +155,7 @@ class BatchReleaser:
         """Count a new batch's tokens as batch load received, per model deployment and tier
         (`sageserve_batch_accepted_tokens_total`): the plan's β is 10 % of the batch load
         received in the last hour (SageServe §6.3), not of what the troughs let through."""
-        content = await asyncio.to_thread(self.store.file_content, batch.input_file_id)
+        content = await asyncio.to_thread(self.store.file_content, caller, batch.input_file_id)
         for (model, tier), tokens in accepted_tokens(
             content, lambda m: self.fleet.batch_tier(m, caller)
         ).items():
@@ -193,6 +200,20 @@ class BatchReleaser:
                 log.exception("finalizing batches failed")
             await asyncio.sleep(self.config.finalize_s)
 
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                swept = await asyncio.to_thread(self.store.sweep)
+                if swept.files or swept.batches:
+                    log.info(
+                        "retention deleted %d files and the requests of %d batches",
+                        swept.files,
+                        swept.batches,
+                    )
+            except Exception:
+                log.exception("sweeping expired batch data failed")
+            await asyncio.sleep(self.config.sweep_s)
+
 
 def accepted_tokens(
     content: bytes, batch_tier: Callable[[str], str | None]
@@ -201,9 +222,11 @@ def accepted_tokens(
     model, batch tier) of a Batch API input file's runnable lines."""
     out: dict[tuple[str, str], float] = {}
     for raw in content.splitlines():
+        if too_deep(raw):
+            continue  # an error line of the batch (jsonl.py), never decoded
         try:
             body = json.loads(raw).get("body")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
             continue
         model = body.get("model") if isinstance(body, dict) else None
         tier = batch_tier(model) if isinstance(model, str) else None
