@@ -45,6 +45,11 @@ from sageserve.batch.api import PRINCIPAL
 from sageserve.route.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
 from sageserve.route.instance_picker import Arrival
 from sageserve.route.queue_manager import release_count
+from sageserve.route.request_check import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    output_budget,
+    request_problem,
+)
 from sageserve.route.tiers import TIER_HEADER
 from sageserve.router.anticipate import Ticket, client_id
 from sageserve.router.ejection import Ejections
@@ -59,9 +64,6 @@ log = logging.getLogger("sageserve.router")
 REGION_HEADER = "x-sageserve-region"
 #: The pod that answered, on every proxied answer (which pod the in-region picker chose).
 POD_HEADER = "x-sageserve-pod"
-#: Token budget assumed for a request without `max_tokens` (vLLM's default is up to the
-#: context; a fixed estimate keeps the in-flight accounting bounded).
-DEFAULT_MAX_TOKENS = 256
 #: Paths answered before discovery has listed the cluster (probes and metrics), and
 #: without an API key.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -96,6 +98,9 @@ class RouterConfig:
     stall_timeout_seconds: float = 60.0
     #: A pod that failed before the first byte gets no new request for this long.
     eject_seconds: float = 30.0
+    #: The most output tokens (`max_tokens`, `max_completion_tokens`) one request may ask
+    #: for; more is a 400 before anything is counted (`route.request_check`).
+    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
 
 
 def openai_error(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
@@ -104,16 +109,17 @@ def openai_error(status: int, message: str, type_: str, param: str | None = None
     return web.json_response(body, status=status)
 
 
-def estimated_tokens(body: dict[str, Any]) -> tuple[float, float]:
-    """(prompt, prompt + output budget) in tokens: prompt characters ÷ 4 and `max_tokens`,
-    the router's estimate of a request's work before the pod reports it."""
+def estimated_tokens(
+    body: dict[str, Any], max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+) -> tuple[float, float]:
+    """(prompt, prompt + output budget) in tokens: prompt characters ÷ 4, and `max_tokens`
+    times the choices generated (`n`, `best_of`): the router's estimate of a request's
+    work before the pod reports it. Finite and bounded whatever the body says
+    (`route.request_check.output_budget`), since EMU, the spill ledger and the batch
+    plan add it up."""
     prompt = body.get("prompt") or body.get("messages") or ""
     chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
-    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
-    try:
-        budget = float(max_tokens)
-    except (TypeError, ValueError):
-        budget = DEFAULT_MAX_TOKENS
+    budget = output_budget(body, max_output_tokens)
     return chars / 4.0, chars / 4.0 + budget
 
 
@@ -271,14 +277,17 @@ class Router:
             return response
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return openai_error(400, f"the body is not JSON: {exc}", "invalid_request_error")
+        except (ValueError, RecursionError) as exc:
+            # JSONDecodeError and UnicodeDecodeError are ValueErrors, as is an integer
+            # past Python's 4,300 digits; nesting past the reader's depth is RecursionError
+            reason = str(exc) or type(exc).__name__
+            return openai_error(400, f"the body is not JSON: {reason}", "invalid_request_error")
         if not isinstance(body, dict):
             return openai_error(400, "the body must be a JSON object", "invalid_request_error")
-        if not isinstance(body.get("model"), str) or not body["model"]:
-            return openai_error(
-                400, "model: required, the name of a served model", "invalid_request_error", "model"
-            )
+        chat = request.path.endswith("/chat/completions")
+        problem = request_problem(body, chat, self.config.max_output_tokens)
+        if problem is not None:
+            return openai_error(400, problem.message, "invalid_request_error", problem.param)
         return body
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
@@ -309,7 +318,7 @@ class Router:
         if isinstance(tier, Refusal):
             return refusal_response(tier)
         home = request.headers.get(REGION_HEADER) or self.config.home_region
-        _, tokens = estimated_tokens(body)
+        _, tokens = estimated_tokens(body, self.config.max_output_tokens)
         region = await self._region_or_hold(model, home, tokens)
         if region is None:
             self.metrics.count(model, home or "", tier, 503)
@@ -464,7 +473,7 @@ class Router:
         whole. None when every pod tried failed before answering (the caller requeues)."""
         assert self.session is not None
         started = time.monotonic()
-        prompt, tokens = estimated_tokens(body)
+        prompt, tokens = estimated_tokens(body, self.config.max_output_tokens)
         body = {**body, "stream": False}
         user = body.get("user")
         client = client_id(str(user) if user else None)
@@ -575,7 +584,7 @@ class Router:
         self.metrics.count(model, backend.region, tier, upstream.status)
         self.metrics.e2e(model, backend.region, tier, elapsed)
         if upstream.status < 400:
-            prompt, total = estimated_tokens(body)
+            prompt, total = estimated_tokens(body, self.config.max_output_tokens)
             done = max(events - 1, 0)  # the last event of a stream is [DONE]
             used = answered_tokens(tail, done, prompt, total)
             self.metrics.served(model, backend.region, tier, used)
