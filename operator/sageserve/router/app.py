@@ -54,7 +54,7 @@ from sageserve.route.tiers import TIER_HEADER
 from sageserve.router.anticipate import Ticket, client_id
 from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
-from sageserve.router.metrics import RouterMetrics
+from sageserve.router.metrics import LIMIT_HELD_REQUESTS, LIMIT_INFLIGHT_BYTES, RouterMetrics
 from sageserve.router.pool import Lease, PoolSwitcher, PoolSwitchFailed
 from sageserve.router.usage import TAIL_BYTES, answered_tokens, reported_completion
 
@@ -101,12 +101,58 @@ class RouterConfig:
     #: The most output tokens (`max_tokens`, `max_completion_tokens`) one request may ask
     #: for; more is a 400 before anything is counted (`route.request_check`).
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    #: Requests waiting for a model with no ready pod, at most; past it 429 (a held
+    #: request keeps its body and a connection until a pod comes or the hold runs out).
+    max_held_requests: int = 1000
+    #: Bytes of request bodies the router has at once (being read, held or forwarded);
+    #: past it 429 before the body is read. A body of unknown length (chunked) counts as
+    #: `max_body_bytes` until it has been read.
+    max_inflight_bytes: int = 256 * 1024 * 1024
 
 
-def openai_error(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
+def openai_error(
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+) -> web.Response:
     """An error shaped as the OpenAI API shapes them."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": None}}
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return web.json_response(body, status=status)
+
+
+#: Seconds a client is asked to wait after a 429 for in-flight bytes (bodies come and go
+#: in seconds; a held request waits for a model to start, `retry_after_seconds`).
+BUSY_RETRY_AFTER_SECONDS = 5
+
+
+@dataclass
+class ByteBudget:
+    """Bytes of request bodies the router has at once, against a limit: each request
+    claims its declared length before its body is read and gives it back when answered,
+    so a burst of large bodies costs at most the limit, not the burst."""
+
+    limit: int
+    used: int = 0
+
+    def claim(self, size: int) -> ByteClaim | None:
+        """`size` bytes claimed, or None when they would pass the limit."""
+        if self.used + size > self.limit:
+            return None
+        self.used += size
+        return ByteClaim(self, size)
+
+
+@dataclass
+class ByteClaim:
+    budget: ByteBudget
+    size: int
+
+    def resize(self, size: int) -> None:
+        """The body turned out `size` bytes (a chunked body, claimed at the most)."""
+        self.budget.used += size - self.size
+        self.size = size
+
+    def release(self) -> None:
+        self.budget.used -= self.size
+        self.size = 0
 
 
 def estimated_tokens(
@@ -162,6 +208,11 @@ class Router:
         self.ejected = Ejections(config.eject_seconds)
         #: request-level switching of pooled models (None: the router serves no pool)
         self.pools: PoolSwitcher | None = None
+        #: request bodies the router has (`max_inflight_bytes`), requests held
+        #: (`max_held_requests`)
+        self.body_bytes = ByteBudget(config.max_inflight_bytes)
+        self.held = 0
+        metrics.body_bytes(lambda: self.body_bytes.used)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -253,6 +304,8 @@ class Router:
         tell the client to go on (aiohttp's default handler, which checks nothing)."""
         if self._declared_too_large(request):
             return self._too_large()
+        if self.body_bytes.used + (request.content_length or 0) > self.body_bytes.limit:
+            return self._over_bytes()  # claimed by the handler; a polite client sends nothing
         expect = request.headers.get("Expect", "").lower()
         if request.version == HttpVersion11 and expect == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -260,7 +313,35 @@ class Router:
             return openai_error(417, f"unknown Expect: {expect}", "invalid_request_error")
         return None
 
-    async def _parse(self, request: web.Request) -> dict[str, Any] | web.Response:
+    def _busy(self, limit: str, message: str, retry_after: int) -> web.Response:
+        """429 for a router at one of its limits (a client should come back, not give up):
+        OpenAI's shape, the limit named in `code`, counted by limit."""
+        self.metrics.refused(limit)
+        response = openai_error(429, message, "rate_limit_error", None, limit)
+        response.headers["Retry-After"] = str(retry_after)
+        return response
+
+    def _claim_body(self, request: web.Request) -> ByteClaim | web.Response:
+        """The body's bytes claimed before it is read (its declared length, else the most
+        a body may be), or 429 with the body unread (thrown away, then closed)."""
+        declared = request.content_length
+        size = declared if declared is not None else self.config.max_body_bytes
+        claim = self.body_bytes.claim(size)
+        return claim if claim is not None else self._over_bytes()
+
+    def _over_bytes(self) -> web.Response:
+        response = self._busy(
+            LIMIT_INFLIGHT_BYTES,
+            f"the router has {self.body_bytes.used} bytes of requests in flight, its limit "
+            f"is {self.config.max_inflight_bytes} (--max-inflight-bytes); retry shortly",
+            BUSY_RETRY_AFTER_SECONDS,
+        )
+        response.force_close()
+        return response
+
+    async def _parse(
+        self, request: web.Request, claim: ByteClaim | None = None
+    ) -> dict[str, Any] | web.Response:
         if self._declared_too_large(request):
             return self._too_large()  # not a byte of it read; the rest is thrown away
         try:
@@ -275,6 +356,8 @@ class Router:
             )
             response.force_close()
             return response
+        if claim is not None:
+            claim.resize(len(raw))
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -291,8 +374,38 @@ class Router:
         return body
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
+        if self._declared_too_large(request):
+            return self._too_large()  # 413 before 429: waiting would not help it
+        claim = self._claim_body(request)
+        if isinstance(claim, web.Response):
+            return claim
+        try:
+            return await self._forward(request, claim)
+        finally:
+            claim.release()
+
+    def _home(self, request: web.Request, model: ModelRoute) -> str | web.Response | None:
+        """The client's home region: the region header when the model is served there
+        (400 naming the model's regions otherwise: a region is a label of the router's
+        metrics and a key of its spill ledger, so it comes from the configured set, never
+        from the client's text), else the router's own."""
+        header = request.headers.get(REGION_HEADER)
+        if not header:
+            return self.config.home_region
+        if header in model.regions:
+            return header
+        shown = header if len(header) <= 64 else header[:61] + "..."
+        return openai_error(
+            400,
+            f"{REGION_HEADER}: {shown!r} is not a region {model.served_name} is served in; "
+            f"use one of {', '.join(model.regions) or 'none yet'}, or send none",
+            "invalid_request_error",
+            REGION_HEADER,
+        )
+
+    async def _forward(self, request: web.Request, claim: ByteClaim) -> web.StreamResponse:
         started = time.monotonic()
-        parsed = await self._parse(request)
+        parsed = await self._parse(request, claim)
         if isinstance(parsed, web.Response):
             return parsed
         body = parsed
@@ -317,11 +430,15 @@ class Router:
         )
         if isinstance(tier, Refusal):
             return refusal_response(tier)
-        home = request.headers.get(REGION_HEADER) or self.config.home_region
+        home = self._home(request, model)
+        if isinstance(home, web.Response):
+            return home
         _, tokens = estimated_tokens(body, self.config.max_output_tokens)
         region = await self._region_or_hold(model, home, tokens)
+        if isinstance(region, web.Response):
+            return region
         if region is None:
-            self.metrics.count(model, home or "", tier, 503)
+            self.metrics.count(model, self._held_region(model, home), tier, 503)
             return web.json_response(
                 {
                     "error": {
@@ -357,23 +474,43 @@ class Router:
                 except TimeoutError:
                     return
 
+    @staticmethod
+    def _held_region(model: ModelRoute, home: str | None) -> str:
+        """The region a held request's demand is published for: home when the model is
+        served there, else the model's first region."""
+        if home in model.regions:
+            return str(home)
+        return model.regions[0] if model.regions else ""
+
     async def _region_or_hold(
         self, model: ModelRoute, home: str | None, tokens: float
-    ) -> str | None:
-        """A region with a ready pod, waiting (bounded) while the model comes from zero."""
+    ) -> str | web.Response | None:
+        """A region with a ready pod, waiting (bounded) while the model comes from zero;
+        429 when `max_held_requests` already wait (each holds its body and connection)."""
         region = self.fleet.choose_region(model, home, tokens)
         if region is not None:
             return region
-        held = home if home in model.regions else model.regions[0]
+        if self.held >= self.config.max_held_requests:
+            return self._busy(
+                LIMIT_HELD_REQUESTS,
+                f"{self.held} requests already wait for models to start, the router's limit "
+                f"(--max-held-requests {self.config.max_held_requests}); "
+                f"{model.served_name} is being started, retry later",
+                self.config.retry_after_seconds,
+            )
         deadline = time.monotonic() + self.config.hold_seconds
-        with self.metrics.holding(model, held):
-            while region is None and time.monotonic() < deadline:
-                waiter = self.fleet.changed
-                try:
-                    await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
-                except TimeoutError:
-                    break
-                region = self.fleet.choose_region(model, home, tokens)
+        self.held += 1
+        try:
+            with self.metrics.holding(model, self._held_region(model, home)):
+                while region is None and time.monotonic() < deadline:
+                    waiter = self.fleet.changed
+                    try:
+                        await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
+                    except TimeoutError:
+                        break
+                    region = self.fleet.choose_region(model, home, tokens)
+        finally:
+            self.held -= 1
         return region
 
     async def _send(
