@@ -4,13 +4,17 @@ Why aiohttp: one well-kept library gives both the server (streamed responses, a 
 body limit enforced while reading, cancellation when the client goes away) and the client
 that forwards to vLLM, on one event loop; it is already in the dependency tree.
 
-Per request: the body is read up to `max_body_bytes` (413 past it) and must be JSON with a
-`model` (400 naming the field otherwise); the model must be one a ModelDeployment serves
-(404); its tier comes from `route.tiers` (400 naming the allowed tiers); the region and pod
-from `Fleet` (the `route/` functions). A model with no ready pod anywhere is *held*: the
+Per request: the body's bytes are claimed against `max_inflight_bytes` (429 past it,
+before it is read), it is read up to `max_body_bytes` (413 past it) and must be JSON whose
+numbers and options pass `route.request_check` (400 naming the field otherwise, before
+anything is counted); the model must be one a ModelDeployment serves (404); its tier comes
+from `route.identity` (400 naming the allowed tiers); the region header must name one of
+the model's regions (400); the region and pod from `Fleet` (the `route/` functions). A
+model with no ready pod anywhere is *held* (at most `max_held_requests`, 429 past it): the
 request waits (bounded) while `sageserve_router_held_requests` tells the operator that
 demand waits, and the decision step scales that endpoint from zero; when the wait runs out
-the client gets 503 with Retry-After. A pod that fails before the first byte is retried
+the client gets 503 with Retry-After. Every metric label comes from discovery's sets or a
+fixed enum, never from a request's text. A pod that fails before the first byte is retried
 once on another pod (and gets no new request for `eject_seconds`); after it, a streaming
 client gets an error event. Requests go only to pods discovered in the cluster, never to a
 host taken from the request.
