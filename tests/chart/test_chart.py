@@ -221,6 +221,9 @@ def router_cli_params(args: list[str]) -> dict[str, Any]:
                 "router.backendUrl=http://{pod}.{namespace}.svc:{port}",
                 "router.maxBodyBytes=1048576",
                 "router.holdSeconds=30",
+                "router.maxHeldRequests=50",
+                "router.maxInflightBytes=67108864",
+                "router.maxOutputTokens=8192",
                 "router.port=9000",
                 "router.replicaCount=3",
             ],
@@ -265,10 +268,16 @@ def test_the_router_renders_hardened_like_the_operator(
         assert params["region"] == "us-east"
         assert params["backend_url"] == "http://{pod}.{namespace}.svc:{port}"
         assert params["max_body_bytes"] == 1048576 and params["hold_seconds"] == 30.0
+        assert params["max_held_requests"] == 50
+        assert params["max_inflight_bytes"] == 64 * 1024 * 1024
+        assert params["max_output_tokens"] == 8192
     else:
         assert params["region"] is None
         assert params["backend_url"] == "http://{pod_ip}:{port}"
         assert params["max_body_bytes"] == 8 * 1024 * 1024 and params["hold_seconds"] == 120.0
+        assert params["max_held_requests"] == 1000
+        assert params["max_inflight_bytes"] == 256 * 1024 * 1024
+        assert params["max_output_tokens"] == 131072
 
     # its own ServiceAccount, a Service 80 -> http, a PodDisruptionBudget of its pods only
     [account] = by_kind(router_docs(docs), "ServiceAccount")

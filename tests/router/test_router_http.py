@@ -74,7 +74,7 @@ def run(
         runners, stand_ins, backends = [], {}, []
         for name, (region, fail) in pods.items():
             pod = Pod(name, fail)
-            app = web.Application()
+            app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_post("/v1/completions", pod.completions)
             app.router.add_post("/v1/chat/completions", pod.completions)
             runner, port = await start(app)

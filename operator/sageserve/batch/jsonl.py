@@ -189,4 +189,11 @@ def _request_problem(number: int, obj: dict[str, Any], endpoint: str) -> tuple[s
             f"line {number}: body.stream must be false or absent: batch results are "
             "written whole to the output file",
         )
+    # the router's rule, so a line is refused for what a request would be refused for
+    # and no line's max_tokens or n reaches the plan unchecked
+    from sageserve.route.request_check import request_problem
+
+    problem = request_problem(body, chat=endpoint == "/v1/chat/completions")
+    if problem is not None:
+        return ("invalid_request", f"line {number}: body.{problem.message}")
     return None

@@ -41,6 +41,29 @@ def router_command(
     hold_seconds: Annotated[
         float, typer.Option(help="How long a request waits for a model coming from zero.")
     ] = 120.0,
+    max_held_requests: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Requests waiting for a model from zero, at most; past it 429 with Retry-After.",
+        ),
+    ] = 1000,
+    max_inflight_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Bytes of request bodies the router has at once (being read, held or "
+            "forwarded); past it 429 before the body is read.",
+        ),
+    ] = 256 * 1024 * 1024,
+    max_output_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="The most max_tokens / max_completion_tokens one request may ask for "
+            "(400 past it).",
+        ),
+    ] = 131_072,
     load_refresh_seconds: Annotated[
         float, typer.Option(help="How often per-pod KV usage is read from Prometheus.")
     ] = 2.0,
@@ -158,6 +181,9 @@ def router_command(
     config = RouterConfig(
         max_body_bytes=max_body_bytes,
         hold_seconds=hold_seconds,
+        max_held_requests=max_held_requests,
+        max_inflight_bytes=max_inflight_bytes,
+        max_output_tokens=max_output_tokens,
         home_region=region,
         idle_timeout_seconds=idle_timeout_seconds,
         body_timeout_seconds=body_timeout_seconds,

@@ -94,6 +94,10 @@ def make_predictor(name: str, **params: Any) -> LengthPredictor:
 
 # ---- client-quantile ------------------------------------------------------------------------
 
+#: clients whose history `client-quantile` keeps, the least recently seen forgotten first
+#: (a forgotten client borrows all clients' median again until it has `min_samples`)
+DEFAULT_MAX_CLIENTS = 10_000
+
 #: histogram buckets per doubling of the length: 2^(1/8) ≈ 9 % wide, so the median read
 #: from the histogram is within ±4.5 % of the sample median
 _PER_OCTAVE = 8
@@ -135,35 +139,57 @@ class _LogHistogram:
 class ClientQuantilePredictor:
     """Per client (API key): the `quantile` of its past output lengths (PreServe §4.2's
     request load predictor without prompt text: a client's own history is the best cheap
-    evidence of how long its answers run)."""
+    evidence of how long its answers run).
+
+    At most `max_clients` histograms, the least recently seen client's forgotten first:
+    the router's clients are API keys and `user` strings, which a caller can invent by
+    the thousand, and each costs a histogram."""
 
     name = "client-quantile"
 
     def __init__(
-        self, quantile: float = 0.5, min_samples: int = 16, cold_start_tokens: int = 256
+        self,
+        quantile: float = 0.5,
+        min_samples: int = 16,
+        cold_start_tokens: int = 256,
+        max_clients: int = DEFAULT_MAX_CLIENTS,
     ) -> None:
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1), got {quantile}")
         if cold_start_tokens < 1:
             raise ValueError(f"cold_start_tokens must be ≥ 1, got {cold_start_tokens}")
+        if max_clients < 1:
+            raise ValueError(f"max_clients must be ≥ 1, got {max_clients}")
         self.quantile = quantile
         self.min_samples = min_samples
         self.cold_start_tokens = cold_start_tokens
+        self.max_clients = max_clients
+        #: per client, in order of last use (a dict keeps insertion order: LRU by re-insert)
         self._clients: dict[int, _LogHistogram] = {}
         self._all = _LogHistogram()
 
+    @property
+    def clients(self) -> int:
+        """Clients whose history is kept (at most `max_clients`)."""
+        return len(self._clients)
+
     def predict(self, q: LengthQuery) -> int:
-        h = self._clients.get(q.client)
-        if h is not None and h.n >= self.min_samples:
-            return h.quantile(self.quantile)
+        h = self._clients.pop(q.client, None)
+        if h is not None:
+            self._clients[q.client] = h  # most recently used
+            if h.n >= self.min_samples:
+                return h.quantile(self.quantile)
         if self._all.n:
             return self._all.quantile(self.quantile)
         return self.cold_start_tokens
 
     def observe(self, client: int, prompt_tokens: int, output_tokens: int) -> None:
-        h = self._clients.get(client)
+        h = self._clients.pop(client, None)
         if h is None:
-            h = self._clients[client] = _LogHistogram()
+            h = _LogHistogram()
+        self._clients[client] = h
+        while len(self._clients) > self.max_clients:
+            del self._clients[next(iter(self._clients))]
         h.add(output_tokens)
         self._all.add(output_tokens)
 
@@ -336,6 +362,7 @@ def score(
 
 
 __all__ = [
+    "DEFAULT_MAX_CLIENTS",
     "DEFAULT_PREDICTOR",
     "ClientQuantilePredictor",
     "InputRegressionPredictor",

@@ -26,6 +26,10 @@ DEFAULT_ROUTE_THRESHOLD = 0.70
 #: Time constant of the ledger's memory: long enough to smooth bursts, short enough to
 #: follow the hour the plan was made for.
 DEFAULT_SPILL_MEMORY_S = 120.0
+#: (model, home region) pairs the ledger remembers, the least recently used forgotten
+#: first: a fleet has models × regions of them, far fewer; the cap only bounds a home
+#: that was not checked against the model's regions.
+DEFAULT_SPILL_KEYS = 10_000
 
 #: Planned share of a home region's demand that each other region serves
 #: (`Plan.spill[model][home]`).
@@ -59,17 +63,24 @@ def pick_region(
 class SpillLedger:
     """Tokens each (model, home region) sent to each region recently, decayed exponentially
     with time constant `memory_s`: the measured shares the plan's bounds are checked
-    against."""
+    against. At most `max_keys` (model, home) pairs, least recently used forgotten first
+    (a forgotten pair starts again with no history, as after a restart)."""
 
     memory_s: float = DEFAULT_SPILL_MEMORY_S
+    max_keys: int = DEFAULT_SPILL_KEYS
     _sent: dict[tuple[Hashable, str], tuple[float, dict[str, float]]] = field(default_factory=dict)
 
+    def __len__(self) -> int:
+        return len(self._sent)
+
     def _decayed(self, key: tuple[Hashable, str], t: float) -> dict[str, float]:
-        at, sent = self._sent.get(key, (t, {}))
+        at, sent = self._sent.pop(key, (t, {}))  # re-inserted last: most recently used
         if t > at:
             f = math.exp(-(t - at) / self.memory_s)
             sent = {r: v * f for r, v in sent.items()}
         self._sent[key] = (max(t, at), sent)
+        while len(self._sent) > self.max_keys:
+            del self._sent[next(iter(self._sent))]
         return sent
 
     def share(self, model: Hashable, home: str, region: str, t: float) -> float:

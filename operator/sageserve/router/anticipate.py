@@ -69,6 +69,9 @@ class PodAnticipators:
         self.predictor_name = predictor
         self._pods: dict[str, LoadAnticipator] = {}
         self._clock: dict[str, int] = {}
+        #: by served model name: bounded by the models served (a request names a model
+        #: discovery listed before it gets here); the clients within each predictor are
+        #: bounded by the predictor (`client-quantile`: `DEFAULT_MAX_CLIENTS`)
         self._predictors: dict[str, LengthPredictor] = {}
         self._next = 0
 

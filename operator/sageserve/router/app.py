@@ -4,13 +4,17 @@ Why aiohttp: one well-kept library gives both the server (streamed responses, a 
 body limit enforced while reading, cancellation when the client goes away) and the client
 that forwards to vLLM, on one event loop; it is already in the dependency tree.
 
-Per request: the body is read up to `max_body_bytes` (413 past it) and must be JSON with a
-`model` (400 naming the field otherwise); the model must be one a ModelDeployment serves
-(404); its tier comes from `route.tiers` (400 naming the allowed tiers); the region and pod
-from `Fleet` (the `route/` functions). A model with no ready pod anywhere is *held*: the
+Per request: the body's bytes are claimed against `max_inflight_bytes` (429 past it,
+before it is read), it is read up to `max_body_bytes` (413 past it) and must be JSON whose
+numbers and options pass `route.request_check` (400 naming the field otherwise, before
+anything is counted); the model must be one a ModelDeployment serves (404); its tier comes
+from `route.identity` (400 naming the allowed tiers); the region header must name one of
+the model's regions (400); the region and pod from `Fleet` (the `route/` functions). A
+model with no ready pod anywhere is *held* (at most `max_held_requests`, 429 past it): the
 request waits (bounded) while `sageserve_router_held_requests` tells the operator that
 demand waits, and the decision step scales that endpoint from zero; when the wait runs out
-the client gets 503 with Retry-After. A pod that fails before the first byte is retried
+the client gets 503 with Retry-After. Every metric label comes from discovery's sets or a
+fixed enum, never from a request's text. A pod that fails before the first byte is retried
 once on another pod (and gets no new request for `eject_seconds`); after it, a streaming
 client gets an error event. Requests go only to pods discovered in the cluster, never to a
 host taken from the request.
@@ -45,12 +49,17 @@ from sageserve.batch.api import PRINCIPAL
 from sageserve.route.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
 from sageserve.route.instance_picker import Arrival
 from sageserve.route.queue_manager import release_count
+from sageserve.route.request_check import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    output_budget,
+    request_problem,
+)
 from sageserve.route.tiers import TIER_HEADER
 from sageserve.router.anticipate import Ticket, client_id
 from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.limits import TierLimits, add_rate_headers
-from sageserve.router.metrics import RouterMetrics
+from sageserve.router.metrics import LIMIT_HELD_REQUESTS, LIMIT_INFLIGHT_BYTES, RouterMetrics
 from sageserve.router.pool import Lease, PoolSwitcher, PoolSwitchFailed
 from sageserve.router.usage import TAIL_BYTES, answered_tokens, reported_completion
 
@@ -60,9 +69,6 @@ log = logging.getLogger("sageserve.router")
 REGION_HEADER = "x-sageserve-region"
 #: The pod that answered, on every proxied answer (which pod the in-region picker chose).
 POD_HEADER = "x-sageserve-pod"
-#: Token budget assumed for a request without `max_tokens` (vLLM's default is up to the
-#: context; a fixed estimate keeps the in-flight accounting bounded).
-DEFAULT_MAX_TOKENS = 256
 #: Paths answered before discovery has listed the cluster (probes and metrics), and
 #: without an API key.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -97,24 +103,74 @@ class RouterConfig:
     stall_timeout_seconds: float = 60.0
     #: A pod that failed before the first byte gets no new request for this long.
     eject_seconds: float = 30.0
+    #: The most output tokens (`max_tokens`, `max_completion_tokens`) one request may ask
+    #: for; more is a 400 before anything is counted (`route.request_check`).
+    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    #: Requests waiting for a model with no ready pod, at most; past it 429 (a held
+    #: request keeps its body and a connection until a pod comes or the hold runs out).
+    max_held_requests: int = 1000
+    #: Bytes of request bodies the router has at once (being read, held or forwarded);
+    #: past it 429 before the body is read. A body of unknown length (chunked) counts as
+    #: `max_body_bytes` until it has been read.
+    max_inflight_bytes: int = 256 * 1024 * 1024
 
 
-def openai_error(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
+def openai_error(
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+) -> web.Response:
     """An error shaped as the OpenAI API shapes them."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": None}}
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return web.json_response(body, status=status)
 
 
-def estimated_tokens(body: dict[str, Any]) -> tuple[float, float]:
-    """(prompt, prompt + output budget) in tokens: prompt characters ÷ 4 and `max_tokens`,
-    the router's estimate of a request's work before the pod reports it."""
+#: Seconds a client is asked to wait after a 429 for in-flight bytes (bodies come and go
+#: in seconds; a held request waits for a model to start, `retry_after_seconds`).
+BUSY_RETRY_AFTER_SECONDS = 5
+
+
+@dataclass
+class ByteBudget:
+    """Bytes of request bodies the router has at once, against a limit: each request
+    claims its declared length before its body is read and gives it back when answered,
+    so a burst of large bodies costs at most the limit, not the burst."""
+
+    limit: int
+    used: int = 0
+
+    def claim(self, size: int) -> ByteClaim | None:
+        """`size` bytes claimed, or None when they would pass the limit."""
+        if self.used + size > self.limit:
+            return None
+        self.used += size
+        return ByteClaim(self, size)
+
+
+@dataclass
+class ByteClaim:
+    budget: ByteBudget
+    size: int
+
+    def resize(self, size: int) -> None:
+        """The body turned out `size` bytes (a chunked body, claimed at the most)."""
+        self.budget.used += size - self.size
+        self.size = size
+
+    def release(self) -> None:
+        self.budget.used -= self.size
+        self.size = 0
+
+
+def estimated_tokens(
+    body: dict[str, Any], max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+) -> tuple[float, float]:
+    """(prompt, prompt + output budget) in tokens: prompt characters ÷ 4, and `max_tokens`
+    times the choices generated (`n`, `best_of`): the router's estimate of a request's
+    work before the pod reports it. Finite and bounded whatever the body says
+    (`route.request_check.output_budget`), since EMU, the spill ledger and the batch
+    plan add it up."""
     prompt = body.get("prompt") or body.get("messages") or ""
     chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
-    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
-    try:
-        budget = float(max_tokens)
-    except (TypeError, ValueError):
-        budget = DEFAULT_MAX_TOKENS
+    budget = output_budget(body, max_output_tokens)
     return chars / 4.0, chars / 4.0 + budget
 
 
@@ -160,6 +216,11 @@ class Router:
         self.pools: PoolSwitcher | None = None
         #: each tier's rate limits (WorkloadTier spec.limits), applied in `forward`
         self.limits = limits or TierLimits(fleet, metrics)
+        #: request bodies the router has (`max_inflight_bytes`), requests held
+        #: (`max_held_requests`)
+        self.body_bytes = ByteBudget(config.max_inflight_bytes)
+        self.held = 0
+        metrics.body_bytes(lambda: self.body_bytes.used)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -252,6 +313,8 @@ class Router:
         tell the client to go on (aiohttp's default handler, which checks nothing)."""
         if self._declared_too_large(request):
             return self._too_large()
+        if self.body_bytes.used + (request.content_length or 0) > self.body_bytes.limit:
+            return self._over_bytes()  # claimed by the handler; a polite client sends nothing
         expect = request.headers.get("Expect", "").lower()
         if request.version == HttpVersion11 and expect == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -259,7 +322,35 @@ class Router:
             return openai_error(417, f"unknown Expect: {expect}", "invalid_request_error")
         return None
 
-    async def _parse(self, request: web.Request) -> dict[str, Any] | web.Response:
+    def _busy(self, limit: str, message: str, retry_after: int) -> web.Response:
+        """429 for a router at one of its limits (a client should come back, not give up):
+        OpenAI's shape, the limit named in `code`, counted by limit."""
+        self.metrics.refused(limit)
+        response = openai_error(429, message, "rate_limit_error", None, limit)
+        response.headers["Retry-After"] = str(retry_after)
+        return response
+
+    def _claim_body(self, request: web.Request) -> ByteClaim | web.Response:
+        """The body's bytes claimed before it is read (its declared length, else the most
+        a body may be), or 429 with the body unread (thrown away, then closed)."""
+        declared = request.content_length
+        size = declared if declared is not None else self.config.max_body_bytes
+        claim = self.body_bytes.claim(size)
+        return claim if claim is not None else self._over_bytes()
+
+    def _over_bytes(self) -> web.Response:
+        response = self._busy(
+            LIMIT_INFLIGHT_BYTES,
+            f"the router has {self.body_bytes.used} bytes of requests in flight, its limit "
+            f"is {self.config.max_inflight_bytes} (--max-inflight-bytes); retry shortly",
+            BUSY_RETRY_AFTER_SECONDS,
+        )
+        response.force_close()
+        return response
+
+    async def _parse(
+        self, request: web.Request, claim: ByteClaim | None = None
+    ) -> dict[str, Any] | web.Response:
         if self._declared_too_large(request):
             return self._too_large()  # not a byte of it read; the rest is thrown away
         try:
@@ -274,21 +365,56 @@ class Router:
             )
             response.force_close()
             return response
+        if claim is not None:
+            claim.resize(len(raw))
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return openai_error(400, f"the body is not JSON: {exc}", "invalid_request_error")
+        except (ValueError, RecursionError) as exc:
+            # JSONDecodeError and UnicodeDecodeError are ValueErrors, as is an integer
+            # past Python's 4,300 digits; nesting past the reader's depth is RecursionError
+            reason = str(exc) or type(exc).__name__
+            return openai_error(400, f"the body is not JSON: {reason}", "invalid_request_error")
         if not isinstance(body, dict):
             return openai_error(400, "the body must be a JSON object", "invalid_request_error")
-        if not isinstance(body.get("model"), str) or not body["model"]:
-            return openai_error(
-                400, "model: required, the name of a served model", "invalid_request_error", "model"
-            )
+        chat = request.path.endswith("/chat/completions")
+        problem = request_problem(body, chat, self.config.max_output_tokens)
+        if problem is not None:
+            return openai_error(400, problem.message, "invalid_request_error", problem.param)
         return body
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
+        if self._declared_too_large(request):
+            return self._too_large()  # 413 before 429: waiting would not help it
+        claim = self._claim_body(request)
+        if isinstance(claim, web.Response):
+            return claim
+        try:
+            return await self._forward(request, claim)
+        finally:
+            claim.release()
+
+    def _home(self, request: web.Request, model: ModelRoute) -> str | web.Response | None:
+        """The client's home region: the region header when the model is served there
+        (400 naming the model's regions otherwise: a region is a label of the router's
+        metrics and a key of its spill ledger, so it comes from the configured set, never
+        from the client's text), else the router's own."""
+        header = request.headers.get(REGION_HEADER)
+        if not header:
+            return self.config.home_region
+        if header in model.regions:
+            return header
+        shown = header if len(header) <= 64 else header[:61] + "..."
+        return openai_error(
+            400,
+            f"{REGION_HEADER}: {shown!r} is not a region {model.served_name} is served in; "
+            f"use one of {', '.join(model.regions) or 'none yet'}, or send none",
+            "invalid_request_error",
+            REGION_HEADER,
+        )
+
+    async def _forward(self, request: web.Request, claim: ByteClaim) -> web.StreamResponse:
         started = time.monotonic()
-        parsed = await self._parse(request)
+        parsed = await self._parse(request, claim)
         if isinstance(parsed, web.Response):
             return parsed
         body = parsed
@@ -313,14 +439,18 @@ class Router:
         )
         if isinstance(tier, Refusal):
             return refusal_response(tier)
-        home = request.headers.get(REGION_HEADER) or self.config.home_region
-        _, tokens = estimated_tokens(body)
+        home = self._home(request, model)
+        if isinstance(home, web.Response):
+            return home
+        _, tokens = estimated_tokens(body, self.config.max_output_tokens)
         limited = self.limits.check(request, model, tier, principal, tokens)
         if limited is not None:
             return limited
         region = await self._region_or_hold(model, home, tokens)
+        if isinstance(region, web.Response):
+            return region
         if region is None:
-            self.metrics.count(model, home or "", tier, 503)
+            self.metrics.count(model, self._held_region(model, home), tier, 503)
             return web.json_response(
                 {
                     "error": {
@@ -356,23 +486,43 @@ class Router:
                 except TimeoutError:
                     return
 
+    @staticmethod
+    def _held_region(model: ModelRoute, home: str | None) -> str:
+        """The region a held request's demand is published for: home when the model is
+        served there, else the model's first region."""
+        if home in model.regions:
+            return str(home)
+        return model.regions[0] if model.regions else ""
+
     async def _region_or_hold(
         self, model: ModelRoute, home: str | None, tokens: float
-    ) -> str | None:
-        """A region with a ready pod, waiting (bounded) while the model comes from zero."""
+    ) -> str | web.Response | None:
+        """A region with a ready pod, waiting (bounded) while the model comes from zero;
+        429 when `max_held_requests` already wait (each holds its body and connection)."""
         region = self.fleet.choose_region(model, home, tokens)
         if region is not None:
             return region
-        held = home if home in model.regions else model.regions[0]
+        if self.held >= self.config.max_held_requests:
+            return self._busy(
+                LIMIT_HELD_REQUESTS,
+                f"{self.held} requests already wait for models to start, the router's limit "
+                f"(--max-held-requests {self.config.max_held_requests}); "
+                f"{model.served_name} is being started, retry later",
+                self.config.retry_after_seconds,
+            )
         deadline = time.monotonic() + self.config.hold_seconds
-        with self.metrics.holding(model, held):
-            while region is None and time.monotonic() < deadline:
-                waiter = self.fleet.changed
-                try:
-                    await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
-                except TimeoutError:
-                    break
-                region = self.fleet.choose_region(model, home, tokens)
+        self.held += 1
+        try:
+            with self.metrics.holding(model, self._held_region(model, home)):
+                while region is None and time.monotonic() < deadline:
+                    waiter = self.fleet.changed
+                    try:
+                        await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
+                    except TimeoutError:
+                        break
+                    region = self.fleet.choose_region(model, home, tokens)
+        finally:
+            self.held -= 1
         return region
 
     async def _send(
@@ -472,7 +622,7 @@ class Router:
         whole. None when every pod tried failed before answering (the caller requeues)."""
         assert self.session is not None
         started = time.monotonic()
-        prompt, tokens = estimated_tokens(body)
+        prompt, tokens = estimated_tokens(body, self.config.max_output_tokens)
         body = {**body, "stream": False}
         user = body.get("user")
         client = client_id(str(user) if user else None)
@@ -583,7 +733,7 @@ class Router:
         self.metrics.count(model, backend.region, tier, upstream.status)
         self.metrics.e2e(model, backend.region, tier, elapsed)
         if upstream.status < 400:
-            prompt, total = estimated_tokens(body)
+            prompt, total = estimated_tokens(body, self.config.max_output_tokens)
             done = max(events - 1, 0)  # the last event of a stream is [DONE]
             used = answered_tokens(tail, done, prompt, total)
             self.metrics.served(model, backend.region, tier, used)

@@ -11,7 +11,7 @@ ServiceMonitor sets).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -33,6 +33,19 @@ from sageserve.route.anticipator import projection_quantiles
 from sageserve.router.fleet import Fleet, ModelRoute
 
 ENDPOINT = ("namespace", "model_deployment", "region")
+#: The router's own limits a request can be refused at (`limit` of
+#: `sageserve_router_refused_requests_total`: a fixed set, never client text).
+LIMIT_HELD_REQUESTS = "max_held_requests"
+LIMIT_INFLIGHT_BYTES = "max_inflight_bytes"
+LIMITS = (LIMIT_HELD_REQUESTS, LIMIT_INFLIGHT_BYTES)
+
+
+def code_label(code: int) -> str:
+    """An HTTP status as a label value: 100-599, else "other" (a pod's answer is not the
+    router's to trust with a label either)."""
+    return str(code) if 100 <= code <= 599 else "other"
+
+
 #: Seconds per output token: PreServe's SLO is 0.2 s; a healthy 70B decode step is 20-80 ms.
 NORMALIZED_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -139,9 +152,33 @@ class RouterMetrics:
             list(ENDPOINT),
             registry=r,
         )
+        self.refusals = Counter(
+            "sageserve_router_refused_requests",
+            "Requests answered 429 because the router was at one of its limits "
+            "(max_held_requests, max_inflight_bytes)",
+            ["limit"],
+            registry=r,
+        )
+        for limit in LIMITS:  # both series exist from the start, at 0
+            self.refusals.labels(limit)
+        self.inflight_bytes = Gauge(
+            "sageserve_router_inflight_body_bytes",
+            "Bytes of request bodies the router has (being read, held or forwarded), "
+            "against --max-inflight-bytes",
+            registry=r,
+        )
 
     def count(self, m: ModelRoute, region: str, tier: str, code: int) -> None:
-        self.requests.labels(m.namespace, m.name, region, tier, str(code)).inc()
+        self.requests.labels(m.namespace, m.name, region, tier, code_label(code)).inc()
+
+    def refused(self, limit: str) -> None:
+        """A request refused at one of the router's `LIMITS`."""
+        assert limit in LIMITS, limit
+        self.refusals.labels(limit).inc()
+
+    def body_bytes(self, read: Callable[[], float]) -> None:
+        """Export the request-body bytes the router has, read at scrape time."""
+        self.inflight_bytes.set_function(read)
 
     def limited(self, namespace: str, tier: str, limit: str) -> None:
         """One request refused by a rate limit; `tier` is a tier discovery listed and
