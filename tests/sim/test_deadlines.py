@@ -14,6 +14,7 @@ from sageserve.sim.deadlines import (
     PendingWork,
     account,
     capacity_at_max,
+    describe,
     edf_feasible,
     totals,
 )
@@ -223,3 +224,37 @@ def test_the_engine_records_unfinished_batch_work_with_deadlines_and_capacity() 
     assert (niw_s["missed"], niw_s["queued_beyond_horizon"]) == (1, 0)
     assert niw_s["deadline_attainment"] == 0.0
     assert batch_totals(p)["misses"] == 1
+
+
+@pytest.mark.parametrize(
+    ("entries", "cells"),
+    [
+        ([], {"attainment": "-", "served": "-", "missed": "-", "waiting": "-"}),
+        (
+            [account(9, 1, [W(90)], 0, H, 10.0).as_dict()],
+            {"attainment": "81.82%", "served": "9", "missed": "2 (1 late)", "waiting": "0"},
+        ),
+        (
+            [account(3, 0, [W(80 + 7200, 10)], 0, H, 10.0).as_dict()],
+            {
+                "attainment": "100.00%",
+                "served": "3",
+                "missed": "0",
+                "waiting": "1 (due ≥ end+2.0 h, feasible at max)",
+            },
+        ),
+        (
+            [account(0, 0, [W(150, 1e6)], 0, H, 10.0).as_dict()],
+            {
+                "attainment": "-",
+                "served": "0",
+                "missed": "0",
+                "waiting": "1 (due ≥ end+0.0 h, INFEASIBLE at max)",
+            },
+        ),
+    ],
+)
+def test_the_printed_cells_say_attainment_misses_and_what_waits(
+    entries: list[dict[str, object]], cells: dict[str, str]
+) -> None:
+    assert describe(totals(entries), 80.0) == cells

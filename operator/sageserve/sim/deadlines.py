@@ -147,11 +147,13 @@ _COUNTS = ("served_by_deadline", "served_late", "missed", "queued_beyond_horizon
 
 def totals(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Batch tier × model entries of a summary (those with `served_by_deadline`) added up:
-    the counts summed, `misses` (served late + missed), the pooled deadline attainment,
-    the earliest pending deadline, and feasibility (False if any is infeasible, None if any
-    is unknown, else True). Empty input gives zero counts and None elsewhere."""
+    how many (`entries`), the counts summed, `misses` (served late + missed), the pooled
+    deadline attainment, the earliest pending deadline, and feasibility (False if any is
+    infeasible, None if any is unknown, else True). Empty input gives zero counts and None
+    elsewhere."""
     rows = [e for e in entries if "served_by_deadline" in e]
     out: dict[str, Any] = {k: sum(int(e[k]) for e in rows) for k in _COUNTS}
+    out["entries"] = len(rows)
     out["misses"] = out["served_late"] + out["missed"]
     known = out["served_by_deadline"] + out["misses"]
     out["deadline_attainment"] = out["served_by_deadline"] / known if known else None
@@ -162,3 +164,26 @@ def totals(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         None if not rows else False if False in feas else None if None in feas else True
     )
     return out
+
+
+def describe(t: Mapping[str, Any], end_s: float) -> dict[str, str]:
+    """Table cells of `totals` for people: the deadline attainment, served by the deadline,
+    the misses inside the horizon (how many of them late rather than unserved), and the
+    work queued beyond the horizon with its earliest deadline (hours after the window's end)
+    and whether the largest fleet could still meet it. "-" where there is no batch tier."""
+    if not t.get("entries"):
+        return dict.fromkeys(("attainment", "served", "missed", "waiting"), "-")
+    att = t["deadline_attainment"]
+    late = t["served_late"]
+    waiting = f"{t['queued_beyond_horizon']:,}"
+    if t["queued_beyond_horizon"]:
+        first = t["earliest_pending_deadline_s"]
+        feas = t["feasible_at_max"]
+        verdict = "feasible" if feas else "INFEASIBLE" if feas is False else "feasibility ?"
+        waiting += f" (due ≥ end+{(first - end_s) / 3600:.1f} h, {verdict} at max)"
+    return {
+        "attainment": f"{att:.2%}" if att is not None else "-",
+        "served": f"{t['served_by_deadline']:,}",
+        "missed": f"{t['misses']:,}" + (f" ({late:,} late)" if late else ""),
+        "waiting": waiting,
+    }
