@@ -21,9 +21,9 @@ from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_pol
 #: The batch deadline columns (`sim.deadlines.describe`): header -> cell key.
 NIW_COLUMNS = (
     ("NIW by deadline", "attainment"),
-    ("NIW served in time", "served"),
+    ("NIW in time", "served"),
     ("NIW missed", "missed"),
-    ("NIW queued beyond horizon", "waiting"),
+    ("NIW beyond horizon", "waiting"),
 )
 
 
@@ -36,13 +36,13 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
     batch = any(r.get("niw", {}).get("entries") for r in cmp.table)
     table = Table(title=title, box=box.SIMPLE_HEAD)
     for col in ("policy", "inst-h", "vs 1st", "GPU-h", "prov GPU-h", "spot GPU-h", "IW TTFT p95 s"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
+        table.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
     for t in tiers:
-        table.add_column(f"SLO {t}", justify="right")
+        table.add_column(f"SLO {t}", justify="right", no_wrap=True)
     for head, _ in NIW_COLUMNS if batch else ():
-        table.add_column(head, justify="right")
-    table.add_column("unfinished", justify="right")
-    table.add_column("scalings", justify="right")
+        table.add_column(head, justify="right", no_wrap=True)
+    table.add_column("unfinished", justify="right", no_wrap=True)
+    table.add_column("scalings", justify="right", no_wrap=True)
     for r in cmp.table:
         p95 = r["iw_ttft_p95_s"]
         cells = describe(r.get("niw", {}), end_s)
@@ -101,7 +101,7 @@ def simulate(
     }
     cmp.summary["policy_settings"] = list(settings or [])
     paths = write_outputs(out, cmp, report)
-    wide = console if console.is_terminal else Console(width=160)
+    wide = console if console.is_terminal else Console(width=240)
     wide.print(comparison_table(cmp, f"{sc.name}: {len(names)} policies"))
     wide.print(
         f"bounds: floor {bounds.floor_gpu_hours:,.1f} GPU-h (every endpoint at minInstances), "

@@ -179,8 +179,8 @@ def describe(t: Mapping[str, Any], end_s: float) -> dict[str, str]:
     if t["queued_beyond_horizon"]:
         first = t["earliest_pending_deadline_s"]
         feas = t["feasible_at_max"]
-        verdict = "feasible" if feas else "INFEASIBLE" if feas is False else "feasibility ?"
-        waiting += f" (due ≥ end+{(first - end_s) / 3600:.1f} h, {verdict} at max)"
+        verdict = "feasible" if feas else "INFEASIBLE" if feas is False else "feasible?"
+        waiting += f" (due ≥ end+{(first - end_s) / 3600:.1f}h, {verdict})"
     return {
         "attainment": f"{att:.2%}" if att is not None else "-",
         "served": f"{t['served_by_deadline']:,}",

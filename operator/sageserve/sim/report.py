@@ -191,9 +191,9 @@ def write_report(
         "norm. latency p99 s",
         "peak 5-min norm. s",
         "NIW by deadline",
-        "NIW served in time",
+        "NIW in time",
         "NIW missed",
-        "NIW queued beyond horizon",
+        "NIW beyond horizon",
         "unfinished",
         "refused",
     )
