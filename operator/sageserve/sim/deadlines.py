@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PendingWork:
     """One unfinished batch request: its absolute deadline (s) and the tokens it still
-    needs (prompt to recompute + output still to produce, θ's unit)."""
+    needs (prompt to recompute + output still to produce, θ's unit). Slotted: a fleet run
+    may end with hundreds of thousands of these."""
 
     deadline_s: float
     tokens: float
