@@ -13,6 +13,7 @@ from sageserve.compare.frontier import (
     Point,
     TargetStatus,
     at_target,
+    meets_batch_deadlines,
     pareto_front,
     saving,
 )
@@ -142,3 +143,32 @@ def test_saving(policy: AtTarget, baseline: AtTarget, text: str) -> None:
 def test_no_saving_between_two_bounds_or_without_a_number() -> None:
     assert saving(bound(90.0), bound(100.0)) is None
     assert saving(AtTarget(0.95, TargetStatus.UNREACHABLE, None), exact(100.0)) is None
+
+
+@pytest.mark.parametrize(
+    ("rows", "front"),
+    [
+        # the cheapest point reached its attainment by missing batch deadlines: off the front,
+        # and the next cheapest that meets them takes its place
+        ([("cheap", 90, 0.97, 12), ("a", 100, 0.95, 0), ("b", 120, 0.99, 0)], ["a", "b"]),
+        # a missing point no longer dominates: b, which it beat, is back on the front
+        ([("a", 100, 0.90, 0), ("m", 110, 0.99, 1), ("b", 150, 0.95, 0)], ["a", "b"]),
+        # served late counts as much as unserved: one miss is enough
+        ([("m", 100, 0.99, 1)], []),
+        # no misses: as before
+        ([("a", 100, 0.90, 0), ("b", 120, 0.95, 0)], ["a", "b"]),
+    ],
+)
+def test_a_point_that_misses_niw_deadlines_is_kept_off_the_frontier(
+    rows: list[tuple[str, float, float, int]], front: list[str]
+) -> None:
+    points = [Point(label, gpu, att, missed) for label, gpu, att, missed in rows]
+    assert labels(pareto_front(points)) == front
+    assert labels(meets_batch_deadlines(points)) == [r[0] for r in rows if r[3] == 0]
+
+
+def test_the_target_is_read_only_off_points_that_meet_niw_deadlines() -> None:
+    points = [Point("cheap", 80, 0.96, 3), Point("a", 100, 0.90, 0), Point("b", 140, 0.98, 0)]
+    at = at_target(pareto_front(points), 0.95)
+    assert at.status is TargetStatus.INTERPOLATED
+    assert at.gpu_hours == pytest.approx(125.0)  # between a and b, not "cheap"'s 80

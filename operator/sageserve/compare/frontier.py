@@ -8,6 +8,12 @@ points (no other point of the policy costs no more and attains at least as much)
 GPU-hours at a target read off that front. The earlier equal-SLO comparison did the same by
 hand (docs/policy-comparison.md): linear between the two runs that bracket the target.
 
+A point that misses a batch (NIW) deadline inside its horizon is kept off the front: its
+GPU-hours were bought by leaving batch work unserved, so placing it on the frontier would
+let a policy look cheaper for the same interactive attainment by breaking the other SLO
+SageServe serves (§6.3, the 24 h deadline; §7 compares policies that meet both). Batch work
+still queued with a deadline after the horizon is not a miss (`sim.deadlines`).
+
 Pure functions only, so the rules (ties, a single point, a target out of reach) are tested
 on tables.
 """
@@ -22,11 +28,13 @@ from enum import StrEnum
 
 @dataclass(frozen=True)
 class Point:
-    """One run: its label (the knob settings), GPU-hours and attainment (0..1)."""
+    """One run: its label (the knob settings), GPU-hours and attainment (0..1), and how
+    many batch deadlines inside the horizon it missed (served late or not served)."""
 
     label: str
     gpu_hours: float
     attainment: float
+    niw_missed: int = 0
 
 
 class TargetStatus(StrEnum):
@@ -77,8 +85,17 @@ def usable(points: Iterable[Point]) -> list[Point]:
     return [p for p in points if math.isfinite(p.attainment) and math.isfinite(p.gpu_hours)]
 
 
+def meets_batch_deadlines(points: Iterable[Point]) -> list[Point]:
+    """Points that missed no batch deadline inside their horizon: the only ones a frontier
+    may hold (see the module doc)."""
+    return [p for p in points if p.niw_missed <= 0]
+
+
 def pareto_front(points: Iterable[Point]) -> list[Point]:
     """The Pareto front, cheapest first: attainment rises strictly along it.
+
+    Only usable points that meet every batch deadline inside the horizon take part
+    (`meets_batch_deadlines`).
 
     A point is kept when no other point costs no more GPU-hours and attains at least as
     much. Ties: of points with equal GPU-hours the most attaining is kept; of identical
@@ -86,7 +103,9 @@ def pareto_front(points: Iterable[Point]) -> list[Point]:
     """
     front: list[Point] = []
     best = -math.inf
-    for p in sorted(usable(points), key=lambda p: (p.gpu_hours, -p.attainment, p.label)):
+    for p in sorted(
+        meets_batch_deadlines(usable(points)), key=lambda p: (p.gpu_hours, -p.attainment, p.label)
+    ):
         if p.attainment > best:
             front.append(p)
             best = p.attainment

@@ -14,11 +14,18 @@ Schema `sageserve.compare/v1` (fields are only added within v1):
                     "attainment", "gpu_hours", "provisioning_gpu_hours", "instance_hours",
                     "slo": {"<tier>": attainment}, "iw_ttft_p95_s", "unfinished", "refused",
                     "scale_events", "wall_s", "on_frontier", "error",
+                    "niw_deadline_attainment", "niw_missed", "niw_queued_beyond_horizon",
+                    "niw_feasible_at_max",
                     "summary": {the policy's sageserve.sim.summary/v1 entry}}],
+        "niw_excluded": count of points kept off the frontier for missing NIW deadlines,
         "frontier": [{"label", "gpu_hours", "attainment"}],   # cheapest first
         "at_target": {"status", "gpu_hours", "note",
                       "vs_baseline": {"ratio", "relation": "=" | "≤" | "≥"} | null,
                       "below", "above", "best"}}}}
+
+A point with `niw_missed` > 0 (batch deadlines inside its horizon served late or not
+served, `sim.deadlines`) is never `on_frontier`: `compare.frontier` keeps it off. Summaries
+written before these fields read as points without misses.
 """
 
 from __future__ import annotations
@@ -32,7 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sageserve.compare.frontier import AtTarget, Point, at_target, pareto_front, saving
+from sageserve.compare.frontier import (
+    AtTarget,
+    Point,
+    at_target,
+    meets_batch_deadlines,
+    pareto_front,
+    saving,
+)
 from sageserve.compare.grid import canonical
 from sageserve.compare.runner import Outcome
 
@@ -53,7 +67,12 @@ class PolicyResult:
 
     def __post_init__(self) -> None:
         self.points = [
-            Point(o.task.job.label, o.result["gpu_hours"], o.result["slo"].get(self.tier, math.nan))
+            Point(
+                o.task.job.label,
+                o.result["gpu_hours"],
+                o.result["slo"].get(self.tier, math.nan),
+                int(o.result.get("niw_missed") or 0),
+            )
             for o in self.outcomes
             if o.result is not None
         ]
@@ -98,15 +117,33 @@ def policy_doc(res: PolicyResult, baseline: PolicyResult | None) -> dict[str, An
             entry["on_frontier"] = job.label in on_front
             entry.update(o.result)
         points.append(entry)
+    excluded = excluded_for_niw(res.points)
+    at = at_target_doc(
+        res.at, baseline.at if baseline is not None and baseline is not res else None
+    )
     return {
         "strategy": canonical(res.name),
         "knobs": [p for p, _ in res.outcomes[0].task.job.knobs] if res.outcomes else [],
         "points": points,
         "frontier": [_pt(p) for p in res.front],
-        "at_target": at_target_doc(
-            res.at, baseline.at if baseline is not None and baseline is not res else None
-        ),
+        "niw_excluded": excluded,
+        "at_target": with_niw_note(at, excluded, bool(res.front)),
     }
+
+
+def excluded_for_niw(points: Sequence[Point]) -> int:
+    """How many points the frontier leaves out for missing batch deadlines."""
+    return len(points) - len(meets_batch_deadlines(points))
+
+
+def with_niw_note(at: dict[str, Any], excluded: int, front: bool) -> dict[str, Any]:
+    """The `at_target` entry, its note saying when points were kept off the frontier for
+    missing NIW deadlines (and when that left no frontier at all)."""
+    if excluded and not front:
+        at["note"] = f"every point misses NIW deadlines inside the horizon ({excluded})"
+    elif excluded:
+        at["note"] += f"; {excluded} point{'s' if excluded > 1 else ''} off: NIW misses"
+    return at
 
 
 def at_target_doc(at: AtTarget, baseline: AtTarget | None) -> dict[str, Any]:
@@ -129,16 +166,20 @@ def retarget(doc: Mapping[str, Any], target: float) -> dict[str, Any]:
     out: dict[str, Any] = copy.deepcopy(dict(doc))
     out["target"] = target
     ats: dict[str, AtTarget] = {}
+    excluded: dict[str, tuple[int, bool]] = {}
     for name, p in out["policies"].items():
         points = [
-            Point(q["label"], q["gpu_hours"], q["attainment"])
+            Point(q["label"], q["gpu_hours"], q["attainment"], int(q.get("niw_missed") or 0))
             for q in p["points"]
             if q.get("error") is None and q.get("attainment") is not None
         ]
-        ats[name] = at_target(pareto_front(points), target)
+        front = pareto_front(points)
+        ats[name] = at_target(front, target)
+        excluded[name] = (excluded_for_niw(points), bool(front))
     base = ats.get(out.get("baseline") or "")
     for name, p in out["policies"].items():
-        p["at_target"] = at_target_doc(ats[name], base if name != out.get("baseline") else None)
+        doc_at = at_target_doc(ats[name], base if name != out.get("baseline") else None)
+        p["at_target"] = with_niw_note(doc_at, *excluded[name])
     return out
 
 
@@ -183,13 +224,24 @@ def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
     for i, (name, p) in enumerate(doc["policies"].items()):
         color = f"C{i}"
         pts = [q for q in p["points"] if q["attainment"] is not None]
+        ok = [q for q in pts if not q.get("niw_missed")]
         ax.scatter(
-            [100 * q["attainment"] for q in pts],
-            [q["gpu_hours"] for q in pts],
+            [100 * q["attainment"] for q in ok],
+            [q["gpu_hours"] for q in ok],
             facecolors="none",
             edgecolors=color,
             s=30,
         )
+        bad = [q for q in pts if q.get("niw_missed")]
+        if bad:  # kept off the frontier: NIW deadlines missed inside the horizon
+            ax.scatter(
+                [100 * q["attainment"] for q in bad],
+                [q["gpu_hours"] for q in bad],
+                marker="x",
+                color=color,
+                s=30,
+                label=f"{name}: misses NIW deadlines (off the frontier)",
+            )
         # label the front's points; runs that landed on the same figures share a label
         same: dict[tuple[float, float], list[str]] = {}
         for q in pts:
@@ -304,9 +356,14 @@ POINT_HEAD = (
     "prov GPU-h",
     "attainment",
     "IW TTFT p95 s",
+    "NIW by deadline",
+    "niw_missed",
     "scalings",
     "front",
 )
+
+#: The marker of a point kept off the frontier for missing NIW deadlines.
+NIW_MARK = "✗ NIW"
 
 
 def point_rows(doc: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -314,10 +371,12 @@ def point_rows(doc: Mapping[str, Any]) -> list[tuple[str, ...]]:
     for name, p in doc["policies"].items():
         for q in sorted(p["points"], key=lambda q: q.get("gpu_hours") or 0.0):
             if q["error"] is not None:
-                rows.append((name, q["label"], "error", "", "", "", "", q["error"][:60]))
+                rows.append((name, q["label"], "error", "", "", "", "", "", "", q["error"][:60]))
                 continue
             att = q["attainment"]
             p95 = q["iw_ttft_p95_s"]
+            niw_att = q.get("niw_deadline_attainment")
+            missed = int(q.get("niw_missed") or 0)
             rows.append(
                 (
                     name,
@@ -326,8 +385,10 @@ def point_rows(doc: Mapping[str, Any]) -> list[tuple[str, ...]]:
                     f"{q['provisioning_gpu_hours']:,.1f}",
                     f"{att:.2%}" if att is not None else "—",
                     f"{p95:.3f}" if p95 is not None else "—",
+                    f"{niw_att:.2%}" if niw_att is not None else "—",
+                    f"{missed:,}",
                     str(q["scale_events"]),
-                    "●" if q["on_frontier"] else "",
+                    "●" if q["on_frontier"] else NIW_MARK if missed else "",
                 )
             )
     return rows
@@ -361,7 +422,8 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}<
 </head><body><h1>Equal-SLO comparison on {html.escape(str(sc.get("name")))}</h1>
 <p>Each policy's knobs swept; GPU-hours against {html.escape(doc["tier"])} SLO attainment;
 each policy's GPU-hours at {doc["target"]:.2%} read off its frontier (linear between the two
-frontier points that bracket it; "≤" when every point is above the target). Window
+frontier points that bracket it; "≤" when every point is above the target). A point that
+misses an NIW deadline inside its horizon ({NIW_MARK}) is kept off the frontier. Window
 {sc["window"]["start_s"]:.0f}–{sc["window"]["end_s"]:.0f} s, seed {sc.get("seed")}, common
 settings: {html.escape(settings)}. {html.escape(str(doc["runs"].get("count")))} runs on
 {html.escape(str(doc["runs"].get("backend")))} in {doc["runs"].get("wall_s", 0):.0f} s.

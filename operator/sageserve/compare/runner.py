@@ -59,7 +59,20 @@ def point_metrics(table_row: dict[str, Any], policy: dict[str, Any]) -> dict[str
         "unfinished": table_row["unfinished"],
         "refused": table_row["refused"],
         "scale_events": table_row["scale_events"],
+        **niw_metrics(table_row.get("niw", {})),
         "summary": policy,
+    }
+
+
+def niw_metrics(niw: dict[str, Any]) -> dict[str, Any]:
+    """A point's batch deadline figures (`sim.results.batch_totals`): its NIW deadline
+    attainment and the deadlines it missed inside the horizon (served late or not served),
+    by which the frontier keeps it off (`compare.frontier`)."""
+    return {
+        "niw_deadline_attainment": niw.get("deadline_attainment"),
+        "niw_missed": int(niw.get("misses", 0)),
+        "niw_queued_beyond_horizon": int(niw.get("queued_beyond_horizon", 0)),
+        "niw_feasible_at_max": niw.get("feasible_at_max"),
     }
 
 

@@ -39,6 +39,7 @@ from sageserve.route.priorities import scheduler_priority
 from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, BatchQueueManager
 from sageserve.route.region_router import SpillLedger, preference, route_region
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
+from sageserve.sim.deadlines import PendingWork, capacity_at_max
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
 _INF = math.inf
@@ -61,6 +62,10 @@ class ModelSetup:
     regions: tuple[RegionPlacement, ...]
     #: Longest prompt + output a request may ask for (vLLM's max_model_len); 0: no limit.
     context_length: int = 0
+    #: θ: tokens/s one instance serves within the SLO (the manifests'
+    #: capacityTokensPerSecond, the largest of the variants); 0: unknown. Only the batch
+    #: deadline accounting reads it (`sim.deadlines`), to judge the queue left at the end.
+    capacity_tps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,15 @@ class RunResult:
     preemptions: int
     #: requests refused at arrival (prompt + output beyond the model's context)
     refused: int = 0
+    #: batch tiers with a deadline seen in the run: name -> deadline (s after arrival)
+    batch_deadlines: dict[str, float] = field(default_factory=dict)
+    #: (batch tier, model) -> every request still unfinished when the run stopped (dropped
+    #: ones apart: they are in the stats), with its deadline and the tokens it still needs
+    pending: dict[tuple[str, str], list[PendingWork]] = field(default_factory=dict)
+    #: model -> tokens/s at its endpoints' maxInstances (θ × Σ regions); absent: unknown
+    capacity_at_max_tps: dict[str, float] = field(default_factory=dict)
+    #: the last instant the run observed (end of the window + drain); None: `end_s`
+    horizon_s: float | None = None
 
 
 class _Clock:
@@ -271,6 +285,8 @@ class Simulation(InstanceHooks):
         self.arrived = 0
         self.finished = 0
         self.refused = 0
+        #: batch tier -> its deadline, for the deadline accounting (`sim.deadlines`)
+        self._batch_deadlines: dict[str, float] = {}
         #: model -> its context length (requests beyond it are refused at arrival)
         self._context = {m.name: m.context_length for m in config.models if m.context_length}
         self.sim_events = 0
@@ -476,6 +492,8 @@ class Simulation(InstanceHooks):
     def _arrive(self, req: Request) -> None:
         self.arrived += 1
         tier = req.tier
+        if tier.deadline_s is not None and not tier.interactive:
+            self._batch_deadlines[tier.name] = tier.deadline_s
         ctx = self._context.get(req.model)
         if ctx is not None and req.prompt_tokens + req.output_tokens > ctx:
             # vLLM's OpenAI server answers 400 before the request reaches the engine: it is
@@ -760,14 +778,17 @@ class Simulation(InstanceHooks):
 
     def _result(self) -> RunResult:
         unfinished: dict[tuple[str, str], int] = defaultdict(int)
-        for job in self.qm.drain():
-            unfinished[(job.req.tier.name, job.req.model)] += 1
+        pending: dict[tuple[str, str], list[PendingWork]] = defaultdict(list)
+        left: list[Job] = list(self.qm.drain())
         for inst in self.cluster.all_instances:
-            for job in inst.abandon_all():
-                unfinished[(job.req.tier.name, job.req.model)] += 1
+            left.extend(inst.abandon_all())
         for ep in self.cluster.endpoints.values():
-            for job in ep.backlog:
-                unfinished[(job.req.tier.name, job.req.model)] += 1
+            left.extend(ep.backlog)
+        for job in left:
+            key = (job.req.tier.name, job.req.model)
+            unfinished[key] += 1
+            if key[0] in self._batch_deadlines:
+                pending[key].append(PendingWork(job.deadline, job.prompt_left + job.out_left))
         for key, st in self.stats.items():
             if st.dropped:
                 unfinished[key] += st.dropped
@@ -786,6 +807,14 @@ class Simulation(InstanceHooks):
             sim_events=self.sim_events,
             preemptions=self.preemptions,
             refused=self.refused,
+            batch_deadlines=dict(self._batch_deadlines),
+            pending=dict(pending),
+            capacity_at_max_tps={
+                m.name: capacity_at_max(m.capacity_tps, (r.max_instances for r in m.regions))
+                for m in self.cfg.models
+                if m.capacity_tps > 0
+            },
+            horizon_s=self.cfg.end_s + self.cfg.drain_s,
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sageserve.sim.deadlines import describe
 from sageserve.sim.engine import RunResult
 
 
@@ -189,9 +190,15 @@ def write_report(
         "IW TTFT p95 s",
         "norm. latency p99 s",
         "peak 5-min norm. s",
+        "NIW by deadline",
+        "NIW in time",
+        "NIW missed",
+        "NIW beyond horizon",
         "unfinished",
         "refused",
     )
+    end_s = float(doc["scenario"]["window"]["end_s"])
+    niw = [describe(r.get("niw", {}), end_s) for r in table]
     rows = "".join(
         "<tr>"
         + "".join(
@@ -206,12 +213,16 @@ def write_report(
                 f"{r['iw_ttft_p95_s']:.3f}" if r["iw_ttft_p95_s"] is not None else "-",
                 _fmt(r.get("norm_latency_p99_s")),
                 _fmt(r.get("norm_latency_peak_5min_s")),
+                n["attainment"],
+                n["served"],
+                n["missed"],
+                n["waiting"],
                 r["unfinished"],
                 r.get("refused", 0),
             )
         )
         + "</tr>"
-        for r in table
+        for r, n in zip(table, niw, strict=True)
     )
     refused = refused_table(doc)
     sc = doc["scenario"]
@@ -224,6 +235,10 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}<
 Summary: <a href="summary.json">summary.json</a>, per minute:
 <a href="minutes.csv">minutes.csv</a>.</p>
 <table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{rows}</table>
+<p>NIW: batch work judged on its deadline (SageServe §6.3). "missed" counts deadlines inside
+the horizon (window + drain) served late or not at all; work still queued whose deadline
+lies after the horizon is not a miss, and "feasible at max" says whether it could still be
+served in time, earliest deadline first, at every endpoint's maxInstances.</p>
 {refused}
 <h2>Instances per model and region</h2><img src="instances.png">
 <h2>Effective memory utilisation</h2><img src="emu.png">

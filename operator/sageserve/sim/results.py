@@ -12,7 +12,11 @@ added, never renamed or removed, within v1):
           "tiers": {"<tier>": {"<model>": {
               "finished", "unfinished", "refused", "slo_attainment", "deadline_misses",
               "ttft_s": {"p50", "p95", "p99"}, "tbt_s": {...}, "e2e_s": {...},
-              "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"}}}},
+              "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"},
+              # batch tiers with a deadline only (sim.deadlines):
+              "served_by_deadline", "served_late", "missed", "queued_beyond_horizon",
+              "earliest_pending_deadline_s", "feasible_at_max", "deadline_attainment",
+              "horizon_s", "capacity_at_max_tps"}}},
           "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"},  # all tiers
           "fleet": {
             "instance_hours": float,            # serving + provisioning + draining
@@ -29,6 +33,17 @@ end within the deadline. Unfinished requests count against attainment. Refused r
 (prompt + output beyond the model's context length, vLLM's HTTP 400 at arrival) are neither
 served nor lost: they are counted apart and left out of attainment, as a client error is
 left out of an availability SLO; arrived = finished + unfinished + refused.
+
+Batch deadline accounting (`sim.deadlines`, SageServe §6.3's 24-hour deadline): each batch
+request that was not refused is served by its deadline, served late, missed (unfinished
+with its deadline inside the horizon, or dropped) or queued beyond the horizon (unfinished,
+deadline later: not a miss, and left out of `deadline_attainment`, which is
+served_by_deadline / (served_by_deadline + served_late + missed)). So
+served_by_deadline + served_late + missed + queued_beyond_horizon = finished + unfinished.
+The horizon is the end of the window plus the drain. `feasible_at_max` says whether the
+work queued beyond the horizon could still meet its deadlines, earliest deadline first, at
+`capacity_at_max_tps` (θ × maxInstances summed over the model's regions); null when θ is
+unknown. `slo_attainment` and `deadline_misses` keep their meaning.
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from sageserve.core.types import InstanceState
+from sageserve.sim.deadlines import BatchAccount, account, totals
 from sageserve.sim.engine import RunResult, TierModelStats
 
 SCHEMA = "sageserve.sim.summary/v1"
@@ -92,6 +108,24 @@ def _inst_hours(items: Iterable[tuple[InstanceState, float]]) -> float:
     return round(sum(s for st, s in items if st is not InstanceState.SPOT) / 3600.0, 3)
 
 
+def batch_account(r: RunResult, key: tuple[str, str]) -> BatchAccount | None:
+    """The deadline accounting of a (tier, model) of a run (`sim.deadlines`); None for a
+    tier without a batch deadline."""
+    tier, model = key
+    if tier not in r.batch_deadlines:
+        return None
+    st = r.stats.get(key)
+    late = st.deadline_miss if st else 0
+    return account(
+        (st.finished if st else 0) - late,
+        late,
+        r.pending.get(key, []),
+        st.dropped if st else 0,
+        r.horizon_s if r.horizon_s is not None else r.end_s,
+        r.capacity_at_max_tps.get(model, 0.0),
+    )
+
+
 def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
     tiers: dict[str, dict[str, Any]] = defaultdict(dict)
     keys = sorted(set(r.stats) | set(r.unfinished_by_key))
@@ -114,6 +148,9 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "e2e_s": _pct(st.e2e if st else np.empty(0)),
             "normalized_latency_s": normalized_latency([st] if st else []),
         }
+        acct = batch_account(r, key)
+        if acct is not None:
+            tiers[tier][model].update(acct.as_dict())
     by_m: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
     by_m_i: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
     by_mr: dict[str, list[tuple[InstanceState, float]]] = defaultdict(list)
@@ -224,6 +261,13 @@ def write_minutes(path: Path, runs: Mapping[str, tuple[RunResult, float]]) -> No
                 )
 
 
+def batch_totals(policy: Mapping[str, Any]) -> dict[str, Any]:
+    """A policy summary's batch deadline accounting over every batch tier × model
+    (`sim.deadlines.totals`): what `simulate` prints next to IW-F attainment and what
+    `compare` keeps a point off the frontier by."""
+    return totals(m for models in policy["tiers"].values() for m in models.values())
+
+
 def comparison_rows(
     doc: Mapping[str, Any],
     runs: Mapping[str, tuple[RunResult, float]],
@@ -257,6 +301,7 @@ def comparison_rows(
                 "norm_latency_p99_s": p["normalized_latency_s"]["p99"],
                 "norm_latency_peak_5min_s": p["normalized_latency_s"]["peak_5min_mean"],
                 "slo": dict(att),
+                "niw": batch_totals(p),
                 "unfinished": p["requests"]["unfinished"],
                 "refused": p["requests"].get("refused", 0),
                 "scale_events": sum(p["scaling_events"].values()),

@@ -98,7 +98,8 @@ class Scenario:
                         "so vLLM would refuse to start; set spec.model.contextLength to at most "
                         f"{perf.kv_capacity_tokens}"
                     )
-            setups.append(ModelSetup(md.metadata.name, variants, regions, context))
+            theta = max(float(v.capacity_tokens_per_second) for v in md.spec.variants)
+            setups.append(ModelSetup(md.metadata.name, variants, regions, context, theta))
         sp = self.policy.spec if self.policy is not None else None
         cfg = SimConfig(
             models=tuple(setups),
