@@ -165,3 +165,11 @@ def test_a_key_two_namespaces_list_is_refused() -> None:
 )
 def test_bearer_key(header: str | None, key: str | None) -> None:
     assert bearer_key(header) == key
+
+
+def test_a_key_whose_bytes_are_not_utf8_is_an_unknown_key() -> None:
+    # aiohttp hands such header bytes over as lone surrogates (`surrogateescape`)
+    key = b"\xff\xfe".decode("utf-8", "surrogateescape")
+    assert key_digest(key) == key_digest(key)
+    found = who(key, "per-namespace")
+    assert isinstance(found, Refusal) and found.status == 401

@@ -37,6 +37,11 @@ def test_the_predictor_learns_each_clients_lengths_from_answers() -> None:
     assert ants.anticipator("pod-a").requests == 0  # every answered request left the map
 
 
+def test_a_user_with_a_lone_surrogate_is_a_client_like_any_other() -> None:
+    # `{"user": "\\ud800"}` is valid JSON and decodes to a lone surrogate
+    assert client_id("\ud800") == client_id("\ud800") != client_id("\ud801")
+
+
 def test_streamed_tokens_advance_the_pods_clock_and_finishing_frees_the_projection() -> None:
     ants = PodAnticipators()
     t = ants.sent("pod-a", "m", 0, Arrival(100, 50))

@@ -38,8 +38,12 @@ AUTH_MODES: tuple[AuthMode, ...] = ("required", "per-namespace")
 
 
 def key_digest(key: str) -> str:
-    """The SHA-256 of a key, hex: what the ring indexes and what objects record as owner."""
-    return hashlib.sha256(key.encode()).hexdigest()
+    """The SHA-256 of a key, hex: what the ring indexes and what objects record as owner.
+
+    Of the key's bytes as sent: a header's bytes that are not UTF-8 reach the router as
+    lone surrogates (aiohttp decodes with `surrogateescape`), which a plain `encode()`
+    refuses; such a key is simply one no namespace lists."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,11 @@ DEFAULT_KV_TOKENS = 100_000
 
 
 def client_id(key: str | None) -> int:
-    """A stable integer for a client (API key or `user`): the predictors key on ints."""
-    return zlib.crc32(key.encode()) if key else 0
+    """A stable integer for a client (API key or `user`): the predictors key on ints.
+
+    A `user` is any JSON string, lone surrogates (`"\\ud800"`) included: encoded with
+    `surrogatepass`, since a plain `encode()` refuses them."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) if key else 0
 
 
 @dataclass(slots=True)
