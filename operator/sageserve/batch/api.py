@@ -21,16 +21,16 @@ blocking database transactions and run in ``asyncio.to_thread``; ``models`` and
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 from sqlalchemy.exc import SQLAlchemyError
 
 from sageserve.batch.jsonl import ENDPOINTS
-from sageserve.batch.limits import MAX_DEPTH, LineCounter, content_disposition, too_deep
+from sageserve.batch.limits import BadJson, LineCounter, content_disposition, load_json
 from sageserve.batch.objects import BatchObject, Conflict, FileObject, InvalidInput, NotFound
 from sageserve.batch.retention import expires_after_object, parse_expires_after
 from sageserve.batch.store import DEFAULT_WINDOW, BatchStore, TierDeadlines
@@ -316,6 +316,21 @@ class BatchApi:
             )
         if (request.content_length or 0) > self.max_upload_bytes + MULTIPART_SLACK:
             raise _Refused(self._too_large())
+        try:
+            return await self._read_parts(request)
+        except (ValueError, HttpProcessingError) as exc:
+            # no boundary, a body without it, a part header with a control character or
+            # not UTF-8: aiohttp's reader refuses them, the client gets told
+            raise _Refused(
+                openai_error(
+                    400,
+                    f"the upload is not a readable multipart/form-data body ({exc}); send the "
+                    "fields purpose=batch and file=@requests.jsonl",
+                    "file",
+                )
+            ) from None
+
+    async def _read_parts(self, request: web.Request) -> _Upload:
         fields: dict[str, str] = {}
         filename = ""
         content: bytes | None = None
@@ -421,15 +436,12 @@ async def _read_limited(part: BodyPartReader, limit: int) -> bytes | None:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if too_deep(raw):
-        raise _Refused(
-            openai_error(400, f"the body nests arrays and objects deeper than {MAX_DEPTH} levels")
-        )
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _Refused(openai_error(400, f"the body is not JSON: {exc}")) from None
+        body = load_json(await request.read())
+    except BadJson as exc:
+        raise _Refused(
+            openai_error(400, f"the body is not JSON a request can be read from: {exc}")
+        ) from None
     if not isinstance(body, dict):
         raise _Refused(openai_error(400, "the body must be a JSON object"))
     return body

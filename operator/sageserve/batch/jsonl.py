@@ -10,12 +10,11 @@ brackets before ``json.loads`` would recurse into it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sageserve.batch.limits import MAX_DEPTH, too_deep
+from sageserve.batch.limits import BadJson, load_json
 
 #: The endpoints a batch may target (OpenAI's Batch API also has embeddings; the pods
 #: here serve completions).
@@ -90,26 +89,15 @@ def parse_input(content: bytes, endpoint: str, known_models: KnownModels) -> Par
 def _parse_line(
     number: int, raw: bytes, endpoint: str, known_models: KnownModels
 ) -> ParsedLine | LineError:
-    if too_deep(raw):
-        return _too_deep(number)
     try:
-        obj = json.loads(raw)
-    except RecursionError:  # under MAX_DEPTH brackets, but a deep interpreter stack
-        return _too_deep(number)
-    except json.JSONDecodeError as exc:
+        obj = load_json(raw)
+    except BadJson as exc:
         return LineError(
             number,
             None,
             "invalid_json_line",
-            f"line {number} is not valid JSON ({exc.msg} at column {exc.colno}): each line "
-            'must be one JSON object {"custom_id", "method", "url", "body"}',
-        )
-    except UnicodeDecodeError:
-        return LineError(
-            number,
-            None,
-            "invalid_json_line",
-            f"line {number} is not UTF-8 text: save the file as UTF-8 JSONL",
+            f"line {number} is not JSON a request can be read from ({exc}): each line must be "
+            'one UTF-8 JSON object {"custom_id", "method", "url", "body"}',
         )
     if not isinstance(obj, dict):
         return LineError(
@@ -144,16 +132,6 @@ def _parse_line(
             "served name of a model with a batch tier (GET /v1/models lists the served names)",
         )
     return ParsedLine(number, custom_id, model, tier, body)
-
-
-def _too_deep(number: int) -> LineError:
-    return LineError(
-        number,
-        None,
-        "invalid_json_line",
-        f"line {number} nests arrays and objects deeper than {MAX_DEPTH} levels: flatten "
-        "the request",
-    )
 
 
 def _request_problem(number: int, obj: dict[str, Any], endpoint: str) -> tuple[str, str] | None:

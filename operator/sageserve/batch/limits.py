@@ -10,9 +10,11 @@ client's filename one that always fits in a ``Content-Disposition`` header.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from itertools import accumulate
+from typing import Any
 from urllib.parse import quote
 
 #: Arrays and objects nested deeper than this make a line an error (a chat request nests
@@ -38,6 +40,41 @@ def nesting_depth(raw: bytes) -> int:
     if not brackets:
         return 0
     return max(0, max(accumulate(_STEP[b] for b in brackets)))
+
+
+class BadJson(ValueError):
+    """JSON a client sent that cannot be taken: the message says why, for a 400 or a line
+    of the errors file."""
+
+
+#: a JSON escape of a UTF-16 surrogate (a lone one cannot be stored or encoded)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def load_json(raw: bytes, limit: int = MAX_DEPTH) -> Any:
+    """``raw`` parsed, or ``BadJson`` naming why not: not UTF-8, not JSON, nested past
+    ``limit`` (checked before the parser recurses), an integer past Python's 4,300
+    digits, or a string holding a lone surrogate (``"\\ud800"``: valid JSON text that no
+    database or UTF-8 encoder takes). One reader for every body and line a client sends,
+    so each of these is a 400 (or that line's error), never a 500."""
+    if too_deep(raw, limit):
+        raise BadJson(f"arrays and objects nest deeper than {limit} levels")
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise BadJson(f"arrays and objects nest deeper than {limit} levels") from None
+    except json.JSONDecodeError as exc:
+        raise BadJson(f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except UnicodeDecodeError:
+        raise BadJson("the text is not UTF-8") from None
+    except ValueError as exc:  # an integer of more digits than int() converts
+        raise BadJson(str(exc)) from None
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise BadJson("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
+    return value
 
 
 def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:

@@ -46,6 +46,7 @@ from aiohttp.http import HttpVersion11
 from aiohttp.typedefs import Handler
 
 from sageserve.batch.api import PRINCIPAL
+from sageserve.batch.limits import BadJson, load_json
 from sageserve.route.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
 from sageserve.route.instance_picker import Arrival
 from sageserve.route.queue_manager import release_count
@@ -195,6 +196,22 @@ def principal_of(request: web.Request) -> Principal:
     return found if isinstance(found, Principal) else ANONYMOUS
 
 
+@web.middleware
+async def _openai_shaped(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (no such path, a method the path does not take) answered as
+    the OpenAI API answers errors, so a client's SDK can read every error the router gives."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        message = f"{request.method} {request.path}: {exc.reason}"
+        response = openai_error(exc.status, message, "invalid_request_error")
+        if exc.status == 405 and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+
+
 class Router:
     """The request handlers over one `Fleet`."""
 
@@ -225,7 +242,7 @@ class Router:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[self._after_listing, self._identified],
+            middlewares=[_openai_shaped, self._after_listing, self._identified],
         )
         if self.extra_routes is not None:
             self.extra_routes(app)
@@ -368,12 +385,13 @@ class Router:
         if claim is not None:
             claim.resize(len(raw))
         try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            # JSONDecodeError and UnicodeDecodeError are ValueErrors, as is an integer
-            # past Python's 4,300 digits; nesting past the reader's depth is RecursionError
-            reason = str(exc) or type(exc).__name__
-            return openai_error(400, f"the body is not JSON: {reason}", "invalid_request_error")
+            body = load_json(raw)
+        except BadJson as exc:
+            return openai_error(
+                400,
+                f"the body is not JSON a request can be read from: {exc}",
+                "invalid_request_error",
+            )
         if not isinstance(body, dict):
             return openai_error(400, "the body must be a JSON object", "invalid_request_error")
         chat = request.path.endswith("/chat/completions")

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sageserve.batch.limits import too_deep
+from sageserve.batch.jsonl import parse_input
 from sageserve.batch.objects import BatchObject, ClaimedRequest
 from sageserve.batch.store import BatchStore
 from sageserve.route.identity import Principal
@@ -157,7 +156,7 @@ class BatchReleaser:
         received in the last hour (SageServe §6.3), not of what the troughs let through."""
         content = await asyncio.to_thread(self.store.file_content, caller, batch.input_file_id)
         for (model, tier), tokens in accepted_tokens(
-            content, lambda m: self.fleet.batch_tier(m, caller)
+            content, batch.endpoint, lambda m: self.fleet.batch_tier(m, caller)
         ).items():
             route = self.fleet.models.get(model)
             if route is not None:
@@ -216,23 +215,13 @@ class BatchReleaser:
 
 
 def accepted_tokens(
-    content: bytes, batch_tier: Callable[[str], str | None]
+    content: bytes, endpoint: str, batch_tier: Callable[[str], str | None]
 ) -> dict[tuple[str, str], float]:
     """Estimated tokens (prompt + output budget, as for a client's request) per (served
-    model, batch tier) of a Batch API input file's runnable lines."""
+    model, batch tier) of a Batch API input file's runnable lines: the lines
+    `jsonl.parse_input` accepts, by the same rule that queued them."""
     out: dict[tuple[str, str], float] = {}
-    for raw in content.splitlines():
-        if too_deep(raw):
-            continue  # an error line of the batch (jsonl.py), never decoded
-        try:
-            body = json.loads(raw).get("body")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
-            continue
-        model = body.get("model") if isinstance(body, dict) else None
-        tier = batch_tier(model) if isinstance(model, str) else None
-        if model is None or tier is None:
-            continue
-        assert isinstance(body, dict)
-        key = (str(model), tier)
-        out[key] = out.get(key, 0.0) + estimated_tokens(body)[1]
+    for line in parse_input(content, endpoint, batch_tier).requests:
+        key = (line.model, line.tier)
+        out[key] = out.get(key, 0.0) + estimated_tokens(line.body)[1]
     return out
