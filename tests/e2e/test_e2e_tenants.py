@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import requests
 from e2e_helpers import eventually, kubectl
+from fault_kit import figure
 from kopf.testing import KopfRunner
 from operator_kit import (
     RouterProcess,
@@ -225,9 +226,9 @@ def test_two_teams_behind_one_router_see_only_their_own_work(
             )
             took = time.monotonic() - revoked_at
             assert models(router, KEY_A_NEW) == [SERVED]
-            print(
-                f"\nkey revocation: refused {took:.1f} s after the Secret changed "
-                f"(--key-resync-seconds {RESYNC_S})"
+            figure(
+                "key revoked",
+                f"refused {took:.1f} s after the Secret changed (--key-resync-seconds {RESYNC_S})",
             )
     finally:
         if router is not None:
