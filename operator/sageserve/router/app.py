@@ -25,7 +25,9 @@ a body must arrive within `body_timeout_seconds` (408); a declared body over the
 refused before a byte of it is read (413, with `Expect: 100-continue` before it is even
 sent); who may use which model and tier is the caller's API key (`route.identity`: 401
 without one where keys are declared, another tenant's models do not exist for it, the tier
-header only narrows among the key's tiers); a streamed answer
+header only narrows among the key's tiers); a tier's rate limits (`router.limits`) answer
+429 past their budget, as do the caps on held requests and on bodies in flight; a streamed
+answer
 whose pod stays silent `stall_timeout_seconds` counts as a failure before the first byte.
 """
 
