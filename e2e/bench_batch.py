@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from e2e import postgres
-from sageserve.commands.bench_batch import bench_batch_command
+from sageserve.commands.bench_batch import bench_batch_command, bench_release_command
 
 app = typer.Typer(add_completion=False)
 console = Console()
@@ -28,6 +28,14 @@ def main(
     requests: Annotated[int, typer.Option(help="Requests per batch.")] = 10_000,
     workers: Annotated[str, typer.Option(help="Release worker threads per run.")] = "1,4",
     claim_size: Annotated[int, typer.Option(help="Requests per claim.")] = 2,
+    release_compare: Annotated[
+        bool,
+        typer.Option(help="Only the release path: complete against complete_many."),
+    ] = False,
+    flush_size: Annotated[
+        int, typer.Option(help="--release-compare: answers per complete_many.")
+    ] = 64,
+    repeats: Annotated[int, typer.Option(help="--release-compare: repetitions.")] = 5,
 ) -> None:
     """Start PostgreSQL on loopback, run `sageserve bench batch` on SQLite and on it."""
     counts = [int(w) for w in workers.split(",") if w.strip()]
@@ -38,7 +46,10 @@ def main(
         raise typer.Exit(2) from None
     try:
         url = server.create_database("bench_batch")
-        bench_batch_command(requests, counts, claim_size, url, console)
+        if release_compare:
+            bench_release_command(requests, claim_size, flush_size, repeats, url, console)
+        else:
+            bench_batch_command(requests, counts, claim_size, url, console)
     finally:
         server.stop()
 

@@ -637,14 +637,28 @@ def bench_batch(
             show_default=False,
         ),
     ] = None,
+    release_compare: Annotated[
+        bool,
+        typer.Option(
+            help="Only the release path: answers recorded one transaction each (complete) "
+            "against complete_many, in the same run, --repeats times."
+        ),
+    ] = False,
+    flush_size: Annotated[
+        int, typer.Option(help="--release-compare: answers per complete_many.")
+    ] = 64,
+    repeats: Annotated[int, typer.Option(help="--release-compare: repetitions.")] = 5,
 ) -> None:
     """The batch queue: requests accepted into it and released from it per second.
 
     SQLite on a temporary file, and PostgreSQL with --postgres-url;
     `python -m e2e.bench_batch` starts a throwaway PostgreSQL and runs both.
     """
-    from sageserve.commands.bench_batch import bench_batch_command
+    from sageserve.commands.bench_batch import bench_batch_command, bench_release_command
 
+    if release_compare:
+        bench_release_command(requests, claim_size, flush_size, repeats, postgres_url, console)
+        return
     counts = [int(w) for w in workers.split(",") if w.strip()]
     bench_batch_command(requests, counts, claim_size, postgres_url, console)
 

@@ -7,6 +7,7 @@ them; ``finalize`` writes the results.
 """
 
 from sageserve.batch.objects import (
+    Answer,
     BatchObject,
     BatchStoreError,
     ClaimedRequest,
@@ -20,6 +21,7 @@ from sageserve.batch.objects import (
 from sageserve.batch.store import BatchStore, parse_window
 
 __all__ = [
+    "Answer",
     "BatchObject",
     "BatchStore",
     "BatchStoreError",

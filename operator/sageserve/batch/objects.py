@@ -146,6 +146,16 @@ class ClaimedRequest:
     lease_until: float
 
 
+class Answer(NamedTuple):
+    """A released request's answer from its pod, for ``BatchStore.complete_many``:
+    ``body`` is the decoded JSON (or a string), ``upstream_request_id`` the pod's id."""
+
+    request_id: str
+    status_code: int
+    body: Any
+    upstream_request_id: str | None = None
+
+
 class QueueDepth(NamedTuple):
     """Queued (not yet released) requests of one model and tier: the queue's signal to
     the plan (SageServe's batch buffer β) and to the metrics."""

@@ -5,6 +5,15 @@ runs out and another replica claims the request again (at-least-once). A complet
 one conditional UPDATE (``state`` still unfinished), so it counts once whoever sends it
 first, and every later completion of the same request id changes nothing.
 
+Why ``complete_many``: at high release rates one transaction per answer, not the pods,
+bounds how many requests a replica finishes per second. The release loop keeps answers in
+memory for a few milliseconds and records them together, one UPDATE per request in one
+transaction, each conditional on ``owner`` still holding the request (``running``, its
+lease). An answer the replica dies holding is simply lost: the lease runs out and the
+request runs again (at-least-once execution); an answer arriving after another replica
+took the request over, or after the batch was cancelled or expired, changes nothing
+(exactly-once recording).
+
 Why two steps per claim: the requests whose lease ran out come first (they were claimed
 before anything still queued), then the oldest queued ones; each step is a range scan on
 an index, so a claim stays cheap however long the queue is. On PostgreSQL both steps
@@ -23,10 +32,10 @@ import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
-from sageserve.batch.objects import ClaimedRequest, QueueDepth
+from sageserve.batch.objects import Answer, ClaimedRequest, QueueDepth
 from sageserve.batch.schema import (
     DONE,
     EXPIRED,
@@ -168,6 +177,56 @@ def complete(
         response_body=json.dumps(body),
         response_request_id=upstream_request_id,
     )
+
+
+#: ids per ``IN (...)`` when finding which answers ``owner`` may still record
+_HELD_CHUNK = 500
+
+
+def complete_many(conn: Connection, owner: str, answers: Sequence[Answer], now: float) -> list[str]:
+    """Record the answers of the requests ``owner`` still holds (``running`` under its
+    lease, lapsed or not); skip the others (finished, cancelled, expired, or taken over by
+    another replica after the lease ran out). Returns the ids this call finished, in the
+    order of ``answers``; an id given twice counts its first answer."""
+    first: dict[str, Answer] = {}
+    for answer in answers:
+        first.setdefault(answer.request_id, answer)
+    ids = list(first)
+    held: set[str] = set()
+    for start in range(0, len(ids), _HELD_CHUNK):
+        chunk = ids[start : start + _HELD_CHUNK]
+        where = and_(r.c.id.in_(chunk), r.c.state == RUNNING, r.c.lease_owner == owner)
+        # PostgreSQL: the rows stay locked until commit, so no claim (SKIP LOCKED) or
+        # finalize takes them between this read and the UPDATE below
+        held.update(conn.execute(select(r.c.id).where(where).with_for_update()).scalars())
+    finished = [rid for rid in ids if rid in held]
+    if not finished:
+        return []
+    stmt = (
+        update(r)
+        .where(r.c.id == bindparam("b_id"), r.c.state == RUNNING, r.c.lease_owner == owner)
+        .values(
+            state=DONE,
+            lease_until=None,
+            finished_at=now,
+            status_code=bindparam("b_status"),
+            response_body=bindparam("b_body"),
+            response_request_id=bindparam("b_upstream"),
+        )
+    )
+    conn.execute(
+        stmt,
+        [
+            {
+                "b_id": rid,
+                "b_status": first[rid].status_code,
+                "b_body": json.dumps(first[rid].body),
+                "b_upstream": first[rid].upstream_request_id,
+            }
+            for rid in finished
+        ],
+    )
+    return finished
 
 
 def fail(

@@ -36,6 +36,7 @@ from sageserve.batch.ids import new_id
 from sageserve.batch.jsonl import ENDPOINTS, KnownModels, ParsedFile, parse_input
 from sageserve.batch.limits import LineCounter, safe_filename
 from sageserve.batch.objects import (
+    Answer,
     BatchObject,
     ClaimedRequest,
     Conflict,
@@ -470,6 +471,20 @@ class BatchStore:
             return queue.complete(
                 conn, request_id, owner, status_code, body, upstream_request_id, _now(now)
             )
+
+    def complete_many(
+        self, owner: str, answers: Sequence[Answer], now: float | None = None
+    ) -> list[str]:
+        """Record many answers in one transaction (what the release loop does with the
+        answers of the last few milliseconds). Each counts only if ``owner`` still holds
+        its request (``running``, claimed by ``owner``): one finished already, cancelled,
+        expired, or claimed by another replica after the lease ran out is left as it is.
+        Returns the ids this call finished; calling again with the same answers finishes
+        nothing more."""
+        if not answers:
+            return []
+        with db.writing(self.engine) as conn:
+            return queue.complete_many(conn, owner, answers, _now(now))
 
     def fail(
         self, request_id: str, owner: str, code: str, message: str, now: float | None = None

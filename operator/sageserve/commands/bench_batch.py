@@ -12,6 +12,13 @@ Two figures per database (issue 14):
   database's locking (SQLite's single writer, PostgreSQL's ``SKIP LOCKED`` row locks)
   scales.
 
+With ``--release-compare`` only the release path is measured, twice per repetition on
+the same database: requests claimed as above and answered at once (no pods), their
+answers recorded **each in its own transaction** (``complete``, what the release loop did
+before) or **together** (``complete_many`` every ``flush_size`` answers, what it does
+now). The two alternate in order across repetitions, and the ratio is taken within each
+repetition, so that a machine busy with other work skews both sides alike.
+
 Also the time ``finalize`` takes to write the batch's output file. Every run queues its
 requests under a model name of its own, so runs on a shared database do not interfere.
 SQLite runs on a temporary file with the store's production settings (WAL,
@@ -22,16 +29,19 @@ starts a throwaway server (Debian's package) and passes it.
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from sageserve.batch.objects import Answer
 from sageserve.batch.store import BatchStore
 from sageserve.route.identity import ANONYMOUS
 
@@ -118,6 +128,120 @@ def bench_store(store: BatchStore, requests: int, workers: int, claim_size: int)
         requests / released_s,
         finalize_s,
     )
+
+
+@dataclass(frozen=True)
+class ReleaseBenchRow:
+    backend: str
+    repetition: int
+    #: ``complete`` (one transaction per answer) or ``complete_many``
+    mode: str
+    requests: int
+    released_per_s: float
+
+
+RELEASE_MODES = ("complete", "complete_many")
+
+
+def _release_one(
+    store: BatchStore, model: str, claim_size: int, mode: str, flush_size: int
+) -> None:
+    """Claim everything queued for ``model`` and record an instant answer for each."""
+    owner = f"bench-{mode}"
+    pending: list[Answer] = []
+    while got := store.claim(model, claim_size, owner, 600.0):
+        for request in got:
+            if mode == "complete":
+                store.complete(request.id, owner, 200, {"choices": [], "custom": 1})
+                continue
+            pending.append(Answer(request.id, 200, {"choices": [], "custom": 1}))
+            if len(pending) >= flush_size:
+                store.complete_many(owner, pending)
+                pending = []
+    if pending:
+        store.complete_many(owner, pending)
+
+
+def bench_release(
+    store: BatchStore, requests: int, claim_size: int, flush_size: int, repeats: int
+) -> list[ReleaseBenchRow]:
+    """Per repetition, ``requests`` requests released with each mode (alternating which
+    goes first); each run queues its own batch under a model of its own."""
+    rows: list[ReleaseBenchRow] = []
+    for rep in range(repeats):
+        order = RELEASE_MODES if rep % 2 == 0 else RELEASE_MODES[::-1]
+        for mode in order:
+            model = f"bench-{uuid.uuid4().hex[:12]}"
+            upload = store.create_file(ANONYMOUS, input_file(model, requests), "bench.jsonl")
+            batch = store.create_batch(ANONYMOUS, upload.id, ENDPOINT, "24h", None, _tier_of(model))
+            t0 = time.perf_counter()
+            _release_one(store, model, claim_size, mode, flush_size)
+            seconds = time.perf_counter() - t0
+            counts = store.get_batch(ANONYMOUS, batch.id).request_counts
+            if counts.completed != requests:
+                raise RuntimeError(f"{mode}: {counts.completed} of {requests} completed")
+            rows.append(ReleaseBenchRow(store.backend, rep, mode, requests, requests / seconds))
+    return rows
+
+
+def _tier_of(model: str) -> Callable[[str], str | None]:
+    """``known_models`` for a bench batch: only ``model``, as batch work."""
+    return lambda m: "batch" if m == model else None
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    med = statistics.median(values)
+    return f"{med:{fmt}} ({min(values):{fmt}} – {max(values):{fmt}})"
+
+
+def bench_release_command(
+    requests: int,
+    claim_size: int,
+    flush_size: int,
+    repeats: int,
+    postgres_url: str | None,
+    console: Console,
+) -> list[ReleaseBenchRow]:
+    """``--release-compare``: released req/s with ``complete`` and with ``complete_many``
+    on SQLite (a temporary file) and, given its URL, on PostgreSQL; print the median
+    (min – max) of each and of the per-repetition ratio, return the rows."""
+    rows: list[ReleaseBenchRow] = []
+    with tempfile.TemporaryDirectory(prefix="sageserve-bench-batch-") as tmp:
+        urls = [f"sqlite:///{Path(tmp) / 'queue.db'}"]
+        if postgres_url:
+            urls.append(postgres_url)
+        for url in urls:
+            store = BatchStore.open(url, max_requests=max(requests, 1))
+            try:
+                rows += bench_release(store, requests, claim_size, flush_size, repeats)
+            finally:
+                store.close()
+    table = Table(
+        title=f"sageserve bench batch --release-compare: {requests} requests per run, claims "
+        f"of {claim_size}, complete_many every {flush_size} answers, {repeats} repetitions; "
+        "median (min – max)"
+    )
+    for column in ("database", "complete req/s", "complete_many req/s", "ratio"):
+        table.add_column(column, justify="right")
+    for backend in dict.fromkeys(row.backend for row in rows):
+        rate: dict[str, dict[int, float]] = {mode: {} for mode in RELEASE_MODES}
+        for row in rows:
+            if row.backend == backend:
+                rate[row.mode][row.repetition] = row.released_per_s
+        each, many = rate["complete"], rate["complete_many"]
+        table.add_row(
+            backend,
+            _spread(list(each.values()), ",.0f"),
+            _spread(list(many.values()), ",.0f"),
+            _spread([many[r] / each[r] for r in each], ".2f") + "×",
+        )
+    console.print(table)
+    if not postgres_url:
+        console.print(
+            "PostgreSQL: pass --postgres-url, or run `python -m e2e.bench_batch "
+            "--release-compare` (starts a throwaway server)"
+        )
+    return rows
 
 
 def bench_batch_command(

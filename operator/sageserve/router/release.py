@@ -11,11 +11,16 @@ Here the queue is the `BatchStore` (SQLite or PostgreSQL) and each router replic
 paper signals on completions) each endpoint of a model with queued work signals with the
 router's own EMU estimate (Prometheus' reading corrected by what was sent since, so a
 release raises the estimate at once and the rule limits itself). A claim is a lease
-renewed while the request runs; a replica killed mid-request loses nothing: its leases
-lapse and another replica (or its restart) claims the requests again; `complete` counts
-each request once. Every `sweep_s` the replica also deletes what retention says is due
-(`BatchStore.sweep`: expired files, finished batches' requests and results; never an
-unfinished batch's work).
+renewed while the request runs and until its answer is recorded; a replica killed
+mid-request loses nothing: its leases lapse and another replica (or its restart) claims
+the requests again. Answers are recorded in batches: kept in memory until `flush_size` of
+them wait or `flush_s` has passed since the first (and on shutdown), then written with
+`BatchStore.complete_many` in one transaction, so that commits per second do not bound
+the release rate. An answer lost with its replica before the flush is run again once the
+lease lapses (at-least-once execution); `complete_many` records an answer only while the
+replica still holds the request, so each request is recorded once. Every `sweep_s` the
+replica also deletes what retention says is due (`BatchStore.sweep`: expired files,
+finished batches' requests and results; never an unfinished batch's work).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sageserve.batch.jsonl import parse_input
-from sageserve.batch.objects import BatchObject, ClaimedRequest
+from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest
 from sageserve.batch.store import BatchStore
 from sageserve.route.identity import Principal
 from sageserve.route.queue_manager import DEFAULT_PROMOTION_AGE_S, release_count
@@ -52,6 +57,10 @@ class ReleaseConfig:
     aged_per_signal: int = 16
     #: how often expired files and finished batches past their retention are deleted
     sweep_s: float = 60.0
+    #: answers recorded in one transaction as soon as this many wait
+    flush_size: int = 64
+    #: ... or this long after the first of them arrived
+    flush_s: float = 0.05
 
 
 class BatchReleaser:
@@ -72,13 +81,20 @@ class BatchReleaser:
         self.owner = owner
         self.config = config
         self.running: dict[str, asyncio.Task[None]] = {}
+        #: answers received and not yet recorded, by request id (their leases are renewed)
+        self.unrecorded: dict[str, Answer] = {}
         self._signal = asyncio.Event()
+        self._buffered = asyncio.Event()  # something in `unrecorded`
+        self._full = asyncio.Event()  # `flush_size` answers in `unrecorded`
 
     async def run(self) -> None:
-        """Signal, release, renew and finalize until cancelled."""
+        """Signal, release, record, renew and finalize until cancelled; on the way out the
+        answers received are recorded (the requests still running are left to their
+        leases)."""
         renewer = asyncio.create_task(self._renew_forever())
         finalizer = asyncio.create_task(self._finalize_forever())
         sweeper = asyncio.create_task(self._sweep_forever())
+        flusher = asyncio.create_task(self._flush_forever())
         try:
             while True:
                 try:
@@ -89,11 +105,15 @@ class BatchReleaser:
                     await asyncio.wait_for(self._signal.wait(), self.config.signal_s)
                 self._signal.clear()
         finally:
-            renewer.cancel()
-            finalizer.cancel()
-            sweeper.cancel()
+            for helper in (renewer, finalizer, sweeper, flusher):
+                helper.cancel()
             for task in self.running.values():
                 task.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+            try:
+                await self.flush()
+            except Exception:  # their leases lapse and they run again
+                log.exception("recording %d batch answers on shutdown failed", len(self.unrecorded))
 
     async def signal_once(self, now: float | None = None) -> int:
         """One round of signals: promoted requests first, then each endpoint's release by
@@ -176,13 +196,48 @@ class BatchReleaser:
             await asyncio.to_thread(self.store.retry, item.id, self.owner)
         else:
             status, body = answer
-            await asyncio.to_thread(self.store.complete, item.id, self.owner, status, body)
+            self.unrecorded[item.id] = Answer(item.id, status, body)
+            self._buffered.set()
+            if len(self.unrecorded) >= self.config.flush_size:
+                self._full.set()
         self._signal.set()  # a completion is a signal (SageServe §6.2)
+
+    async def flush(self) -> list[str]:
+        """Record every answer received so far in one transaction; returns the ids this
+        recorded (one another replica holds now, or of a cancelled or expired batch, is
+        dropped unrecorded). On an error the answers stay for the next flush."""
+        answers = list(self.unrecorded.values())
+        self._buffered.clear()
+        self._full.clear()
+        try:
+            if not answers:
+                return []
+            finished = await asyncio.to_thread(self.store.complete_many, self.owner, answers)
+            for answer in answers:
+                if self.unrecorded.get(answer.request_id) is answer:
+                    del self.unrecorded[answer.request_id]
+            return finished
+        finally:  # answers that came meanwhile (or were kept) wait for the next flush
+            if self.unrecorded:
+                self._buffered.set()
+            if len(self.unrecorded) >= self.config.flush_size:
+                self._full.set()
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self._buffered.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self.config.flush_s)
+            try:
+                await self.flush()
+            except Exception:  # the database away: the answers wait (their leases renewed)
+                log.exception("recording %d batch answers failed; retrying", len(self.unrecorded))
+                await asyncio.sleep(self.config.signal_s)
 
     async def _renew_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.lease_s / 3)
-            ids = list(self.running)
+            ids = sorted({*self.running, *self.unrecorded})
             if ids:
                 try:
                     await asyncio.to_thread(self.store.renew, self.owner, ids, self.config.lease_s)
