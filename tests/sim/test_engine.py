@@ -177,7 +177,7 @@ def test_runs_sharing_one_config_start_from_the_same_empty_cluster() -> None:
 def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
     calls: list[tuple[float, dict, dict]] = []
 
-    def planner(now, history, batch, current):
+    def planner(now, history, batch, current, received):
         calls.append((now, {k: list(v) for k, v in history.items()}, dict(current)))
         return plan_of(now, {"r1": 3}, 1000.0)
 
@@ -210,7 +210,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
     """With Prometheus-like history the first plan is at t = start, not an hour in."""
     calls: list[tuple[float, list[float]]] = []
 
-    def planner(now, history, batch, current):
+    def planner(now, history, batch, current, received):
         calls.append((now, list(history[("m", "r1")])))
         return plan_of(now, {"r1": 1}, 10.0)
 
@@ -231,7 +231,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
 def test_an_endpoint_no_request_reaches_still_scales_in_to_its_floor(policy: str) -> None:
     # r2 gets no traffic: the operator's pace loop checks it every pace period, so the
     # simulator must too (the paper's rule fires on arrivals, and none come).
-    def planner(now, history, batch, current):
+    def planner(now, history, batch, current, received):
         return plan_of(now, {"r1": 1, "r2": 1})
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
