@@ -37,7 +37,11 @@ from sageserve.route.length_predictor import (
     make_predictor,
 )
 from sageserve.route.priorities import scheduler_priority
-from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, BatchQueueManager
+from sageserve.route.queue_manager import (
+    DEFAULT_PROMOTION_MARGIN_S,
+    DEFAULT_RELEASE_RULES,
+    BatchQueueManager,
+)
 from sageserve.route.region_router import SpillLedger, preference, route_region
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork, capacity_at_max
@@ -96,6 +100,8 @@ class SimConfig:
     route_threshold: float = 0.70
     release_rules: tuple[tuple[float, int], ...] = DEFAULT_RELEASE_RULES
     promotion_age_s: float | None = 10 * 3600.0
+    #: slack a batch request with a deadline keeps when promoted (`route.queue_manager`)
+    promotion_margin_s: float | None = DEFAULT_PROMOTION_MARGIN_S
     pace_s: float = 15.0
     emu_refresh_s: float = 1.0
     inter_region_latency_s: float = 0.05
@@ -309,6 +315,7 @@ class Simulation(InstanceHooks):
             config.release_rules,
             config.promotion_age_s,
             service_tps={m.name: request_decode_tps(m) for m in config.models},
+            promotion_margin_s=config.promotion_margin_s,
         )
         #: per model: θ (tokens/s of one instance), the EMU below which batch is released,
         #: and the tokens/s its batch queue needs to meet every deadline (each pace tick)
