@@ -717,9 +717,26 @@ class Simulation(InstanceHooks):
         for ep in sorted(sig, key=lambda e: e.key) if len(sig) > 1 else sig:
             if not self.qm.pending(ep.key.model) or not ep.serving:
                 continue
-            for job in self.qm.on_signal(ep.key.model, ep.emu(now)):
-                job.prio = scheduler_priority(job.req.tier, now - job.req.arrival)
+            for job in self._released(self.qm.on_signal(ep.key.model, ep.emu(now)), now):
                 self._dispatch(job, ep, now, check_scaling=True)
+
+    def _promote_at(self, job: Job) -> float:
+        """When a released batch request waiting at an instance goes to interactive
+        priority: as the Queue Manager promotes, when its slack is down to the margin
+        (with a deadline), else at the promotion age."""
+        margin = self.cfg.promotion_margin_s
+        if job.req.tier.deadline_s is not None and margin is not None:
+            return float(job.deadline) - margin
+        promo = self.cfg.promotion_age_s
+        return job.req.arrival + promo if promo is not None else math.inf
+
+    def _released(self, jobs: list[Job], now: float) -> list[Job]:
+        """Jobs a trough released, at the batch priority unless already due for promotion
+        (a trough release is not a promotion: it must not reach interactive priority only
+        because the request waited long for its deadline)."""
+        for job in jobs:
+            job.prio = 0 if self._promote_at(job) < now else job.req.tier.priority
+        return jobs
 
     def _pace_tick(self, now: float) -> None:
         # every endpoint signals the Queue Manager; aged batch work is released at once
@@ -769,7 +786,6 @@ class Simulation(InstanceHooks):
                 self._rcv_hist[hk].append(self._rcv_tok.pop(hk, 0) / 60.0)
             if round(minute * 60.0) % round(self.cfg.plan_s) == 0:
                 self._plan(now)
-        promo = self.cfg.promotion_age_s
         for key, ep in self.cluster.endpoints.items():
             ep.tokens_per_s = ep.tokens_minute / 60.0
             donated = (
@@ -795,15 +811,13 @@ class Simulation(InstanceHooks):
             )
             ep.arrivals_minute = ep.finished_minute = ep.tokens_minute = 0
             ep.ttft.roll()
-            if promo is not None:
-                limit = now - promo
-                for dep in ep.deployments:
-                    for inst in dep.instances:
-                        w1 = inst.waiting1
-                        while w1 and w1[0].req.arrival < limit:
-                            job = w1.popleft()
-                            job.prio = 0
-                            inst.waiting0.append(job)
+            for dep in ep.deployments:
+                for inst in dep.instances:
+                    w1 = inst.waiting1
+                    while w1 and self._promote_at(w1[0]) < now:
+                        job = w1.popleft()
+                        job.prio = 0
+                        inst.waiting0.append(job)
 
     # ---- planning ------------------------------------------------------------------------
 
