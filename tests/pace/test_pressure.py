@@ -187,3 +187,54 @@ def test_decide_holds_the_scale_in_for_5_minutes_after_a_backlog() -> None:
         state = out.state
     out = decide(300.0, Snapshot(300.0, {KEY: quiet}), None, state, reactive)
     assert [d.kind for d in out.decisions] == [ActionKind.SCALE_IN]
+
+
+# ---- batch deadline pressure --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("need", "serving", "theta", "want"),
+    [
+        (0.0, 2, 1000.0, 0.0),  # nothing due
+        (1200.0, 2, 1000.0, 1.0),  # all of 2 × 1000 × 60 %: the scale-out threshold
+        (1800.0, 2, 1000.0, 1.5),  # more than the trough release can give
+        (600.0, 2, 1000.0, 0.5),
+        (1800.0, 0, 1000.0, 0.0),  # nothing serves: the floor rule's business
+        (1800.0, 2, 0.0, 0.0),  # θ unknown: no signal
+    ],
+)
+def test_deadline_pressure_is_the_needed_rate_over_the_batch_capacity_below_60_percent(
+    need: float, serving: int, theta: float, want: float
+) -> None:
+    from sageserve.pace.pressure import batch_capacity_tps, deadline_pressure
+
+    capacity = batch_capacity_tps(serving, theta, 0.60)
+    assert deadline_pressure(need, capacity) == pytest.approx(want)
+
+
+def test_endpoint_pressure_names_the_batch_deadline_pressure() -> None:
+    p = endpoint_pressure(snapshot(0, batch_need_tps=1800.0, batch_capacity_tps=1200.0))
+    assert p.deadline == pytest.approx(1.5) and p.ratio == pytest.approx(1.5)
+    assert p.describe() == "batch deadline pressure: 1800 tok/s needed (1.5x batch capacity)"
+    # a larger backlog signal dominates the description
+    p = endpoint_pressure(snapshot(30, batch_need_tps=600.0, batch_capacity_tps=1200.0))
+    assert p.ratio == pytest.approx(3.0) and "30 waiting" in p.describe()
+
+
+@pytest.mark.parametrize("policy", ["reactive", "lt-utilization-arima"])
+def test_decide_scales_out_for_batch_its_deadlines_need(policy: str) -> None:
+    """EMU at 20 % (the trough release keeps it under 60 %), no backlog at the instances,
+    but the batch queue needs 1.5x what the trough release can give: the step grows, and
+    says why."""
+    from sageserve.core.snapshot import Plan
+
+    plan = Plan(0.0, {(KEY, "v"): 2}, {KEY: 100.0}, {KEY: 1000.0})
+    strategy = make_strategy(policy)
+    fits = snapshot(0, batch_need_tps=600.0, batch_capacity_tps=1200.0)
+    quiet = decide(10.0, Snapshot(10.0, {KEY: fits}), plan, StepState(), strategy)
+    assert all(d.kind is not ActionKind.SCALE_OUT for d in quiet.decisions)
+    due = snapshot(0, batch_need_tps=1800.0, batch_capacity_tps=1200.0)
+    busy = decide(10.0, Snapshot(10.0, {KEY: due}), plan, StepState(), strategy)
+    [d] = busy.decisions
+    assert d.kind is ActionKind.SCALE_OUT and d.replicas == {"v": 3}
+    assert "batch deadline pressure: 1800 tok/s needed" in d.reason

@@ -177,7 +177,7 @@ def test_runs_sharing_one_config_start_from_the_same_empty_cluster() -> None:
 def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
     calls: list[tuple[float, dict, dict]] = []
 
-    def planner(now, history, batch, current):
+    def planner(now, history, batch, current, received):
         calls.append((now, {k: list(v) for k, v in history.items()}, dict(current)))
         return plan_of(now, {"r1": 3}, 1000.0)
 
@@ -210,7 +210,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
     """With Prometheus-like history the first plan is at t = start, not an hour in."""
     calls: list[tuple[float, list[float]]] = []
 
-    def planner(now, history, batch, current):
+    def planner(now, history, batch, current, received):
         calls.append((now, list(history[("m", "r1")])))
         return plan_of(now, {"r1": 1}, 10.0)
 
@@ -231,7 +231,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
 def test_an_endpoint_no_request_reaches_still_scales_in_to_its_floor(policy: str) -> None:
     # r2 gets no traffic: the operator's pace loop checks it every pace period, so the
     # simulator must too (the paper's rule fires on arrivals, and none come).
-    def planner(now, history, batch, current):
+    def planner(now, history, batch, current, received):
         return plan_of(now, {"r1": 1, "r2": 1})
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
@@ -318,3 +318,23 @@ def test_the_simulator_takes_spot_capacity_in_the_operators_order() -> None:
     assert got is not None and got[1] == "redeploy_other_model"
     assert got[0].node is not None and b_old is not None and b_new is not None
     assert [i.id for i in cl.spot["r1"]] == [b_new.id]  # the longest-donated b went first
+
+
+def test_the_planner_sees_batch_received_apart_from_batch_served() -> None:
+    """β is 10 % of the batch load *received* (SageServe §6.3): with the Queue Manager
+    holding every batch request (no release rule), nothing is served, and the planner still
+    sees every batch token that arrived, in the request's home region."""
+    seen: dict[str, dict] = {}
+
+    def planner(now, history, batch, current, received):
+        if not seen:  # the plan at the end of the first hour
+            seen.update(batch={k: list(v) for k, v in batch.items()}, received=dict(received))
+        return plan_of(now, {"r1": 1, "r2": 1})
+
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, regions=("r1", "r2"), end_s=3600.0 + 10, release_rules=())
+    reqs = [Request(i, 10.0 * i, "m", NIW, "r2", 100, 10) for i in range(300)]
+    Simulation(cfg, make_strategy("lt-immediate"), reqs, planner=planner).run()
+    assert sum(sum(v) for v in seen["batch"].values()) == 0  # served: nothing
+    assert sum(seen["received"][("m", "r2")]) * 60.0 == pytest.approx(300 * 110)
+    assert sum(seen["received"][("m", "r1")]) == 0  # a region that received none: zeros

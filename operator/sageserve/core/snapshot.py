@@ -62,6 +62,10 @@ class EndpointSnapshot:
     counts as pressure: `pace.pressure`). `ttft_p95_s` / `ttft_samples` are each
     interactive tier's time to first token over the last minute (P95, first tokens
     counted) and `ttft_slo_s` its SLO; empty where the world does not measure it.
+    `batch_need_tps` is this endpoint's share of the tokens/s its model's batch queue needs
+    to meet every deadline (`route.deadlines`), `batch_capacity_tps` the batch tokens/s its
+    serving instances give below the Queue Manager's release threshold; both 0 where the
+    world does not keep a batch queue with deadlines (`pace.pressure.deadline_pressure`).
     """
 
     key: EndpointKey
@@ -78,6 +82,8 @@ class EndpointSnapshot:
     ttft_p95_s: Mapping[str, float] = field(default_factory=dict)
     ttft_samples: Mapping[str, int] = field(default_factory=dict)
     ttft_slo_s: Mapping[str, float] = field(default_factory=dict)
+    batch_need_tps: float = 0.0
+    batch_capacity_tps: float = 0.0
 
     def __post_init__(self) -> None:
         # one canonical order, whatever order a world lists its instances in

@@ -20,7 +20,18 @@ unchanged:
 - **TTFT**: the P95 time to first token of each interactive tier over the last minute,
   against the tier's TTFT SLO (WorkloadTier `ttftP95Seconds`; SageServe §2.2). It counts
   only above the SLO (ratio > 1), since a P95 within it is the SLO met, and only with at
-  least `TTFT_MIN_SAMPLES` first tokens, so one slow request in a quiet minute is no trend.
+  least `TTFT_MIN_SAMPLES` first tokens, so one slow request in a quiet minute is no trend;
+- **deadline**: the tokens/s the model's batch queue needs so that every queued request
+  finishes by its deadline (`route.deadlines.required_tps`, earliest deadline first; the
+  endpoint's share of it), against the batch capacity of the endpoint's serving instances
+  below the release threshold: `serving × θ × 60 %`, θ the per-instance capacity the plan
+  sizes with (capacityTokensPerSecond, §6.3) and 60 % the EMU under which the Queue
+  Manager releases batch work (§6.2). Why that capacity: released batch work holds an
+  instance at most at the release threshold, so no EMU rule (70 % to scale out) ever sees
+  it; the trough release gives batch at most that share of an instance. At 1 the queue
+  needs all of it and the endpoint scales out, which lowers EMU and lets the Queue Manager
+  release more; interactive load is not subtracted (EMU shows it, and the strategies read
+  the largest signal, not a sum), so the signal errs late, never early.
 
 A queue-side signal at its level also holds scale-in for `SCALE_IN_STABILIZATION_S` (300 s,
 the HPA's default scale-down stabilization window): prefill-bound capacity shows no EMU,
@@ -62,13 +73,21 @@ class Pressure:
     ttft: float = 0.0
     waiting: int = 0
     tier: str = ""
+    #: the batch tokens/s the deadlines need ÷ the endpoint's batch capacity
+    deadline: float = 0.0
+    need_tps: float = 0.0
 
     @property
     def ratio(self) -> float:
-        return max(self.queue, self.ttft)
+        return max(self.queue, self.ttft, self.deadline)
 
     def describe(self) -> str:
         """Which signal dominates, for Events and logs."""
+        if self.deadline > 0 and self.deadline >= max(self.queue, self.ttft):
+            return (
+                f"batch deadline pressure: {self.need_tps:.0f} tok/s needed "
+                f"({self.deadline:.1f}x batch capacity)"
+            )
         if self.ttft >= self.queue and self.ttft > 0:
             return f"{self.tier} TTFT P95 {self.ttft:.1f}x its SLO"
         return f"{self.waiting} waiting ({self.queue * QUEUE_SATURATION:.1f} per instance)"
@@ -101,10 +120,33 @@ def ttft_pressure(
     return worst, tier
 
 
+def batch_capacity_tps(serving: int, theta_tps: float, release_below: float) -> float:
+    """Batch tokens/s `serving` instances give under the trough release: each serves θ
+    tokens/s at full load and the Queue Manager fills it only below `release_below` EMU
+    (SageServe §6.2: 60 %)."""
+    return max(0, serving) * max(0.0, theta_tps) * max(0.0, release_below)
+
+
+def deadline_pressure(need_tps: float, capacity_tps: float) -> float:
+    """Batch tokens/s the deadlines need ÷ the batch capacity; 0 with no need or no
+    capacity (an endpoint with nothing serving is the floor rule's)."""
+    if need_tps <= 0 or capacity_tps <= 0:
+        return 0.0
+    return need_tps / capacity_tps
+
+
 def endpoint_pressure(ep: EndpointSnapshot) -> Pressure:
     """The queue-side signals of one endpoint snapshot."""
     ttft, tier = ttft_pressure(ep.ttft_p95_s, ep.ttft_samples, ep.ttft_slo_s)
-    return Pressure(queue_pressure(ep.waiting, ep.serving), ttft, ep.waiting, tier)
+    deadline = deadline_pressure(ep.batch_need_tps, ep.batch_capacity_tps)
+    return Pressure(
+        queue_pressure(ep.waiting, ep.serving),
+        ttft,
+        ep.waiting,
+        tier,
+        deadline,
+        ep.batch_need_tps if deadline > 0 else 0.0,
+    )
 
 
 def holds_scale_in(

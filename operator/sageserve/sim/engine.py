@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
+from sageserve.pace.pressure import batch_capacity_tps
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.route.anticipator import LoadAnticipator
@@ -36,7 +37,11 @@ from sageserve.route.length_predictor import (
     make_predictor,
 )
 from sageserve.route.priorities import scheduler_priority
-from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, BatchQueueManager
+from sageserve.route.queue_manager import (
+    DEFAULT_PROMOTION_MARGIN_S,
+    DEFAULT_RELEASE_RULES,
+    BatchQueueManager,
+)
 from sageserve.route.region_router import SpillLedger, preference, route_region
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork, capacity_at_max
@@ -68,6 +73,19 @@ class ModelSetup:
     capacity_tps: float = 0.0
 
 
+def request_decode_tps(model: ModelSetup) -> float:
+    """Tokens/s one request of `model` decodes at on a full instance (one token per decode
+    iteration with the KV cache full), the slowest variant's: the Queue Manager's estimate
+    of a batch request's service time (tokens ÷ this), which its promotion by slack keeps
+    ahead of the deadline. Conservative: prompt tokens prefill far faster."""
+    rates = [
+        1.0 / step
+        for _name, perf in model.variants
+        if (step := perf.decode(perf.kv_capacity_tokens)) > 0
+    ]
+    return min(rates, default=0.0)
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything one run needs besides the request stream and the strategy."""
@@ -82,6 +100,8 @@ class SimConfig:
     route_threshold: float = 0.70
     release_rules: tuple[tuple[float, int], ...] = DEFAULT_RELEASE_RULES
     promotion_age_s: float | None = 10 * 3600.0
+    #: slack a batch request with a deadline keeps when promoted (`route.queue_manager`)
+    promotion_margin_s: float | None = DEFAULT_PROMOTION_MARGIN_S
     pace_s: float = 15.0
     emu_refresh_s: float = 1.0
     inter_region_latency_s: float = 0.05
@@ -93,20 +113,28 @@ class SimConfig:
     picker: str = DEFAULT_PICKER
     #: output-length predictor (`route.length_predictor`), by name, one per model
     predictor: str = DEFAULT_PREDICTOR
+    #: scale out for batch work its deadlines need (`pace.pressure.deadline_pressure`);
+    #: False: the paper's trough release alone (batch never causes a scale-out)
+    deadline_pressure: bool = True
 
 
 #: (model, region) -> one value per minute.
 PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 
-#: (now, interactive tokens/s per minute per (model, region), batch tokens/s per minute over
-#: the last hour, current instances per (model, region, variant)) -> the plan the decision
-#: step follows. Built from plan.cycle by `sim.scenario`, as the operator's plan loop.
+#: (now, interactive tokens/s per minute per (model, region), batch tokens/s served per
+#: minute over the last hour, current instances per (model, region, variant), batch tokens/s
+#: received per minute over the last hour) -> the plan the decision step follows. Built
+#: from plan.cycle by `sim.scenario`, as the operator's plan loop. Batch received is what
+#: arrived at the Queue Manager, counted at the request's home region (the region the
+#: operator's router counts `sageserve_batch_accepted_tokens_total` in); served is what
+#: the troughs let through, per serving region.
 Planner = Callable[
     [
         float,
         Mapping[tuple[str, str], Sequence[float]],
         Mapping[tuple[str, str], Sequence[float]],
         Mapping[tuple[str, str, str], int],
+        Mapping[tuple[str, str], Sequence[float]],
     ],
     Plan,
 ]
@@ -263,11 +291,16 @@ class Simulation(InstanceHooks):
             lambda: deque(maxlen=config.history_minutes)
         )
         self._niw_hist: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=60))
+        #: batch tokens received per (model, home region): per minute, and this minute (the
+        #: history before the window counts batch by arrival: it is batch received)
+        self._rcv_hist: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=60))
+        self._rcv_tok: dict[tuple[str, str], int] = defaultdict(int)
         if history is not None:
             for key, values in history[0].items():
                 self._iw_hist[key].extend(values)
             for key, values in history[1].items():
                 self._niw_hist[key].extend(values)
+                self._rcv_hist[key].extend(values)
         self._iw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self._niw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self.strategy = strategy
@@ -279,8 +312,16 @@ class Simulation(InstanceHooks):
             config.nodes, self, config.delays, config.seed, config.max_batched_tokens
         )
         self.qm: BatchQueueManager[Job] = BatchQueueManager(
-            config.release_rules, config.promotion_age_s
+            config.release_rules,
+            config.promotion_age_s,
+            service_tps={m.name: request_decode_tps(m) for m in config.models},
+            promotion_margin_s=config.promotion_margin_s,
         )
+        #: per model: θ (tokens/s of one instance), the EMU below which batch is released,
+        #: and the tokens/s its batch queue needs to meet every deadline (each pace tick)
+        self._theta = {m.name: m.capacity_tps for m in config.models if m.capacity_tps > 0}
+        self._release_below = max((b for b, _n in config.release_rules), default=0.0)
+        self._batch_need: dict[str, float] = {}
         self.stats: dict[tuple[str, str], TierModelStats] = defaultdict(TierModelStats)
         self.arrived = 0
         self.finished = 0
@@ -297,6 +338,8 @@ class Simulation(InstanceHooks):
         # (model, pool) -> endpoints in the fixed region order
         self._eps_by_model_pool: dict[tuple[str, str], list[Endpoint]] = {}
         self._route_cache: dict[tuple[str, str, str], list[Endpoint]] = {}
+        #: model -> its endpoints, regions in the scenario's order
+        self._eps_of_model: dict[str, list[Endpoint]] = {}
         self._build()
 
     # ---- set-up --------------------------------------------------------------------------
@@ -330,6 +373,7 @@ class Simulation(InstanceHooks):
                         if todo <= 0:
                             break
                     self._eps_by_model_pool.setdefault((m.name, pool), []).append(ep)
+                    self._eps_of_model.setdefault(m.name, []).append(ep)
 
     # ---- InstanceHooks -------------------------------------------------------------------
 
@@ -505,8 +549,12 @@ class Simulation(InstanceHooks):
         job.pred_out = self._predict(req)
         if tier.deadline_s is not None:
             job.deadline = req.arrival + tier.deadline_s
+        if not tier.interactive and self.planner is not None:
+            self._rcv_tok[(req.model, self._home(req))] += req.prompt_tokens + req.output_tokens
         if not tier.interactive and self.qm_active:
-            self.qm.submit(req.model, job, req.arrival)
+            deadline = job.deadline if tier.deadline_s is not None else None
+            # what the queue knows of the cost: the prompt and the predicted output
+            self.qm.submit(req.model, job, req.arrival, deadline, req.prompt_tokens + job.pred_out)
             return
         pool = self.strategy.layout.pool_for(tier)
         ep = self._route_region(req, pool, req.arrival)
@@ -514,6 +562,15 @@ class Simulation(InstanceHooks):
             self._lost(job)
             return
         self._dispatch(job, ep, req.arrival, check_scaling=True)
+
+    def _home(self, req: Request) -> str:
+        """The region batch received is counted in: the request's own where its model is
+        served, else the model's first region in the scenario's order (the router counts
+        accepted batch tokens in its home region, else the model's first region)."""
+        eps = self._eps_of_model.get(req.model)
+        if not eps or any(ep.key.region == req.region for ep in eps):
+            return req.region
+        return eps[0].key.region
 
     def _route_region(self, req: Request, pool: str, t: float) -> Endpoint | None:
         ck = (req.model, pool, req.region)
@@ -574,9 +631,26 @@ class Simulation(InstanceHooks):
         snaps = {ep.key: ep.snapshot(t) for ep in eps}
         if getattr(self.strategy, "uses_projection", False):
             snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}
+        if self._batch_need:
+            snaps = {k: self._with_deadlines(s) for k, s in snaps.items()}
         outcome = decide(t, Snapshot(t, snaps), None, self.step_state, self.strategy)
         self.step_state = outcome.state
         self._apply(outcome.decisions, t)
+
+    def _with_deadlines(self, snap: EndpointSnapshot) -> EndpointSnapshot:
+        """`snap` with its share of its model's batch deadline need and its batch capacity
+        (`pace.pressure.deadline_pressure`), as the decision step reads them. The queue is
+        global per model, so each serving endpoint of the model takes the share of its
+        serving instances: every one of them then reads the same ratio."""
+        model = snap.key.model
+        need = self._batch_need.get(model, 0.0)
+        theta = self._theta.get(model, 0.0)
+        if need <= 0 or theta <= 0 or snap.serving <= 0:
+            return snap
+        serving = sum(ep.serving for ep in self._eps_of_model.get(model, ()))
+        share = need * snap.serving / max(serving, snap.serving)
+        capacity = batch_capacity_tps(snap.serving, theta, self._release_below)
+        return replace(snap, batch_need_tps=share, batch_capacity_tps=capacity)
 
     def _projected(self, ep: Endpoint, snap: EndpointSnapshot, t: float) -> EndpointSnapshot:
         """`snap` with each instance's projected KV usage from its load anticipator
@@ -643,12 +717,34 @@ class Simulation(InstanceHooks):
         for ep in sorted(sig, key=lambda e: e.key) if len(sig) > 1 else sig:
             if not self.qm.pending(ep.key.model) or not ep.serving:
                 continue
-            for job in self.qm.on_signal(ep.key.model, ep.emu(now)):
-                job.prio = scheduler_priority(job.req.tier, now - job.req.arrival)
+            for job in self._released(self.qm.on_signal(ep.key.model, ep.emu(now)), now):
                 self._dispatch(job, ep, now, check_scaling=True)
+
+    def _promote_at(self, job: Job) -> float:
+        """When a released batch request waiting at an instance goes to interactive
+        priority: as the Queue Manager promotes, when its slack is down to the margin
+        (with a deadline), else at the promotion age."""
+        margin = self.cfg.promotion_margin_s
+        if job.req.tier.deadline_s is not None and margin is not None:
+            return float(job.deadline) - margin
+        promo = self.cfg.promotion_age_s
+        return job.req.arrival + promo if promo is not None else math.inf
+
+    def _released(self, jobs: list[Job], now: float) -> list[Job]:
+        """Jobs a trough released, at the batch priority unless already due for promotion
+        (a trough release is not a promotion: it must not reach interactive priority only
+        because the request waited long for its deadline)."""
+        for job in jobs:
+            job.prio = 0 if self._promote_at(job) < now else job.req.tier.priority
+        return jobs
 
     def _pace_tick(self, now: float) -> None:
         # every endpoint signals the Queue Manager; aged batch work is released at once
+        if self.qm_active and self.cfg.deadline_pressure:
+            qm = self.qm
+            self._batch_need = {
+                m: need for m in qm.models() if (need := qm.required_tps(m, now)) > 0
+            }
         if self.qm_active and self.qm.pending():
             for _model, job in self.qm.pop_aged(now):
                 job.prio = 0
@@ -683,9 +779,13 @@ class Simulation(InstanceHooks):
             for hk in {(k.model, k.region) for k in self.cluster.endpoints}:
                 self._iw_hist[hk].append(self._iw_tok.pop(hk, 0) / 60.0)
                 self._niw_hist[hk].append(self._niw_tok.pop(hk, 0) / 60.0)
+            # every served key gets a received series (0 where none arrived), so the plan
+            # takes β from what was received, never from what another region served
+            received = {(k.model, k.region) for k in self.cluster.endpoints}
+            for hk in received | set(self._rcv_tok):
+                self._rcv_hist[hk].append(self._rcv_tok.pop(hk, 0) / 60.0)
             if round(minute * 60.0) % round(self.cfg.plan_s) == 0:
                 self._plan(now)
-        promo = self.cfg.promotion_age_s
         for key, ep in self.cluster.endpoints.items():
             ep.tokens_per_s = ep.tokens_minute / 60.0
             donated = (
@@ -711,15 +811,13 @@ class Simulation(InstanceHooks):
             )
             ep.arrivals_minute = ep.finished_minute = ep.tokens_minute = 0
             ep.ttft.roll()
-            if promo is not None:
-                limit = now - promo
-                for dep in ep.deployments:
-                    for inst in dep.instances:
-                        w1 = inst.waiting1
-                        while w1 and w1[0].req.arrival < limit:
-                            job = w1.popleft()
-                            job.prio = 0
-                            inst.waiting0.append(job)
+            for dep in ep.deployments:
+                for inst in dep.instances:
+                    w1 = inst.waiting1
+                    while w1 and self._promote_at(w1[0]) < now:
+                        job = w1.popleft()
+                        job.prio = 0
+                        inst.waiting0.append(job)
 
     # ---- planning ------------------------------------------------------------------------
 
@@ -739,6 +837,7 @@ class Simulation(InstanceHooks):
             {k: list(v) for k, v in self._iw_hist.items()},
             {k: list(v) for k, v in self._niw_hist.items()},
             dict(current),
+            {k: list(v) for k, v in self._rcv_hist.items()},
         )
         self.plans += 1
         self.step_state = decide(now, Snapshot(now, {}), plan, self.step_state, self.strategy).state

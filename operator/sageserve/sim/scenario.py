@@ -202,6 +202,7 @@ class Scenario:
             _history: Mapping[tuple[str, str], Sequence[float]],
             _batch: Mapping[tuple[str, str], Sequence[float]],
             current: Mapping[tuple[str, str, str], int],
+            _received: Mapping[tuple[str, str], Sequence[float]],
         ) -> Plan:
             window = plan_window(
                 models,
@@ -250,6 +251,7 @@ class Scenario:
             _history: Mapping[tuple[str, str], Sequence[float]],
             _batch: Mapping[tuple[str, str], Sequence[float]],
             _current: Mapping[tuple[str, str, str], int],
+            _received: Mapping[tuple[str, str], Sequence[float]],
         ) -> Plan:
             return Plan(now, targets)
 
@@ -259,7 +261,11 @@ class Scenario:
         """The hourly plan cycle of the operator (forecast + ILP, `plan.cycle`) for the sim.
 
         History is the interactive tokens/s (input + output) per minute of each (model,
-        served region); β comes from the batch tokens/s of the last hour.
+        served region). β is 10 % of the batch tokens/s *received* in the last hour
+        (SageServe §6.3), per (model, home region), as the operator's plan loop reads
+        `sageserve_batch_accepted_tokens_total`; the batch tokens/s *served* (per serving
+        region) still give the expected batch load of the window. Received and served
+        differ exactly while the Queue Manager holds work for the troughs.
         """
         from sageserve.api.scaling_policy import ScalingPolicySpec
         from sageserve.plan.cycle import run_plan_cycle
@@ -275,8 +281,11 @@ class Scenario:
             history: Mapping[tuple[str, str], Sequence[float]],
             batch: Mapping[tuple[str, str], Sequence[float]],
             current: Mapping[tuple[str, str, str], int],
+            received: Mapping[tuple[str, str], Sequence[float]],
         ) -> Plan:
-            cycle = run_plan_cycle(models, spec, history, batch, current, capacity)
+            cycle = run_plan_cycle(
+                models, spec, history, batch, current, capacity, batch_received=received or None
+            )
             return cycle.in_force(now)
 
         return plan
