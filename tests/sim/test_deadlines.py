@@ -206,8 +206,10 @@ def test_comparison_rows_carry_the_batch_totals() -> None:
 
 def test_the_engine_records_unfinished_batch_work_with_deadlines_and_capacity() -> None:
     """One instance serving one sequence at a time, a 60 s window and a 30 s drain: a long
-    batch request is still running at the horizon (its 24 h deadline lies beyond it), a
-    short-deadline batch request waits behind it and misses, the interactive one is served."""
+    batch request is still unfinished at the horizon (its 24 h deadline lies beyond it); a
+    batch request with a 20 s deadline and 100 s of decode cannot make it whatever the
+    order (its slack runs out, it takes the instance, and is still running at the horizon):
+    a miss inside the horizon; the interactive one is served."""
     perf = flat_perf(prefill_s=0.05, decode_s=0.5, max_seqs=1)
     cfg = config(perf, initial=1, lo=1, hi=1, end_s=60.0, drain_s=30.0)
     cfg = replace(cfg, models=(replace(cfg.models[0], capacity_tps=7.0),))
@@ -215,7 +217,7 @@ def test_the_engine_records_unfinished_batch_work_with_deadlines_and_capacity() 
     reqs = [
         Request(0, 1.0, "m", IW_F, "r1", 10, 2),
         Request(1, 2.0, "m", NIW, "r1", 10, 400),  # 200 s of decode: running at the end
-        Request(2, 3.0, "m", short, "r1", 10, 5),  # waits behind it: 23 s passes
+        Request(2, 3.0, "m", short, "r1", 10, 200),  # 100 s of decode: due at 23 s
     ]
     r = Simulation(cfg, make_strategy("reactive"), reqs).run()
     assert r.horizon_s == 90.0
