@@ -334,3 +334,50 @@ def test_a_body_dribbled_too_slowly_is_408_and_the_connection_closed(store_url: 
             assert (await r.json())["data"] == []
 
     serve(store_url, scenario)
+
+
+def test_uploads_claim_the_routers_in_flight_bytes_and_wait_their_turn(store_url: str) -> None:
+    """An upload holds its declared bytes against the router's budget while it is read and
+    stored: past the budget 429 with Retry-After, nothing stored; a body declared over the
+    upload limit is still 413 (waiting would not help it)."""
+    budget = {"limit": 64 * 1024, "used": 0}
+
+    def claim(size: int) -> Callable[[], None] | None:
+        if budget["used"] + size > budget["limit"]:
+            return None
+        budget["used"] += size
+
+        def release() -> None:
+            budget["used"] -= size
+
+        return release
+
+    async def main() -> None:
+        store = BatchStore.open(store_url)
+        api = BatchApi(store, known_models, max_upload_bytes=1024 * 1024, claim_bytes=claim)
+        app = web.Application(middlewares=[identify])
+        api.add_routes(app)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with aiohttp.ClientSession() as client:
+                await upload(client, url, jsonl([line("a")]), A)
+                assert budget["used"] == 0  # given back once stored
+                budget["used"] = budget["limit"]  # other bodies hold the budget
+                async with client.post(f"{url}/v1/files", data=form(b"{}\n"), headers=A) as r:
+                    assert r.status == 429 and int(r.headers["Retry-After"]) > 0
+                    assert (await error_of(r))["code"] == "max_inflight_bytes"
+                body, content_type = raw_upload("big.jsonl", b"x" * (2 * 1024 * 1024))
+                headers = {**A, "Content-Type": content_type}
+                async with client.post(f"{url}/v1/files", data=body, headers=headers) as r:
+                    assert r.status == 413
+                budget["used"] = 0
+                async with client.get(f"{url}/v1/files", headers=A) as r:
+                    assert len((await r.json())["data"]) == 1  # the refused one left nothing
+        finally:
+            await runner.cleanup()
+            store.close()
+
+    asyncio.run(main())

@@ -184,6 +184,13 @@ def test_bad_input_gets_openai_shaped_errors_naming_the_field() -> None:
             async with client.post(f"{url}/v1/completions", data=data, headers=headers) as r:
                 assert r.status == status, message
                 assert message in (await r.json())["error"]["message"]
+
+        async def chunked() -> Any:  # no Content-Length: refused once it passes the limit
+            for _ in range(4):
+                yield b"x" * 512
+
+        async with client.post(f"{url}/v1/completions", data=chunked()) as r:
+            assert r.status == 413 and "over 1024 bytes" in (await r.json())["error"]["message"]
         assert all(not p.got for p in pods.values())  # nothing reached a pod
 
     run(scenario, {"east-0": ("us-east", False)}, max_body_bytes=1024)

@@ -39,6 +39,12 @@ from sageserve.route.identity import ANONYMOUS, Principal
 #: (served model name, caller) -> the batch tier the caller's lines of it run in; None
 #: when the model is not served to this caller for batch work
 BatchTierFor = Callable[[str, Principal], str | None]
+#: An upload's bytes claimed against the router's in-flight byte budget
+#: (``--max-inflight-bytes``): the function that gives them back, or None when they would
+#: pass it (429: a burst of large uploads costs at most the budget, not the burst).
+ClaimBytes = Callable[[int], Callable[[], None] | None]
+#: Seconds a client is asked to wait after a 429 for in-flight bytes.
+BUSY_RETRY_AFTER_S = 5
 #: where the router's identity middleware leaves the caller on a request
 PRINCIPAL = web.RequestKey("sageserve.principal", Principal)
 
@@ -98,6 +104,7 @@ class BatchApi:
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         accepted: Callable[[BatchObject, Principal], Awaitable[None]] | None = None,
+        claim_bytes: ClaimBytes | None = None,
     ) -> None:
         self.store = store
         self.models = models
@@ -106,6 +113,9 @@ class BatchApi:
         self.body_timeout_s = body_timeout_s
         #: told of every batch accepted into the queue (the router counts its load: β)
         self.accepted = accepted
+        #: an upload's bytes held against the router's in-flight budget while it is read
+        #: and stored (None: uploads are bounded one by one only)
+        self.claim_bytes = claim_bytes
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/files", self.upload_file)
@@ -122,6 +132,15 @@ class BatchApi:
 
     async def upload_file(self, request: web.Request) -> web.Response:
         caller = _principal(request)
+        most = self.max_upload_bytes + MULTIPART_SLACK
+        declared = request.content_length
+        if declared is not None and declared > most:
+            return self._too_large()  # 413 before 429: waiting would not help it
+        release = None
+        if self.claim_bytes is not None:
+            release = self.claim_bytes(most if declared is None else declared)
+            if release is None:
+                return self._busy()
         try:
             upload = await self._in_time(self._read_upload(request))
             obj = await self._call(
@@ -134,6 +153,9 @@ class BatchApi:
             )
         except _Refused as refused:
             return refused.response
+        finally:
+            if release is not None:
+                release()
         return web.json_response(obj.to_openai())
 
     async def list_files(self, request: web.Request) -> web.Response:
@@ -392,6 +414,18 @@ class BatchApi:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def _busy(self) -> web.Response:
+        """429 for an upload the router has no room for now (its body is not read)."""
+        response = openai_error(
+            429,
+            "the router has as many bytes of requests in flight as it may hold "
+            "(--max-inflight-bytes); retry this upload shortly",
+            code="max_inflight_bytes",
+            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        )
+        response.force_close()
+        return response
+
     def _too_large(self) -> web.Response:
         return openai_error(
             413,
@@ -501,4 +535,4 @@ def _page(found: list[FileObject] | list[BatchObject], more: bool) -> dict[str, 
     }
 
 
-__all__ = ["DEFAULT_MAX_UPLOAD_BYTES", "BatchApi", "openai_error"]
+__all__ = ["DEFAULT_MAX_UPLOAD_BYTES", "BatchApi", "ClaimBytes", "openai_error"]

@@ -53,7 +53,7 @@ def router_command(
         typer.Option(
             min=1,
             help="Bytes of request bodies the router has at once (being read, held or "
-            "forwarded); past it 429 before the body is read.",
+            "forwarded, Batch API uploads included); past it 429 before the body is read.",
         ),
     ] = 256 * 1024 * 1024,
     max_output_tokens: Annotated[
@@ -239,6 +239,7 @@ def router_command(
                 max_upload_bytes=max_upload_bytes,
                 body_timeout_s=body_timeout_seconds,
                 accepted=releaser.accepted,
+                claim_bytes=router.claim_bytes,
             ).add_routes
 
         async def ready(bound: int) -> None:

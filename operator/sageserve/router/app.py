@@ -112,9 +112,9 @@ class RouterConfig:
     #: Requests waiting for a model with no ready pod, at most; past it 429 (a held
     #: request keeps its body and a connection until a pod comes or the hold runs out).
     max_held_requests: int = 1000
-    #: Bytes of request bodies the router has at once (being read, held or forwarded);
-    #: past it 429 before the body is read. A body of unknown length (chunked) counts as
-    #: `max_body_bytes` until it has been read.
+    #: Bytes of request bodies the router has at once (being read, held or forwarded,
+    #: Batch API uploads included: `claim_bytes`); past it 429 before the body is read.
+    #: A body of unknown length (chunked) counts as `max_body_bytes` until it has been read.
     max_inflight_bytes: int = 256 * 1024 * 1024
 
 
@@ -349,6 +349,16 @@ class Router:
         response.headers["Retry-After"] = str(retry_after)
         return response
 
+    def claim_bytes(self, size: int) -> Callable[[], None] | None:
+        """`size` bytes of a body another handler reads (a Batch API upload) claimed
+        against `max_inflight_bytes`: the function that gives them back, or None past the
+        limit (counted as refused; the handler answers 429)."""
+        claim = self.body_bytes.claim(size)
+        if claim is None:
+            self.metrics.refused(LIMIT_INFLIGHT_BYTES)
+            return None
+        return claim.release
+
     def _claim_body(self, request: web.Request) -> ByteClaim | web.Response:
         """The body's bytes claimed before it is read (its declared length, else the most
         a body may be), or 429 with the body unread (thrown away, then closed)."""
@@ -367,15 +377,24 @@ class Router:
         response.force_close()
         return response
 
+    async def _read(self, request: web.Request) -> bytes | None:
+        """The whole body (None past `max_body_bytes`), read here rather than with
+        `request.read()`, which keeps a copy on the request until it is answered: a held
+        or forwarded request then costs its parsed body alone, not its bytes as well."""
+        body = bytearray()
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > self.config.max_body_bytes:
+                return None
+        return bytes(body)
+
     async def _parse(
         self, request: web.Request, claim: ByteClaim | None = None
     ) -> dict[str, Any] | web.Response:
         if self._declared_too_large(request):
             return self._too_large()  # not a byte of it read; the rest is thrown away
         try:
-            raw = await asyncio.wait_for(request.read(), self.config.body_timeout_seconds)
-        except web.HTTPRequestEntityTooLarge:
-            return self._too_large()  # a body without a length: refused at the limit
+            raw = await asyncio.wait_for(self._read(request), self.config.body_timeout_seconds)
         except TimeoutError:
             response = openai_error(
                 408,
@@ -384,6 +403,8 @@ class Router:
             )
             response.force_close()
             return response
+        if raw is None:
+            return self._too_large()  # a body without a length: refused at the limit
         if claim is not None:
             claim.resize(len(raw))
         try:
