@@ -276,7 +276,7 @@ def test_the_router_renders_hardened_like_the_operator(
         assert params["backend_url"] == "http://{pod_ip}:{port}"
         assert params["max_body_bytes"] == 8 * 1024 * 1024 and params["hold_seconds"] == 120.0
         assert params["max_held_requests"] == 1000
-        assert params["max_inflight_bytes"] == 256 * 1024 * 1024
+        assert params["max_inflight_bytes"] == 128 * 1024 * 1024
         assert params["max_output_tokens"] == 131072
 
     # its own ServiceAccount, a Service 80 -> http, a PodDisruptionBudget of its pods only

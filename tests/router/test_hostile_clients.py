@@ -51,6 +51,7 @@ from sageserve.batch.limits import MAX_DEPTH
 from sageserve.batch.schema import files as file_rows
 from sageserve.batch.schema import requests as request_rows
 from sageserve.batch.store import DEFAULT_MAX_REQUESTS
+from sageserve.router.app import RouterConfig
 from tests.batch.test_api_tenants import dribble, raw_upload
 from tests.router import hostile_router as child
 from tests.router.test_fuzz_api import assert_openai_error, pod_app
@@ -62,10 +63,11 @@ TIMEOUT = 60.0
 BODY_TIMEOUT_S = 6.0
 #: the router's defaults, as the chart sets them
 MAX_UPLOAD = DEFAULT_MAX_UPLOAD_BYTES
-MAX_INFLIGHT = 256 * 2**20
-#: fewer than the held flood, so that some of it meets this limit
-MAX_HELD = 30
-HELD_FLOOD, HELD_BODY = 40, 7 * 2**20
+MAX_INFLIGHT = RouterConfig().max_inflight_bytes
+#: fewer than the held flood, so that some of it meets this limit (and their bodies fit
+#: the byte budget, so that the rest of the flood meets that one too)
+MAX_HELD = 12
+HELD_FLOOD, HELD_BODY = 24, 7 * 2**20
 LINE_FLOOD, LINE_FLOOD_BYTES = 8, 4 * 2**20
 #: more than the in-flight byte budget holds at once: the rest wait their turn (429)
 NEAR_CAP_FILES = 4

@@ -55,7 +55,7 @@ def router_command(
             help="Bytes of request bodies the router has at once (being read, held or "
             "forwarded, Batch API uploads included); past it 429 before the body is read.",
         ),
-    ] = 256 * 1024 * 1024,
+    ] = 128 * 1024 * 1024,
     max_output_tokens: Annotated[
         int,
         typer.Option(

@@ -115,7 +115,7 @@ class RouterConfig:
     #: Bytes of request bodies the router has at once (being read, held or forwarded,
     #: Batch API uploads included: `claim_bytes`); past it 429 before the body is read.
     #: A body of unknown length (chunked) counts as `max_body_bytes` until it has been read.
-    max_inflight_bytes: int = 256 * 1024 * 1024
+    max_inflight_bytes: int = 128 * 1024 * 1024
 
 
 def openai_error(
