@@ -28,15 +28,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import pytest
 import requests
 import yaml
 from aiohttp import web
@@ -44,7 +42,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 import sageserve
-from e2e import postgres
 from sageserve.batch import BatchStore
 from sageserve.batch.api import DEFAULT_MAX_UPLOAD_BYTES
 from sageserve.batch.limits import MAX_DEPTH
@@ -52,10 +49,13 @@ from sageserve.batch.schema import files as file_rows
 from sageserve.batch.schema import requests as request_rows
 from sageserve.batch.store import DEFAULT_MAX_REQUESTS
 from sageserve.router.app import RouterConfig
+from tests.batch import conftest as batch_fixtures
 from tests.batch.test_api_tenants import dribble, raw_upload
 from tests.router import hostile_router as child
 from tests.router.test_fuzz_api import assert_openai_error, pod_app
 
+#: the queue on SQLite and on a throwaway PostgreSQL, as the batch tests have it
+pg_server, store_url = batch_fixtures.pg_server, batch_fixtures.store_url
 REPO = Path(__file__).resolve().parents[2]
 VALUES = REPO / "charts" / "sageserve" / "values.yaml"
 TIMEOUT = 60.0
@@ -191,23 +191,6 @@ def start_router(store_url: str, pods: Pods, log: Path) -> RouterProcess:
     first = process.stdout.readline()
     assert first.startswith("port "), (first, log.read_text())
     return RouterProcess(process, f"http://127.0.0.1:{int(first.split()[1])}", log)
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[postgres.PostgresServer]:
-    with postgres.running(durable=False) as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/queue.db"
-        return
-    server: postgres.PostgresServer = request.getfixturevalue("pg_server")
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    yield server.create_database(name)
-    server.drop_database(name)
 
 
 # ---- the hostile client ------------------------------------------------------------------

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,16 +206,8 @@ def bench_release_command(
     on SQLite (a temporary file) and, given its URL, on PostgreSQL; print the median
     (min – max) of each and of the per-repetition ratio, return the rows."""
     rows: list[ReleaseBenchRow] = []
-    with tempfile.TemporaryDirectory(prefix="sageserve-bench-batch-") as tmp:
-        urls = [f"sqlite:///{Path(tmp) / 'queue.db'}"]
-        if postgres_url:
-            urls.append(postgres_url)
-        for url in urls:
-            store = BatchStore.open(url, max_requests=max(requests, 1))
-            try:
-                rows += bench_release(store, requests, claim_size, flush_size, repeats)
-            finally:
-                store.close()
+    for store in _stores(requests, postgres_url):
+        rows += bench_release(store, requests, claim_size, flush_size, repeats)
     table = Table(
         title=f"sageserve bench batch --release-compare: {requests} requests per run, claims "
         f"of {claim_size}, complete_many every {flush_size} answers, {repeats} repetitions; "
@@ -244,6 +236,21 @@ def bench_release_command(
     return rows
 
 
+def _stores(requests: int, postgres_url: str | None) -> Iterator[BatchStore]:
+    """A queue on SQLite (a temporary file), then, given its URL, on PostgreSQL; each
+    closed once the caller has measured it."""
+    with tempfile.TemporaryDirectory(prefix="sageserve-bench-batch-") as tmp:
+        urls = [f"sqlite:///{Path(tmp) / 'queue.db'}"]
+        if postgres_url:
+            urls.append(postgres_url)
+        for url in urls:
+            store = BatchStore.open(url, max_requests=max(requests, 1))
+            try:
+                yield store
+            finally:
+                store.close()
+
+
 def bench_batch_command(
     requests: int,
     workers: list[int],
@@ -254,17 +261,8 @@ def bench_batch_command(
     """Run the bench on SQLite (a temporary file) and, given its URL, on PostgreSQL;
     print the table and return the rows."""
     rows: list[BatchBenchRow] = []
-    with tempfile.TemporaryDirectory(prefix="sageserve-bench-batch-") as tmp:
-        urls = [f"sqlite:///{Path(tmp) / 'queue.db'}"]
-        if postgres_url:
-            urls.append(postgres_url)
-        for url in urls:
-            store = BatchStore.open(url, max_requests=max(requests, 1))
-            try:
-                for n in workers:
-                    rows.append(bench_store(store, requests, n, claim_size))
-            finally:
-                store.close()
+    for store in _stores(requests, postgres_url):
+        rows += [bench_store(store, requests, n, claim_size) for n in workers]
     table = Table(
         title=f"sageserve bench batch: {requests} requests per run, claims of {claim_size}"
     )
