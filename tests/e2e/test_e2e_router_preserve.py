@@ -67,6 +67,20 @@ def headers(client: str) -> dict[str, str]:
     }
 
 
+def client_keys(kubeconfig: Path, namespace: str) -> None:
+    """The two clients' API keys, listed by tier iw-f (a key is the client the router's
+    length predictor learns per, and the identity that may use the tier)."""
+    kubectl(
+        kubeconfig,
+        ["create", "secret", "generic", "clients", "-n", namespace]
+        + [f"--from-literal={c}={c}" for c in ("long-writer", "short-writer")],
+    )
+    patch = json.dumps({"spec": {"match": {"apiKeysSecretRef": {"name": "clients"}}}})
+    kubectl(
+        kubeconfig, ["patch", "workloadtier", "iw-f", "-n", namespace, "--type=merge", "-p", patch]
+    )
+
+
 def warm_up(router: RouterProcess) -> None:
     """Each client's answers, all at once, whole: the router's predictor learns them."""
     errors: list[str] = []
@@ -142,6 +156,7 @@ def test_preserve_avoids_the_pod_filling_up_where_least_request_sends_the_reques
                 return {pod_a, pod_b} <= {p for e in endpoints for p in e["servingPods"]}
 
             eventually(twin_serves_both, 60, "the twin serving both pods")
+            client_keys(kubeconfig, namespace)
             for picker in ("preserve", "least-request"):
                 routers[picker] = RouterProcess(
                     kubeconfig,

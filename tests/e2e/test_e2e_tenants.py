@@ -1,6 +1,7 @@
 """Two teams behind one router on the real control plane: each key sees only its own
-namespace's models, files and batches, a header cannot raise a key's tier, and a key taken
-out of its Secret stops working after the next key resync.
+namespace's models, files and batches, a header cannot raise a key's tier, a key taken
+out of its Secret stops working after the next key resync, and a key Secret that cannot
+be read fails closed.
 
 Tenant A runs the full fleet (operator, twin, a bloom pod); tenant B has a ModelDeployment
 of its own with no pod (its requests are held, then 503), which is enough to show whose
@@ -230,6 +231,22 @@ def test_two_teams_behind_one_router_see_only_their_own_work(
                 "key revoked",
                 f"refused {took:.1f} s after the Secret changed (--key-resync-seconds {RESYNC_S})",
             )
+
+            # key material that cannot be read fails closed: B's niw tier names a Secret
+            # that does not exist; a key found nowhere is 503 (it may be in that Secret),
+            # never let through, and B's own key keeps working
+            patch = json.dumps({"spec": {"match": {"apiKeysSecretRef": {"name": "missing"}}}})
+            kubectl(
+                kubeconfig,
+                ["patch", "workloadtier", "niw", "-n", tenant_b, "--type=merge", "-p", patch],
+            )
+            eventually(
+                lambda: call(router, "GET", "/v1/models", "sk-guess").status_code == 503,
+                RESYNC_S + 30,
+                "an unknown key refused with 503 while a key Secret is unreadable",
+            )
+            assert models(router, None) == 401
+            assert models(router, KEY_B) == [SERVED_B]
     finally:
         if router is not None:
             router.close()
