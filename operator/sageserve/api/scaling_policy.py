@@ -500,7 +500,7 @@ LAYOUT_RULES = cel(
 
 
 class Layouts(ApiModel):
-    """OServe layouts (issue 18): a ModelDeployment listing two or more variants of one GPU
+    """OServe layouts: a ModelDeployment listing two or more variants of one GPU
     type under this policy runs them side by side as parallelism layouts, chosen for the
     measured request mix (OServe §4.2 assignment, §4.3 search, §5.2 switching with our
     gain-against-cost gate). Absent: one planned variant per GPU type, as before."""

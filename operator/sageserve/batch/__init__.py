@@ -1,4 +1,4 @@
-"""The OpenAI Batch API on a durable queue (issue 14).
+"""The OpenAI Batch API on a durable queue.
 
 ``store.BatchStore`` keeps files, batches and one row per request in SQLite or PostgreSQL;
 ``api.BatchApi`` serves ``/v1/files`` and ``/v1/batches`` over it. The router's release

@@ -5,7 +5,7 @@ A batch is closed when nothing of it is left to run: all its requests finished
 holds one of its requests under a live lease (``cancelled``). Every input line ends up in
 exactly one of the two files: a successful answer in the output file, anything else in the
 error file with a code and a message. A request that missed the deadline is written there
-with code ``batch_expired``, never silently dropped (SageServe §6.2's deadline, issue 14).
+with code ``batch_expired``, never silently dropped (SageServe §6.2's deadline).
 
 The output and error files belong to the batch's owner and are kept for the batch's
 ``output_retention_s`` (the router's default when unset); the batch's requests are

@@ -1,7 +1,7 @@
 """Reading an OpenAI batch input file: one request per line, each line judged on its own.
 
 Why per line: a batch of thousands of requests should not fail because one line is bad
-(issue 14, bad input). A malformed line, a line for a model this router does not serve
+(bad input loses nothing). A malformed line, a line for a model this router does not serve
 for batch work, a url that is not the batch's endpoint or a repeated ``custom_id`` becomes
 a line of the errors file naming its line number and the fix; every other line runs. A
 line nested deeper than ``limits.MAX_DEPTH`` is one of those errors, found by counting

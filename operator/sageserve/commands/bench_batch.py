@@ -1,6 +1,6 @@
 """``sageserve bench batch``: how fast the durable batch queue takes requests in and out.
 
-Two figures per database (issue 14):
+Two figures per database:
 
 - **accepted/s**: requests of one large JSONL file stored and queued per second, i.e. the
   upload (``create_file``) plus ``create_batch`` (parse every line, insert one row per

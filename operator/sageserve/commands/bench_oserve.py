@@ -1,4 +1,4 @@
-"""``sageserve bench oserve``: OServe's end-to-end comparison on the mixed workload (issue 18).
+"""``sageserve bench oserve``: OServe's end-to-end comparison on the mixed workload.
 
 On a fixed budget of GPUs of one type (default 16 H100, nodes of 8) and the
 `scenarios/oserve-mixed` day (Azure 2023 code + conversation, a mix that moves over the

@@ -1,4 +1,4 @@
-"""The layout loop: OServe's layouts on Kubernetes (issue 18; OServe §4.2, §4.3, §5.1, §5.2).
+"""The layout loop: OServe's layouts on Kubernetes (OServe §4.2, §4.3, §5.1, §5.2).
 
 For a policy with `spec.layouts`, per (ModelDeployment, region, GPU type) whose
 ModelDeployment lists two or more variants of that GPU type, every `replanSeconds`:

@@ -44,7 +44,7 @@ def forecast_peak(
     ``fallback`` and the result says which method ran and why. ``quantiles`` adds the upper
     forecast at each of those quantiles (``Forecast.uppers``) from the same fit.
 
-    Gaps are missing data, never demand (issue 15): NaN, negative values and partial
+    Gaps are missing data, never demand: NaN, negative values and partial
     collection gaps (``forecast.gaps.partial_gaps``: a short drop by an order of magnitude,
     also at the very end of the history) are treated as missing before anything is fitted,
     and while a gap is within the model's reach (a day and a horizon back: the seasonal lags

@@ -116,7 +116,7 @@ def score_hours(
     The forecaster sees only ``series[:origin]`` (gaps and all: it detects them itself, as in
     the operator). Scoring sees the whole series, so the gaps of the actual window are judged
     with both sides known; a decision whose actual window holds one is skipped, not scored:
-    a gap is missing data, and its max understates the peak (issue 15, item 4).
+    a gap is missing data, and its max understates the peak.
     """
     spec = spec or ForecastSpec()
     grid = tuple(quantiles) or (spec.quantile,)

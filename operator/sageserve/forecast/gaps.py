@@ -1,4 +1,4 @@
-"""Collection gaps are missing data, never demand (issue 15, item 4).
+"""Collection gaps are missing data, never demand.
 
 SageServe's load predictor (SageServe §6.3) forecasts the next hour's peak from the recorded
 tokens/s. A recorder does not only lose whole windows (NaN, or exact zeros in ServeGen): when

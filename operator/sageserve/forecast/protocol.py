@@ -1,5 +1,5 @@
-"""Out-of-sample scoring of the forecaster: choose on some days, report on others (issue 15,
-item 3).
+"""Out-of-sample scoring of the forecaster: choose on some days, report on others,
+so that no figure is tuned on the days it is reported on.
 
 SageServe's load predictor (SageServe §6.3) is judged by how well the next hour's peak is
 forecast. A forecaster whose method, ensemble weights and provisioned quantile were picked on

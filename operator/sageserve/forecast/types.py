@@ -49,7 +49,7 @@ class GapRule:
     and beyond what a burst of real users does within ten minutes. 0 disables it."""
     floor_fraction: float = 0.5
     """No forecast below this share of the recent level when a gap is within the model's reach
-    (issue 15: "no forecast provisions less than half of the recent level because of a gap")."""
+    (no forecast provisions less than half of the recent level because of a gap)."""
     enabled: bool = True
 
 

@@ -498,7 +498,7 @@ def replan(
     confirmations: int = 2,
     min_relative_gain: float = 0.02,
 ) -> SwitchDecision:
-    """One re-plan (every 5-10 minutes, issue 18 item 5): search layouts for the horizon's
+    """One re-plan (every 5-10 minutes, OServe §5.1): search layouts for the horizon's
     mean mix (Algorithm 1, `layout_search`), `decide` on each over the windows, and keep
     the worthwhile one with the largest net gain (else the least bad, not switched to).
 

@@ -1,6 +1,6 @@
 """OServe layouts on Kubernetes: from ModelDeployment variants and the router's request-shape
 counter to the layout search's inputs, and from a layout back to pod-set targets and
-dispatch weights (issue 18; OServe §4.2, §4.3, §5.1, §5.2). Pure: the operator's layout loop
+dispatch weights (OServe §4.2, §4.3, §5.1, §5.2). Pure: the operator's layout loop
 (`controller.layout_loop`) fetches and writes, this module decides.
 
 - **Layouts are declared** as variants: a ModelDeployment that lists two or more variants of

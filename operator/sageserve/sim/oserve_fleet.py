@@ -1,6 +1,6 @@
 """Several parallelism layouts of one model side by side on a fixed GPU budget (OServe).
 
-The benchmark harness of issue 18 (`sageserve bench oserve`). Why not the plan-cycle
+The harness of `sageserve bench oserve`. Why not the plan-cycle
 simulator (`sim/engine.py`): its endpoints hold one variant per (model, region, GPU type)
 and scale instance counts; several (TP, PP) layouts of one model on one GPU type, with
 requests dispatched by type between them, would need endpoints keyed by layout and a picker

@@ -1,4 +1,4 @@
-"""Per-type capacity n_{k,j} measured on the simulator at a latency SLO (issue 18, OServe).
+"""Per-type capacity n_{k,j} measured on the simulator at a latency SLO (OServe).
 
 Why: the layout search and the assignment LP need n_{k,j}, the requests/s of request type j
 one replica of layout k sustains. `perf/capacity.py` computes it analytically as the maximum
