@@ -188,7 +188,7 @@ class BatchStore:
         """``caller``'s files, newest first, ``limit`` of them after the file ``after``;
         and whether more follow."""
         with db.reading(self.engine) as conn:
-            stmt = select(*_FILE_COLUMNS).where(files.c.owner == caller.owner)
+            stmt = select(*_FILE_COLUMNS).where(_owned(files, caller))
             if purpose is not None:
                 stmt = stmt.where(files.c.purpose == purpose)
             if after is not None:
