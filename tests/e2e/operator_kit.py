@@ -190,6 +190,21 @@ def apply(kubeconfig: Path, namespace: str, *docs: dict[str, Any]) -> None:
         kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(doc))
 
 
+def tier_keys(
+    kubeconfig: Path, namespace: str, secret: str, keys: dict[str, str], *tiers: str
+) -> None:
+    """API keys (`keys`: the Secret's data key -> the key) in the Secret `secret`, listed
+    by each of `tiers` (`spec.match.apiKeysSecretRef`)."""
+    doc = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret}, "stringData": keys}
+    apply(kubeconfig, namespace, doc)
+    patch = json.dumps({"spec": {"match": {"apiKeysSecretRef": {"name": secret}}}})
+    for tier in tiers:
+        kubectl(
+            kubeconfig,
+            ["patch", "workloadtier", tier, "-n", namespace, "--type=merge", "-p", patch],
+        )
+
+
 def prepare_namespace(kubeconfig: Path, name: str) -> None:
     """CRDs installed (taken over from helm if it installed them), a namespace with tiers."""
     for path in sorted((REPO / "crds").glob("*.yaml")):

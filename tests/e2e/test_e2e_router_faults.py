@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import resource
 import select
 import socket
@@ -41,6 +40,7 @@ from operator_kit import (
     operator_args,
     operator_env,
     scaling_policy,
+    tier_keys,
 )
 from test_e2e_router import SERVED, TRACE, bloom, ready_pods
 
@@ -149,16 +149,8 @@ def tenant_b(kubeconfig: Path) -> Iterator[str]:
 def key_tier_a(kubeconfig: Path, namespace: str) -> None:
     """Tenant A's tiers recognised by keys of their own, from Secrets: iw-n by
     `sk-tenant-a`, iw-f by `KEY_FAST`."""
-    for secret, tier, key in [("keys", "iw-n", "sk-tenant-a"), ("keys-fast", "iw-f", KEY_FAST)]:
-        kubectl(
-            kubeconfig,
-            ["create", "secret", "generic", secret, "-n", namespace, f"--from-literal=a={key}"],
-        )
-        patch = json.dumps({"spec": {"match": {"apiKeysSecretRef": {"name": secret}}}})
-        kubectl(
-            kubeconfig,
-            ["patch", "workloadtier", tier, "-n", namespace, "--type=merge", "-p", patch],
-        )
+    tier_keys(kubeconfig, namespace, "keys", {"a": "sk-tenant-a"}, "iw-n")
+    tier_keys(kubeconfig, namespace, "keys-fast", {"a": KEY_FAST}, "iw-f")
 
 
 async def hold_connections(url: str, pid: int, count: int) -> dict[str, float]:

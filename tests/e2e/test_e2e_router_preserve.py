@@ -31,6 +31,7 @@ from operator_kit import (
     operator_args,
     operator_env,
     scaling_policy,
+    tier_keys,
 )
 
 TRACE = REPO / "data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"
@@ -70,15 +71,8 @@ def headers(client: str) -> dict[str, str]:
 def client_keys(kubeconfig: Path, namespace: str) -> None:
     """The two clients' API keys, listed by tier iw-f (a key is the client the router's
     length predictor learns per, and the identity that may use the tier)."""
-    kubectl(
-        kubeconfig,
-        ["create", "secret", "generic", "clients", "-n", namespace]
-        + [f"--from-literal={c}={c}" for c in ("long-writer", "short-writer")],
-    )
-    patch = json.dumps({"spec": {"match": {"apiKeysSecretRef": {"name": "clients"}}}})
-    kubectl(
-        kubeconfig, ["patch", "workloadtier", "iw-f", "-n", namespace, "--type=merge", "-p", patch]
-    )
+    clients = {c: c for c in ("long-writer", "short-writer")}
+    tier_keys(kubeconfig, namespace, "clients", clients, "iw-f")
 
 
 def warm_up(router: RouterProcess) -> None:

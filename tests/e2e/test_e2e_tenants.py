@@ -32,6 +32,7 @@ from operator_kit import (
     operator_env,
     prepare_namespace,
     scaling_policy,
+    tier_keys,
 )
 from test_e2e_router import SERVED, TRACE, bloom, request
 
@@ -44,19 +45,7 @@ RESYNC_S = 5
 
 def key_secret(kubeconfig: Path, namespace: str, key: str) -> None:
     """The namespace's Secret `keys` holding one key, listed by its iw-f and niw tiers."""
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "keys"},
-        "data": {"client": base64.b64encode(key.encode()).decode()},
-    }
-    apply(kubeconfig, namespace, secret)
-    patch = json.dumps({"spec": {"match": {"apiKeysSecretRef": {"name": "keys"}}}})
-    for tier in ("iw-f", "niw"):
-        kubectl(
-            kubeconfig,
-            ["patch", "workloadtier", tier, "-n", namespace, "--type=merge", "-p", patch],
-        )
+    tier_keys(kubeconfig, namespace, "keys", {"client": key}, "iw-f", "niw")
 
 
 @pytest.fixture
