@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sageserve.route.deadlines import DeadlineLedger, required_tps
+from sageserve.route.deadlines import DeadlineLedger, deadline_risk, required_tps
 from sageserve.route.queue_manager import BatchQueueManager
 
 # ---- the required rate (hand-computed) --------------------------------------------------
@@ -41,6 +41,55 @@ def test_required_rate_is_the_largest_cumulative_demand_over_time_left(
     buckets: list[tuple[float, float]], now: float, want: float
 ) -> None:
     assert required_tps(buckets, now) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("buckets", "now", "capacity", "until", "shortfall"),
+    [
+        ([], 0.0, 0.0, None, 0.0),  # nothing queued: nothing at risk
+        ([(600.0, 6000.0)], 0.0, 10.0, None, 0.0),  # exactly enough
+        ([(600.0, 6000.0)], 0.0, 9.0, 600.0, 600.0),  # 5400 served by 600 s, 600 short
+        # the earliest bucket is short (2400 > 10 x 120); all work due by 600 s fits
+        ([(120.0, 2400.0), (600.0, 600.0)], 0.0, 10.0, 120.0, 1200.0),
+        # both prefixes short: everything due by the later deadline is at risk
+        ([(60.0, 600.0), (600.0, 6000.0)], 0.0, 10.0, 600.0, 600.0),
+        # already late: no capacity serves work due before now
+        ([(-60.0, 300.0)], 0.0, 1e9, -60.0, 300.0),
+        ([(600.0, 100.0)], 0.0, 0.0, 600.0, 100.0),  # no capacity at all
+    ],
+)
+def test_deadline_risk_names_the_latest_deadline_that_cannot_be_met_and_the_shortfall(
+    buckets: list[tuple[float, float]],
+    now: float,
+    capacity: float,
+    until: float | None,
+    shortfall: float,
+) -> None:
+    risk = deadline_risk(buckets, now, capacity, min_window_s=0.0)
+    if until is None:
+        assert risk is None
+        assert required_tps(buckets, now, min_window_s=1e-9) <= capacity + 1e-9
+        return
+    assert risk is not None
+    assert risk.until_s == until
+    assert risk.shortfall_tokens == pytest.approx(shortfall)
+    assert risk.shortfall_tps > 0 or math.isinf(risk.need_tps) or capacity == 0
+
+
+@given(
+    st.lists(st.tuples(st.floats(1.0, 86_400.0), st.floats(1.0, 1e6)), min_size=1, max_size=30),
+    st.floats(0.1, 1e4),
+)
+@settings(max_examples=200, deadline=None)
+def test_risk_is_none_exactly_when_the_required_rate_fits(
+    buckets: list[tuple[float, float]], capacity: float
+) -> None:
+    need = required_tps(buckets, 0.0, min_window_s=0.0)
+    risk = deadline_risk(buckets, 0.0, capacity, min_window_s=0.0)
+    if need <= capacity * (1 - 1e-6):
+        assert risk is None
+    if need >= capacity * (1 + 1e-6):
+        assert risk is not None and risk.need_tps == pytest.approx(need)
 
 
 def test_ledger_buckets_by_deadline_and_reads_each_as_due_at_its_lower_edge() -> None:

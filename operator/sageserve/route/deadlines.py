@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 #: Width of a deadline bucket, seconds (the resolution of the required rate).
 BUCKET_S = 60.0
@@ -43,6 +44,56 @@ def required_tps(
         cumulative += tokens
         need = max(need, cumulative / max(deadline - now, min_window_s))
     return need
+
+
+@dataclass(frozen=True)
+class DeadlineRisk:
+    """Queued work that a capacity cannot finish by its deadlines, served earliest
+    deadline first: every request due by `until_s` is at risk, and `shortfall_tokens` is
+    the most by which the work due by some deadline exceeds what the capacity serves
+    before it."""
+
+    until_s: float
+    shortfall_tokens: float
+    need_tps: float
+    capacity_tps: float
+
+    @property
+    def shortfall_tps(self) -> float:
+        """Tokens/s missing: the rate the deadlines need beyond the capacity."""
+        return max(0.0, self.need_tps - self.capacity_tps)
+
+
+def deadline_risk(
+    buckets: Iterable[tuple[float, float]],
+    now: float,
+    capacity_tps: float,
+    min_window_s: float = BUCKET_S,
+) -> DeadlineRisk | None:
+    """None when `capacity_tps`, serving the (deadline, tokens) buckets earliest deadline
+    first from `now`, finishes each by its deadline; else what is at risk.
+
+    The same condition as `required_tps` (the work due by each deadline d must fit in
+    capacity × (d − now), at least `min_window_s`), read against a given capacity: the
+    model's at `maxInstances` says whether a miss can still be avoided by scaling
+    (SageServe §6.3's 24-hour deadline; a miss predicted, not discovered). EDF is optimal
+    for one shared preemptible server, so `None` is exact for that fluid model and
+    optimistic for real instances that also carry interactive load."""
+    until = -math.inf
+    shortfall = need = cumulative = 0.0
+    for deadline, tokens in sorted(buckets):
+        if tokens <= 0:
+            continue
+        cumulative += tokens
+        window = max(deadline - now, min_window_s, 0.0)
+        need = max(need, cumulative / window) if window > 0 else math.inf
+        excess = cumulative - max(0.0, capacity_tps) * window
+        if excess > 1e-9:
+            until = deadline
+            shortfall = max(shortfall, excess)
+    if until == -math.inf:
+        return None
+    return DeadlineRisk(until, shortfall, need, max(0.0, capacity_tps))
 
 
 class DeadlineLedger:
@@ -86,3 +137,7 @@ class DeadlineLedger:
     def required_tps(self, now: float) -> float:
         """`required_tps` over this ledger's buckets."""
         return required_tps(self.buckets(), now, self.bucket_s)
+
+    def risk(self, now: float, capacity_tps: float) -> DeadlineRisk | None:
+        """`deadline_risk` over this ledger's buckets."""
+        return deadline_risk(self.buckets(), now, capacity_tps, self.bucket_s)

@@ -35,6 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sageserve.route.deadlines import deadline_risk
+
 
 @dataclass(frozen=True, slots=True)
 class PendingWork:
@@ -56,12 +58,8 @@ def edf_feasible(pending: Iterable[PendingWork], horizon_s: float, capacity_tps:
     is optimistic: `False` is conclusive (not even the largest fleet, serving nothing else,
     meets them), `True` says only that the queue is not hopeless.
     """
-    due = 0.0
-    for w in sorted(pending, key=lambda w: w.deadline_s):
-        due += w.tokens
-        if due > (w.deadline_s - horizon_s) * capacity_tps + 1e-9:
-            return False
-    return True
+    buckets = [(w.deadline_s, w.tokens) for w in pending]
+    return deadline_risk(buckets, horizon_s, capacity_tps, min_window_s=0.0) is None
 
 
 def capacity_at_max(theta_tps: float, max_instances: Iterable[int]) -> float:
