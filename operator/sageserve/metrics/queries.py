@@ -171,6 +171,23 @@ def _tiers(namespace: str, tiers: Sequence[str]) -> str:
     return f'{vllm.LABEL_NAMESPACE}="{namespace}", tier=~"{names}"'
 
 
+#: Tokens/s a model's batch queue needs so that every queued request finishes by its
+#: deadline, earliest deadline first (`route.deadlines.required_tps`), as each router
+#: replica reads the shared queue (labels: namespace, model_deployment).
+BATCH_DEADLINE_NEED = "sageserve_batch_deadline_need_tokens_per_second"
+
+
+def batch_deadline_need(namespace: str) -> str:
+    """Tokens/s each model's batch queue needs to meet every deadline (SageServe §6.3's
+    24-hour NIW deadline), per (namespace, model_deployment). Every router replica reads
+    the same shared queue, so the replicas' figures are one figure: their largest, not
+    their sum."""
+    return (
+        f"max by ({vllm.LABEL_NAMESPACE}, {vllm.LABEL_MODEL_DEPLOYMENT}) "
+        f'({BATCH_DEADLINE_NEED}{{{vllm.LABEL_NAMESPACE}="{namespace}"}})'
+    )
+
+
 #: Requests the router received per pooled model (`router/pool.py`), labelled with the pool
 #: as `model_deployment` and the pooled model as `model`.
 ROUTER_POOL_REQUESTS = "sageserve_router_pool_requests"
