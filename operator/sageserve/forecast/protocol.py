@@ -55,7 +55,8 @@ BASELINE = "persistence"
 
 @dataclass(frozen=True)
 class Goals:
-    """Issue 15's goals on the reported days."""
+    """The forecast's goals on the reported days: MAPE below persistence's, coverage of the
+    upper quantile, mean over-provisioning."""
 
     mape_gain: float = 0.15
     """MAPE of the next-hour peak at least this much (relative) below persistence's."""
