@@ -232,6 +232,7 @@ class PacePass:
             tps = reader.tokens_per_second(self.namespace)
             loads = reader.pod_loads(self.namespace)
             held_requests = reader.held_requests(self.namespace)
+            deadline_needs = reader.batch_deadline_needs(self.namespace)
             projections = (
                 reader.pod_projections(self.namespace)
                 if getattr(strategy, "uses_projection", False)
@@ -268,6 +269,7 @@ class PacePass:
         self.replace_lost(lost, mine_pods, {md.metadata.name: raw for raw, md in fleet})
         endpoints: dict[EndpointKey, EndpointSnapshot] = {}
         owner: dict[EndpointKey, tuple[dict[str, Any], ModelDeployment]] = {}
+        release = self.policy.spec.routing.batch_release
         for raw, md in fleet:
             snaps = endpoint_snapshots(
                 md,
@@ -279,6 +281,8 @@ class PacePass:
                 held_requests,
                 lost,
                 projections,
+                deadline_needs.get(md.metadata.name, 0.0),
+                max(release.one_below_emu, release.two_below_emu),
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
