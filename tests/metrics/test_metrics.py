@@ -30,6 +30,7 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
         "tps": queries.tokens_per_second("5m"),
         "waiting": queries.waiting_requests("llm"),
         "ttft_p95": queries.ttft_quantile(0.95),
+        "deadline_need": queries.batch_deadline_need("llm"),
     }
     rules = {
         "groups": [
@@ -70,8 +71,12 @@ def test_operator_metrics_pass_promtool_lint() -> None:
     m.solver_seconds.labels("highs", "optimal").observe(0.4)
     m.scaling_events.labels("llm", "llama-2-70b", "us-east", "out", "lt-ua").inc()
     m.donated_nodes.labels("us-east", "NVIDIA-H100-80GB-HBM3").set(3)
+    m.batch_deadline_at_risk.labels("llm", "llama-2-70b").set(1)
+    m.batch_deadline_shortfall.labels("llm", "llama-2-70b").set(2000.0)
     text = m.exposition()
     result = _promtool("check", "metrics", stdin=text)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert b'sageserve_target_instances{model="llama-2-70b",namespace="llm"' in text
     assert b"sageserve_scaling_events_total" in text
+    # labelled as the routers' deadline need gauge, so the two join without relabelling
+    assert b'sageserve_batch_deadline_at_risk{model_deployment="llama-2-70b"' in text
