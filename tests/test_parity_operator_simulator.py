@@ -7,16 +7,20 @@ as the API server and Prometheus would give it (pods, Deployments, per-pod sampl
 `controller.observe`); the simulator's adapter as its instances (`sim.cluster.Endpoint`).
 Both go through `pace.step.decide`; the snapshots and the decisions must be identical,
 step after step, with a missing-data spell, a plan change, a burst and a quiet spell.
+The batch deadline need is one more such fact: the routers' gauge on the operator's side,
+the Queue Manager's on the simulator's; both worlds share it over a model's endpoints
+alike and scale out alike for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.model_deployment import ModelDeployment, model_theta_tps, pod_set_name
 from sageserve.controller.observe import endpoint_snapshots
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
@@ -25,6 +29,7 @@ from sageserve.metrics.prometheus import PodLoad
 from sageserve.pace import make_strategy
 from sageserve.pace.step import StepState, decide
 from sageserve.sim.cluster import Deployment, Endpoint
+from sageserve.sim.engine import Simulation
 from tests.sim.helpers import flat_perf
 
 NS, MODEL, REGION = "llm", "llama", "us-east"
@@ -106,12 +111,12 @@ def model_deployment() -> ModelDeployment:
 # ---- the operator's view: what the API server and Prometheus return ----------------------
 
 
-def pod(i: Inst) -> dict[str, Any]:
+def pod(i: Inst, region: str = REGION) -> dict[str, Any]:
     return {
         "metadata": {
             "name": i.name,
             "namespace": NS,
-            "labels": {LABEL_DEPLOYMENT: MODEL, LABEL_REGION: REGION, LABEL_VARIANT: i.variant},
+            "labels": {LABEL_DEPLOYMENT: MODEL, LABEL_REGION: region, LABEL_VARIANT: i.variant},
         },
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
@@ -159,7 +164,11 @@ class SimInstance:
 
 
 def simulator_snapshot(step: Step) -> EndpointSnapshot:
-    ep = Endpoint(KEY, 0, 8, refresh_s=0.0)
+    return simulator_endpoint(step).snapshot(step.t)
+
+
+def simulator_endpoint(step: Step, key: EndpointKey = KEY) -> Endpoint:
+    ep = Endpoint(key, 0, 8, refresh_s=0.0)
     for v in VARIANTS:
         dep = Deployment(f"{MODEL}-{REGION}-{v}", flat_perf(), ep)
         dep.variant = v
@@ -173,7 +182,7 @@ def simulator_snapshot(step: Step) -> EndpointSnapshot:
             ep.provisioning.append(coming)  # type: ignore[arg-type]
     ep.backlog = [object()] * step.held  # type: ignore[list-item]
     ep.tokens_per_s = 100.0
-    return ep.snapshot(step.t)
+    return ep
 
 
 @pytest.mark.parametrize("strategy", ["reactive", "lt-immediate", "lt-utilization-arima"])
@@ -216,3 +225,106 @@ def test_an_operator_endpoint_at_zero_comes_back_when_requests_wait() -> None:
     snap = operator_snapshot(md, Step(0.0, (), held=2))
     out = decide(0.0, Snapshot(0.0, {KEY: snap}), None, StepState(), make_strategy("reactive"))
     assert [(d.kind.value, d.replicas) for d in out.decisions] == [("scale_out", {"h100": 1})]
+
+
+# ---- the batch deadline need ---------------------------------------------------------------
+
+WEST = "us-west"
+#: the Queue Manager's release threshold (`spec.routing.batchRelease`, SageServe §6.2)
+RELEASE_BELOW = 0.6
+#: (t, serving instances in us-east, in us-west, the model's batch deadline need tokens/s)
+NEEDS = [
+    (0.0, 2, 1, 0.0),  # nothing queued with a deadline
+    (15.0, 2, 1, 1200.0),  # within the 3 × 1000 × 60 % the troughs give
+    (30.0, 2, 1, 2400.0),  # above it: both endpoints scale out, each for its share
+    (45.0, 3, 2, 2400.0),  # more serving: within again
+]
+
+
+def two_regions() -> ModelDeployment:
+    raw = model_deployment().model_dump(by_alias=True, exclude_none=True)
+    raw["spec"]["regions"].append({"name": WEST, "minInstances": 0, "maxInstances": 8})
+    return ModelDeployment.model_validate(raw)
+
+
+def operator_deadline_snapshots(
+    md: ModelDeployment, steps: dict[str, Step], need: float
+) -> dict[EndpointKey, EndpointSnapshot]:
+    """The operator's snapshots of both regions, the need as the routers' gauge gives it."""
+    deployments = {
+        pod_set_name(MODEL, region, v): {
+            "spec": {"replicas": sum(1 for i in step.instances if i.variant == v)}
+        }
+        for region, step in steps.items()
+        for v in VARIANTS
+    }
+    instances = [(i, region) for region, step in steps.items() for i in step.instances]
+    return endpoint_snapshots(
+        md,
+        NS,
+        deployments,
+        [pod(i, region) for i, region in instances],
+        {i.name: PodLoad(i.usage, CAPACITY[i.variant], i.waiting) for i, _ in instances},
+        {},
+        batch_need_tps=need,
+        release_below=RELEASE_BELOW,
+    )
+
+
+def simulator_deadline_snapshots(
+    md: ModelDeployment, steps: dict[str, Step], need: float, t: float
+) -> dict[EndpointKey, EndpointSnapshot]:
+    """The simulator's snapshots of both regions, through its own `_with_deadlines` with
+    the engine's state as a stand-in (the need its Queue Manager read, θ per model)."""
+    eps = {
+        EndpointKey(MODEL, region): simulator_endpoint(step, EndpointKey(MODEL, region))
+        for region, step in steps.items()
+    }
+    for ep in eps.values():
+        ep.tokens_per_s = 0.0
+    engine = SimpleNamespace(
+        _batch_need={MODEL: need} if need > 0 else {},
+        _theta={MODEL: model_theta_tps(md)},
+        _release_below=RELEASE_BELOW,
+        _eps_of_model={MODEL: list(eps.values())},
+    )
+    return {
+        key: Simulation._with_deadlines(engine, ep.snapshot(t))  # type: ignore[arg-type]
+        for key, ep in eps.items()
+    }
+
+
+@pytest.mark.parametrize("strategy", ["reactive", "lt-immediate", "lt-utilization-arima"])
+def test_the_same_deadline_need_gives_the_same_decisions_in_both_worlds(strategy: str) -> None:
+    md = two_regions()
+    chosen = make_strategy(strategy, {"cooldown_s": 10.0})
+    states = {"operator": StepState(), "simulator": StepState()}
+    seen: list[list[Decision]] = []
+    for t, east, west, need in NEEDS:
+        steps = {
+            REGION: Step(t, fleet(0.4, east)),
+            WEST: Step(t, tuple(Inst(f"w-{i}", "h100", 0.4) for i in range(west))),
+        }
+        snaps = {
+            "operator": operator_deadline_snapshots(md, steps, need),
+            "simulator": simulator_deadline_snapshots(md, steps, need, t),
+        }
+        assert snaps["operator"] == snaps["simulator"], f"t={t}"
+        decisions = {}
+        for world, endpoints in snaps.items():
+            out = decide(t, Snapshot(t, endpoints), None, states[world], chosen)
+            states[world] = out.state
+            decisions[world] = out.decisions
+        assert decisions["operator"] == decisions["simulator"], f"t={t}"
+        seen.append(decisions["operator"])
+    # the need is shared by serving instances: 2 of 3 in us-east, 1 of 3 in us-west
+    east_snap = operator_deadline_snapshots(
+        md, {REGION: Step(0.0, fleet(0.4, 2)), WEST: Step(0.0, fleet(0.4, 1, "a100"))}, 2400.0
+    )
+    assert east_snap[KEY].batch_need_tps == pytest.approx(1600.0)
+    if strategy == "reactive":  # EMU at 40 %: only the deadline need scales
+        assert seen[0] == [] and seen[1] == []
+        reasons = {d.key.region: d.reason for d in seen[2]}
+        assert set(reasons) == {REGION, WEST}
+        assert reasons[REGION].startswith("batch deadline pressure: 1600 tok/s needed")
+        assert reasons[WEST].startswith("batch deadline pressure: 800 tok/s needed")

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -30,6 +31,7 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
         "tps": queries.tokens_per_second("5m"),
         "waiting": queries.waiting_requests("llm"),
         "ttft_p95": queries.ttft_quantile(0.95),
+        "deadline_need": queries.batch_deadline_need("llm"),
     }
     rules = {
         "groups": [
@@ -70,8 +72,68 @@ def test_operator_metrics_pass_promtool_lint() -> None:
     m.solver_seconds.labels("highs", "optimal").observe(0.4)
     m.scaling_events.labels("llm", "llama-2-70b", "us-east", "out", "lt-ua").inc()
     m.donated_nodes.labels("us-east", "NVIDIA-H100-80GB-HBM3").set(3)
+    m.batch_deadline_at_risk.labels("llm", "llama-2-70b").set(1)
+    m.batch_deadline_shortfall.labels("llm", "llama-2-70b").set(2000.0)
     text = m.exposition()
     result = _promtool("check", "metrics", stdin=text)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert b'sageserve_target_instances{model="llama-2-70b",namespace="llm"' in text
     assert b"sageserve_scaling_events_total" in text
+    # labelled as the routers' deadline need gauge, so the two join without relabelling
+    assert b'sageserve_batch_deadline_at_risk{model_deployment="llama-2-70b"' in text
+
+
+def test_batch_received_counts_queued_work_once_where_it_was_accepted(tmp_path: Path) -> None:
+    """β's batch load received (SageServe §6.3), evaluated by promtool on counters as the
+    routers write them. Model m: the Batch API accepts 10 tok/s in us-east (the accepting
+    router's home); the queue releases it where troughs are, so the router serves 5 tok/s
+    of it in us-east and 4 tok/s in us-west under the batch tier. Received is 10 tok/s in
+    us-east and 0 in us-west: not 10 + 4 (the work that ran in us-west was received once,
+    in us-east). Model s has no queue, batch sent synchronously: what was served (2 tok/s)
+    is what was received."""
+
+    def series(name: str, model: str, region: str, per_minute: int) -> dict[str, str]:
+        labels = f'namespace="llm", model_deployment="{model}", region="{region}", tier="niw"'
+        return {"series": f"{name}_total{{{labels}}}", "values": f"0+{per_minute}x20"}
+
+    def expected(model: str, region: str, value: float) -> dict[str, Any]:
+        labels = f'{{model_deployment="{model}", namespace="llm", region="{region}"}}'
+        return {"labels": labels, "value": value}
+
+    accepted, served = queries.BATCH_ACCEPTED_TOKENS, queries.ROUTER_TOKENS
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series(accepted, "m", "us-east", 600),
+                    series(served, "m", "us-east", 300),
+                    series(served, "m", "us-west", 240),
+                    series(served, "s", "us-east", 120),
+                    # another namespace and an interactive tier are not batch received here
+                    {
+                        "series": f'{served}_total{{namespace="llm", model_deployment="s", '
+                        'region="us-east", tier="iw-f"}',
+                        "values": "0+6000x20",
+                    },
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": queries.batch_received("5m", "llm", ["niw"]),
+                        "eval_time": "15m",
+                        "exp_samples": [
+                            expected("m", "us-east", 10.0),
+                            expected("m", "us-west", 0.0),
+                            expected("s", "us-east", 2.0),
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "received_test.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = _promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()

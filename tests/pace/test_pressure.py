@@ -221,6 +221,42 @@ def test_endpoint_pressure_names_the_batch_deadline_pressure() -> None:
     assert p.ratio == pytest.approx(3.0) and "30 waiting" in p.describe()
 
 
+@pytest.mark.parametrize(
+    ("need", "serving", "model_serving", "theta", "want"),
+    [
+        # the model's only endpoint: all of the need, against 2 × 1000 × 60 %
+        (1800.0, 2, 2, 1000.0, (1800.0, 1200.0)),
+        # 2 of the model's 6 serving instances: a third of the need, its own capacity
+        (1800.0, 2, 6, 1000.0, (600.0, 1200.0)),
+        # a count of the model's instances below this endpoint's (stale): all of it
+        (1800.0, 4, 2, 1000.0, (1800.0, 2400.0)),
+        (0.0, 2, 2, 1000.0, (0.0, 0.0)),  # nothing due: the snapshot is left as it was
+        (1800.0, 0, 4, 1000.0, (0.0, 0.0)),  # nothing serves here: the floor rule's business
+        (1800.0, 2, 2, 0.0, (0.0, 0.0)),  # θ unknown: no signal
+    ],
+)
+def test_each_endpoint_takes_the_share_of_its_models_need_its_serving_instances_are(
+    need: float, serving: int, model_serving: int, theta: float, want: tuple[float, float]
+) -> None:
+    from sageserve.pace.pressure import with_deadline_need
+
+    snap = snapshot(0, serving=serving)
+    got = with_deadline_need(snap, need, model_serving, theta, 0.60)
+    assert (got.batch_need_tps, got.batch_capacity_tps) == pytest.approx(want)
+    assert got.replicas == snap.replicas and got.serving == snap.serving
+
+
+def test_every_endpoint_of_a_model_reads_the_same_deadline_ratio() -> None:
+    """The queue is global per model: a share by serving instances puts every endpoint at
+    the model's own need ÷ capacity, so a small region does not scale out alone."""
+    from sageserve.pace.pressure import with_deadline_need
+
+    east = with_deadline_need(snapshot(0, serving=1), 3000.0, 5, 1000.0, 0.6)
+    west = with_deadline_need(snapshot(0, serving=4), 3000.0, 5, 1000.0, 0.6)
+    assert endpoint_pressure(east).deadline == pytest.approx(1.0)
+    assert endpoint_pressure(west).deadline == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("policy", ["reactive", "lt-utilization-arima"])
 def test_decide_scales_out_for_batch_its_deadlines_need(policy: str) -> None:
     """EMU at 20 % (the trough release keeps it under 60 %), no backlog at the instances,

@@ -14,7 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sageserve.route.deadlines import DeadlineLedger, deadline_risk, required_tps
+from sageserve.route.deadlines import (
+    DeadlineLedger,
+    capacity_at_max,
+    deadline_risk,
+    required_tps,
+)
 from sageserve.route.queue_manager import BatchQueueManager
 
 # ---- the required rate (hand-computed) --------------------------------------------------
@@ -282,3 +287,9 @@ def test_serving_at_the_ledgers_rate_in_release_order_meets_every_deadline(
         [(deadline, tokens)] = qm.on_signal("m", 0.0)
         t += tokens / rate
         assert t <= deadline * (1 + 1e-9)
+
+
+def test_capacity_at_max_sums_max_instances_over_regions() -> None:
+    assert capacity_at_max(250.0, [4, 6, 0]) == 2500.0
+    assert capacity_at_max(250.0, [-1, 2]) == 500.0  # a negative count adds nothing
+    assert capacity_at_max(0.0, [4]) == 0.0

@@ -18,7 +18,6 @@ from sageserve.pace import make_strategy
 from sageserve.sim.deadlines import (
     PendingWork,
     account,
-    capacity_at_max,
     describe,
     edf_feasible,
     totals,
@@ -51,10 +50,6 @@ def test_edf_feasibility_compares_tokens_due_with_capacity_until_each_deadline(
     pending: list[PendingWork], capacity: float, feasible: bool
 ) -> None:
     assert edf_feasible(pending, H, capacity) is feasible
-
-
-def test_capacity_at_max_sums_max_instances_over_regions() -> None:
-    assert capacity_at_max(250.0, [4, 6, 0]) == 2500.0
 
 
 @pytest.mark.parametrize(

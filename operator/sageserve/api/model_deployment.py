@@ -278,3 +278,14 @@ class ModelDeployment(ApiModel):
 def pod_set_name(deployment: str, region: str, variant: str) -> str:
     """The deterministic name of the Deployment serving `deployment` in (region, variant)."""
     return f"{deployment}-{region}-{variant}"
+
+
+def model_theta_tps(md: ModelDeployment) -> float:
+    """θ of the model for its batch deadlines: the capacityTokensPerSecond of its fastest
+    variant (SageServe §6.3's per-instance capacity).
+
+    Why the fastest: the deadline signal and the at-risk check ask whether the model's
+    instances *can* serve its batch queue in time; the largest θ errs toward "they can", so
+    a scale-out for deadlines or a predicted miss is never raised by a pessimistic guess.
+    The simulator sizes its models with the same θ (`sim.scenario`)."""
+    return max(float(v.capacity_tokens_per_second) for v in md.spec.variants)

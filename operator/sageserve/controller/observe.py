@@ -19,7 +19,14 @@ value, which the parity test checks:
   `PrometheusReader.pod_projections`): the router sees every request, the operator none;
 - requests waiting are the pods' queues plus the requests the router holds for an
   endpoint with nothing serving (`sageserve_router_held_requests`): the demand that brings
-  a model back from zero.
+  a model back from zero;
+- the batch deadline need is the tokens/s the model's batch queue needs to meet every
+  deadline, as the routers read the shared queue
+  (`sageserve_batch_deadline_need_tokens_per_second`, `PrometheusReader.
+  batch_deadline_needs`); each endpoint takes its share by serving instances, against the
+  batch capacity of its serving instances under the Queue Manager's release threshold
+  (`pace.pressure.with_deadline_need`, the simulator's rule; SageServe §6.2–§6.3), θ the
+  model's (`api.model_deployment.model_theta_tps`).
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.model_deployment import ModelDeployment, model_theta_tps, pod_set_name
 from sageserve.controller.status import is_ready
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.core.snapshot import Decision, EndpointSnapshot, InstanceView
 from sageserve.core.types import EndpointKey
 from sageserve.metrics.prometheus import PodLoad, Series
+from sageserve.pace.pressure import with_deadline_need
 
 #: Capacity weight of a pod whose KV-cache size is unknown (see the module doc).
 UNKNOWN_CAPACITY = 1.0
@@ -56,10 +64,16 @@ def endpoint_snapshots(
     held_requests: Series | None = None,
     lost_nodes: Collection[str] = frozenset(),
     projections: Mapping[str, tuple[float, ...]] | None = None,
+    batch_need_tps: float = 0.0,
+    release_below: float = 0.6,
 ) -> dict[EndpointKey, EndpointSnapshot]:
     """One snapshot per region of `md` that has a pod set (existing Deployments only);
     pods on `lost_nodes` (not Ready) are not serving. `projections` are each pod's
-    projected KV usage as the routers export it (`PrometheusReader.pod_projections`)."""
+    projected KV usage as the routers export it (`PrometheusReader.pod_projections`);
+    `batch_need_tps` the tokens/s the model's batch queue needs to meet every deadline
+    (`PrometheusReader.batch_deadline_needs`), shared over the endpoints by serving
+    instances, and `release_below` the EMU under which the Queue Manager releases batch
+    work (`spec.routing.batchRelease`, SageServe §6.2: 60 %)."""
     name = md.metadata.name
     variants = tuple(v.name for v in md.spec.variants)
     mine: dict[str, list[Mapping[str, Any]]] = {}
@@ -105,7 +119,12 @@ def endpoint_snapshots(
             tokens_per_s=tokens_per_s.get(key3, 0.0),
             variants=variants,
         )
-    return out
+    model_serving = sum(snap.serving for snap in out.values())
+    theta = model_theta_tps(md)
+    return {
+        key: with_deadline_need(snap, batch_need_tps, model_serving, theta, release_below)
+        for key, snap in out.items()
+    }
 
 
 def pod_set_changes(md: ModelDeployment, decision: Decision) -> dict[str, int]:

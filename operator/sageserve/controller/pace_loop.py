@@ -16,6 +16,9 @@ someone else sizes is held (`Conflict`), no scale-in goes where an earlier one i
 (`TerminationStuck`), instances nothing can place are reported (`CapacityShortfall`),
 pods on a lost node are not serving and are evicted after a bound (`NodeLost` Events), a
 spot reclaim a PodDisruptionBudget refuses is given up after a bound (`ReclaimBlocked`).
+Each ModelDeployment whose batch queue needs more than its regions serve at maxInstances
+gets `BatchDeadlinesAtRisk=True` (`controller.deadlines`), its endpoints having been
+scaled for that need as far as they go (the deadline signal, `pace.pressure`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any, TypeVar
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
+from sageserve.controller import deadlines
 from sageserve.controller.faults import lost_pods
 from sageserve.controller.guard import FaultReport, Guard, report_after_s
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
@@ -109,6 +113,9 @@ class PaceState:
     faults_seen: set[str] = field(default_factory=set)
     #: OServe layouts in force and the layout loop's memory (`controller.layout_loop`)
     layouts: LayoutState = field(default_factory=LayoutState)
+    #: per ModelDeployment, the batch deadline outlook its `BatchDeadlinesAtRisk` says
+    #: (`controller.deadlines.report`)
+    deadline_outlooks: dict[str, deadlines.DeadlineOutlook] = field(default_factory=dict)
 
 
 def degraded(held: list[Held]) -> tuple[bool, str, str]:
@@ -232,6 +239,7 @@ class PacePass:
             tps = reader.tokens_per_second(self.namespace)
             loads = reader.pod_loads(self.namespace)
             held_requests = reader.held_requests(self.namespace)
+            deadline_needs = reader.batch_deadline_needs(self.namespace)
             projections = (
                 reader.pod_projections(self.namespace)
                 if getattr(strategy, "uses_projection", False)
@@ -268,6 +276,7 @@ class PacePass:
         self.replace_lost(lost, mine_pods, {md.metadata.name: raw for raw, md in fleet})
         endpoints: dict[EndpointKey, EndpointSnapshot] = {}
         owner: dict[EndpointKey, tuple[dict[str, Any], ModelDeployment]] = {}
+        release = self.policy.spec.routing.batch_release
         for raw, md in fleet:
             snaps = endpoint_snapshots(
                 md,
@@ -279,6 +288,8 @@ class PacePass:
                 held_requests,
                 lost,
                 projections,
+                deadline_needs.get(md.metadata.name, 0.0),
+                max(release.one_below_emu, release.two_below_emu),
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
@@ -306,6 +317,54 @@ class PacePass:
         concurrently(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events)
         self.report_faults(guard, fleet)
         self.condition("Degraded", *degraded(outcome.held))
+        try:
+            self.report_deadlines(fleet, deadline_needs)
+        except Exception:  # a status write refused: reported again next pass
+            self.logger.exception("reporting batch deadlines at risk failed")
+
+    def report_deadlines(
+        self, fleet: list[tuple[dict[str, Any], ModelDeployment]], needs: dict[str, float]
+    ) -> None:
+        """`BatchDeadlinesAtRisk` on each ModelDeployment whose batch queue needs more than
+        its regions serve at maxInstances (a Warning Event when it turns True, a Normal one
+        when it clears), and `sageserve_batch_deadline_at_risk` / `_shortfall_tokens_per_
+        second` for each: `controller.deadlines`."""
+        for raw, md in fleet:
+            name = md.metadata.name
+            now = deadlines.outlook(md, needs.get(name, 0.0))
+            OPERATOR_METRICS.batch_deadline_at_risk.labels(self.namespace, name).set(
+                1.0 if now.at_risk else 0.0
+            )
+            OPERATOR_METRICS.batch_deadline_shortfall.labels(self.namespace, name).set(
+                now.shortfall_tps
+            )
+            conditions = (raw.get("status") or {}).get("conditions") or []
+            current = next((c for c in conditions if c.get("type") == deadlines.CONDITION), None)
+            todo = deadlines.report(current, self.state.deadline_outlooks.get(name), now)
+            status, reason, message = now.condition()
+            if todo.event:
+                if status:
+                    self.kube.event(raw, "Warning", deadlines.CONDITION, message)
+                else:
+                    self.kube.event(raw, "Normal", reason, message)
+            if todo.write:
+                written = set_condition(
+                    conditions,
+                    deadlines.CONDITION,
+                    status,
+                    reason,
+                    message,
+                    datetime.now(UTC),
+                    raw["metadata"].get("generation"),
+                )
+                self.kube.patch_status(
+                    self.namespace, "modeldeployments", name, {"conditions": written}
+                )
+            if todo.write or todo.event:
+                self.state.deadline_outlooks[name] = now
+        names = {md.metadata.name for _, md in fleet}
+        for gone in set(self.state.deadline_outlooks) - names:
+            del self.state.deadline_outlooks[gone]
 
     def replace_lost(
         self,

@@ -99,6 +99,21 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.batch_deadline_at_risk = Gauge(
+            "sageserve_batch_deadline_at_risk",
+            "1 while a model's batch queue needs more tokens/s to meet every deadline than "
+            "its regions serve at maxInstances (condition BatchDeadlinesAtRisk), else 0.",
+            ["namespace", "model_deployment"],
+            registry=r,
+        )
+        self.batch_deadline_shortfall = Gauge(
+            "sageserve_batch_deadline_shortfall_tokens_per_second",
+            "Tokens/s a model's batch deadlines need beyond what its regions serve at "
+            "maxInstances (0 while within it).",
+            ["namespace", "model_deployment"],
+            registry=r,
+        )
+
     def record_plan(self, namespace: str, plan: Mapping[str, Any], solver: str) -> None:
         """Export a plan as recorded in a ScalingPolicy's status (`status.plan`)."""
         for t in plan.get("targets", []):

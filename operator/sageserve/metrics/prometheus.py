@@ -247,6 +247,18 @@ class PrometheusReader:
         """Requests the router holds per (model, region) while nothing serves there."""
         return self.instant(queries.held_requests(namespace))
 
+    def batch_deadline_needs(self, namespace: str) -> dict[str, float]:
+        """Tokens/s each model's batch queue needs to meet every deadline, by model
+        deployment (`queries.batch_deadline_need`: the routers' gauge, their largest
+        reading). Models no router reports are absent (no need known: no deadline signal);
+        non-finite or negative readings are left out, never acted on."""
+        out: dict[str, float] = {}
+        for labels, value in self.samples(queries.batch_deadline_need(namespace)):
+            model = labels.get(vllm.LABEL_MODEL_DEPLOYMENT, "")
+            if model and math.isfinite(value) and value >= 0:
+                out[model] = value
+        return out
+
     def tokens_per_second(self, namespace: str, window: str = "1m") -> Series:
         """Observed tokens/s per (model, region) in `namespace`."""
         return self.instant(queries.tokens_per_second(window, namespace))

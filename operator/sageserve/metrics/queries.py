@@ -156,14 +156,28 @@ BATCH_ACCEPTED_TOKENS = "sageserve_batch_accepted_tokens"
 
 
 def batch_received(window: str, namespace: str, tiers: Sequence[str]) -> str:
-    """Batch load *received* per (model, region): what the Batch API accepted into the
-    queue, else (no queue series) what the router served of batch tiers synchronously.
-    SageServe's β is 10 % of the batch load received in the last hour (§6.3)."""
+    """Batch load *received* per (model, region): SageServe's β is 10 % of the batch load
+    received in the last hour (§6.3), not of what the troughs let through.
+
+    A model whose routers count Batch API acceptances (`sageserve_batch_accepted_tokens`,
+    in the accepting router's home region) is read from that counter alone: its tokens in
+    the regions that accepted, 0 in every other region where it served batch tiers. Why
+    not add what the router served: the released queue work is served through the router
+    in whichever region has a trough and counted there in `sageserve_router_tokens` under
+    its batch tier, so accepted + served would count it twice, once where it was accepted
+    and again where it ran; and the two are one series, so synchronous batch-tier requests
+    of such a model are not told apart and not counted. A model with no acceptance series
+    (batch sent synchronously only) is read from what the router served of its batch
+    tiers, per region: each such request is served once, where it was received. The
+    simulator counts received batch the same way (`sim.engine`: per home region, 0
+    elsewhere)."""
     queued = (
         f"sum by ({GROUP_BY}) "
         f"(rate({BATCH_ACCEPTED_TOKENS}_total{{{_tiers(namespace, tiers)}}}[{window}]))"
     )
-    return f"({queued}) or ({router_tokens(window, namespace, tiers)})"
+    served = router_tokens(window, namespace, tiers)
+    model = f"{vllm.LABEL_NAMESPACE}, {vllm.LABEL_MODEL_DEPLOYMENT}"
+    return f"({queued}) or (({served}) unless on ({model}) ({queued})) or (0 * ({served}))"
 
 
 def _tiers(namespace: str, tiers: Sequence[str]) -> str:

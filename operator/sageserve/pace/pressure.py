@@ -40,14 +40,16 @@ under 30 %) and the queue forms again, an instance started and drained every few
 EMU-driven decisions are unchanged.
 
 Pure functions of the decision step's snapshot: the operator (per-pod vLLM queues, the
-router's TTFT histogram) and the simulator (its instances' queues, its own histogram of
-the same buckets) feed the same facts, and `pace.step.decide` applies the same rule.
+routers' batch deadline need gauge) and the simulator (its instances' queues, its own TTFT
+histogram, its Queue Manager's need) feed the same facts, and `pace.step.decide` applies
+the same rule. Both worlds put a model's deadline need on its endpoints' snapshots with
+one function, `with_deadline_need`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sageserve.core.snapshot import EndpointSnapshot
 from sageserve.core.types import EndpointObservation
@@ -133,6 +135,31 @@ def deadline_pressure(need_tps: float, capacity_tps: float) -> float:
     if need_tps <= 0 or capacity_tps <= 0:
         return 0.0
     return need_tps / capacity_tps
+
+
+def with_deadline_need(
+    snap: EndpointSnapshot,
+    need_tps: float,
+    model_serving: int,
+    theta_tps: float,
+    release_below: float,
+) -> EndpointSnapshot:
+    """`snap` with its share of its model's batch deadline need and its batch capacity, as
+    the decision step reads them (`deadline_pressure`).
+
+    Why a share: the batch queue is global per model (SageServe §6.1), so the need is the
+    model's, not an endpoint's; each serving endpoint takes the part of it its serving
+    instances are of the `model_serving` instances of all the model's endpoints, so every
+    endpoint of the model reads the same ratio (need ÷ the model's batch capacity) and the
+    one that scales out first lowers it for all. `snap` unchanged when there is no need,
+    no θ, or nothing serving there (bringing an endpoint back from zero is the floor
+    rule's). `theta_tps` is θ (capacityTokensPerSecond, §6.3) and `release_below` the EMU
+    under which the Queue Manager releases batch work (§6.2: 60 %)."""
+    if need_tps <= 0 or theta_tps <= 0 or snap.serving <= 0:
+        return snap
+    share = need_tps * snap.serving / max(model_serving, snap.serving)
+    capacity = batch_capacity_tps(snap.serving, theta_tps, release_below)
+    return replace(snap, batch_need_tps=share, batch_capacity_tps=capacity)
 
 
 def endpoint_pressure(ep: EndpointSnapshot) -> Pressure:

@@ -96,6 +96,16 @@ def deadline_risk(
     return DeadlineRisk(until, shortfall, need, max(0.0, capacity_tps))
 
 
+def capacity_at_max(theta_tps: float, max_instances: Iterable[int]) -> float:
+    """A model's tokens/s at its endpoints' maxInstances: θ per instance × Σ over regions.
+
+    The largest capacity scaling can give the model's batch queue (serving nothing else):
+    a need above it is a miss predicted that no scale-out can avoid. One rule for the
+    simulator's end-of-run feasibility (`sim.deadlines`) and the operator's
+    `BatchDeadlinesAtRisk` (`controller.deadlines`)."""
+    return max(0.0, theta_tps) * sum(max(0, n) for n in max_instances)
+
+
 class DeadlineLedger:
     """Queued tokens per deadline bucket of one model, kept up to date on submit and
     release, so the required rate costs O(buckets) however many requests wait."""

@@ -62,11 +62,6 @@ def edf_feasible(pending: Iterable[PendingWork], horizon_s: float, capacity_tps:
     return deadline_risk(buckets, horizon_s, capacity_tps, min_window_s=0.0) is None
 
 
-def capacity_at_max(theta_tps: float, max_instances: Iterable[int]) -> float:
-    """A model's tokens/s at its endpoints' maxInstances: θ per instance × Σ over regions."""
-    return theta_tps * sum(max(0, n) for n in max_instances)
-
-
 @dataclass(frozen=True)
 class BatchAccount:
     """The deadline accounting of one batch tier × model (see the module doc)."""

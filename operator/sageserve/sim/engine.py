@@ -21,10 +21,11 @@ from dataclasses import dataclass, field, replace
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
-from sageserve.pace.pressure import batch_capacity_tps
+from sageserve.pace.pressure import with_deadline_need
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.route.anticipator import LoadAnticipator
+from sageserve.route.deadlines import capacity_at_max
 from sageserve.route.instance_picker import (
     DEFAULT_PICKER,
     Arrival,
@@ -44,7 +45,7 @@ from sageserve.route.queue_manager import (
 )
 from sageserve.route.region_router import SpillLedger, preference, route_region
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
-from sageserve.sim.deadlines import PendingWork, capacity_at_max
+from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
 _INF = math.inf
@@ -639,18 +640,16 @@ class Simulation(InstanceHooks):
 
     def _with_deadlines(self, snap: EndpointSnapshot) -> EndpointSnapshot:
         """`snap` with its share of its model's batch deadline need and its batch capacity
-        (`pace.pressure.deadline_pressure`), as the decision step reads them. The queue is
-        global per model, so each serving endpoint of the model takes the share of its
-        serving instances: every one of them then reads the same ratio."""
+        (`pace.pressure.with_deadline_need`, the operator's rule too): the model's serving
+        instances are counted over all its endpoints, whichever this decision looks at."""
         model = snap.key.model
-        need = self._batch_need.get(model, 0.0)
-        theta = self._theta.get(model, 0.0)
-        if need <= 0 or theta <= 0 or snap.serving <= 0:
-            return snap
-        serving = sum(ep.serving for ep in self._eps_of_model.get(model, ()))
-        share = need * snap.serving / max(serving, snap.serving)
-        capacity = batch_capacity_tps(snap.serving, theta, self._release_below)
-        return replace(snap, batch_need_tps=share, batch_capacity_tps=capacity)
+        return with_deadline_need(
+            snap,
+            self._batch_need.get(model, 0.0),
+            sum(ep.serving for ep in self._eps_of_model.get(model, ())),
+            self._theta.get(model, 0.0),
+            self._release_below,
+        )
 
     def _projected(self, ep: Endpoint, snap: EndpointSnapshot, t: float) -> EndpointSnapshot:
         """`snap` with each instance's projected KV usage from its load anticipator

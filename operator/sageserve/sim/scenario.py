@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.snapshot import Plan
@@ -98,7 +98,7 @@ class Scenario:
                         "so vLLM would refuse to start; set spec.model.contextLength to at most "
                         f"{perf.kv_capacity_tokens}"
                     )
-            theta = max(float(v.capacity_tokens_per_second) for v in md.spec.variants)
+            theta = model_theta_tps(md)
             setups.append(ModelSetup(md.metadata.name, variants, regions, context, theta))
         sp = self.policy.spec if self.policy is not None else None
         cfg = SimConfig(
