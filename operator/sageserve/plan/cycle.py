@@ -3,10 +3,13 @@
 The hourly step of SageServe (SageServe §5, §6.3), as one pure function of its inputs so the
 operator's plan loop and the simulator run exactly the same decision:
 
-    ρ(m, r) = provisioned forecast of the next-hour peak + β (10 % of last hour's batch load)
+    ρ(m, r) = provisioned forecast of the next-hour peak + max(β, need(m, r))
 
 per forecast step of the planned hour (the path scaled to that peak), so that C2 covers the
-peak of the model's summed demand rather than the sum of its regional peaks.
+peak of the model's summed demand rather than the sum of its regional peaks. β is 10 % of
+the last hour's batch load (§6.3); need(m, r) is region r's share of the tokens/s model m's
+batch queue needs to meet every deadline (`plan.batch_demand`: why the larger of the two,
+and how a model's need is split over its regions).
 
 LT-UA compares observed tokens/s with what the forecast expects *at that time*, not with the
 provisioned peak: `expected_tps` is the point forecast averaged over the gap window (the
@@ -15,13 +18,14 @@ since observed traffic at an endpoint is interactive and batch together. Compari
 hour's peak + β would read every off-peak minute as "observed ≤ 0.5× forecast".
 
 A (model, region) with no usable observation at all is *held*: its demand is set to what
-its current instances serve, so the plan neither grows nor shrinks it on no information.
+its current instances serve, so the plan neither grows nor shrinks it on no information;
+only a share of the queue's deadline need above that grows it (the need is information).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +36,7 @@ from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.api import batch_buffer_tps, forecast_peak
 from sageserve.forecast.types import Forecast, ForecastSpec
+from sageserve.plan.batch_demand import batch_demand_tps, split_need
 from sageserve.plan.fleet import (
     VariantCounts,
     build_problem,
@@ -65,6 +70,9 @@ class PlanCycle:
     spill: dict[str, dict[str, dict[str, float]]]
     #: each ModelPool's pods per region, sized from its models' forecast rates (Aegaeon)
     pools: tuple[PoolTarget, ...] = ()
+    #: each (model, region)'s share of its model's batch deadline need, tokens/s (0: none);
+    #: the batch part of `demand_tps` is max(β, this) (`plan.batch_demand`)
+    batch_need_tps: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def in_force(self, computed_at: float) -> Plan:
         """This cycle as the plan the decision step follows (targets per variant)."""
@@ -152,6 +160,7 @@ def run_plan_cycle(
     pools: Sequence[ModelPool] = (),
     pool_rates: PoolRates | None = None,
     pool_current: Mapping[tuple[str, str], int] | None = None,
+    batch_need: Mapping[str, float] | None = None,
 ) -> PlanCycle:
     """Forecast, plan and derive targets for `mds` under `policy`.
 
@@ -161,7 +170,9 @@ def run_plan_cycle(
     hour, which β is taken from when given (it differs from what was served while a queue
     waits for the troughs). `pools` are sized from `pool_rates` (requests/s per pooled
     model and step) and enter the same ILP as GPU demand (`plan.pool_cycle`);
-    `pool_current[(pool, region)]` are their pods now.
+    `pool_current[(pool, region)]` are their pods now. `batch_need[model]` is the tokens/s
+    the model's batch queue needs to meet every deadline (none when absent); each region
+    plans for max(β, its share of it) as the batch part of ρ (`plan.batch_demand`).
     """
     spec = forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
@@ -170,29 +181,41 @@ def run_plan_cycle(
     demand: dict[tuple[str, str], float] = {}
     expected: dict[tuple[str, str], float] = {}
     paths: dict[tuple[str, str], list[float]] = {}
+    needs: dict[tuple[str, str], float] = {}
     interval = float(policy.intervals.plan_seconds)
     gap_start = max(0.0, interval - float(policy.forecast_gap.window_seconds))
     for md in mds:
         variants = planned_variants(md)
+        name = md.metadata.name
+        interactive: dict[str, float] = {}  # per region: provisioned forecast, or held
         for region in md.spec.regions:
-            key = (md.metadata.name, region.name)
+            key = (name, region.name)
             fc = forecast_peak(history_tps.get(key, []), spec, method=method, fallback=fallback)
             forecasts[key] = fc
             batch = batch_tps_last_hour.get(key, [])
             arrived = (batch_received or {}).get(key, batch)
-            beta = batch_buffer_tps(arrived, policy.forecast.batch_buffer_fraction)
-            buffers[key] = beta
+            buffers[key] = batch_buffer_tps(arrived, policy.forecast.batch_buffer_fraction)
             batch_rate = batch_buffer_tps(batch, 1.0)  # the whole last-hour batch rate
             expected[key] = expected_in_window(fc, spec, gap_start, interval) + batch_rate
             if fc.reliable:
                 provisioned = fc.upper_tps if policy.forecast.quantile > 0.5 else fc.peak_tps
-                demand[key] = provisioned + beta
-                paths[key] = [v + beta for v in provisioned_path(fc, spec, provisioned)]
+                interactive[region.name] = provisioned
+                paths[key] = provisioned_path(fc, spec, provisioned)
             else:  # hold: ask for what the current instances serve
-                demand[key] = sum(
-                    current.get((key[0], key[1], v.name), 0) * v.capacity_tokens_per_second
+                interactive[region.name] = sum(
+                    current.get((name, region.name, v.name), 0) * v.capacity_tokens_per_second
                     for v in variants.values()
                 )
+        shares = split_need((batch_need or {}).get(name, 0.0), interactive)
+        for region_name, planned in interactive.items():
+            key = (name, region_name)
+            needs[key] = shares[region_name]
+            if key in paths:
+                extra = batch_demand_tps(buffers[key], needs[key])
+                demand[key] = planned + extra
+                paths[key] = [v + extra for v in paths[key]]
+            else:  # held: grown only by a need beyond what its instances serve
+                demand[key] = max(planned, needs[key])
     windows = max((len(v) for v in paths.values()), default=1)
     per_window = {k: paths.get(k) or [v] * windows for k, v in demand.items()}
     problem = build_problem(mds, policy, current, per_window, gpu_capacity) if mds else None
@@ -215,6 +238,7 @@ def run_plan_cycle(
         instance_tps=instance_capacity(mds, targets),
         spill=spill_shares(mds, targets, demand),
         pools=tuple(pool_targets),
+        batch_need_tps=needs,
     )
 
 
