@@ -1,7 +1,9 @@
-"""The plan loop's pure parts: GPU capacity from Nodes, plan status, restoring a plan."""
+"""The plan loop: GPU capacity from Nodes, plan status, restoring a plan, and one pass
+against the API server and Prometheus in process (`plan_fakes`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +14,7 @@ import yaml
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import PlanStatus, ScalingPolicySpec
 from sageserve.controller.plan_loop import (
+    deadline_needs,
     gpu_capacity,
     plan_status,
     recorded_plan,
@@ -21,6 +24,7 @@ from sageserve.controller.plan_loop import (
 from sageserve.core.labels import NodeLabels
 from sageserve.core.types import EndpointKey
 from sageserve.plan.cycle import run_plan_cycle
+from tests.controller.plan_fakes import FakeKube, FakeReader, plan_pass
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -152,3 +156,93 @@ def test_beta_comes_from_the_batch_load_received_not_what_the_troughs_let_throug
     cycle = run_plan_cycle([md], spec, hist, served, {}, batch_received=received)
     assert cycle.batch_buffer_tps[key] == pytest.approx(90.0)
     assert run_plan_cycle([md], spec, hist, served, {}).batch_buffer_tps[key] == 10.0
+
+
+# ---- the batch deadline need -----------------------------------------------------------------
+
+LLAMA = "llama-2-70b"
+LOG = logging.getLogger("plan-loop-test")
+#: interactive tokens/s per region (3 : 2 : 1) and the batch received (β = 50 tokens/s); a
+#: region of the inventory serves 2,928 tokens/s at most (six 8-GPU instances of each type)
+LEVEL = {"us-east": 1500.0, "us-central": 1000.0, "us-west": 500.0}
+TOTAL = {(LLAMA, r): [v] * 36 for r, v in LEVEL.items()}
+RECEIVED = {(LLAMA, r): [500.0] * 6 for r in LEVEL}
+
+
+def test_deadline_needs_are_per_model_and_a_reading_that_is_not_a_rate_is_no_need(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    samples = {
+        ("llm", "a", ""): 120.0,
+        ("llm", "b", ""): math.nan,
+        ("llm", "c", ""): -4.0,
+        ("llm", "d", ""): math.inf,
+        ("other", "a", ""): 999.0,  # another namespace's queue
+        ("llm", "e", ""): 0.0,
+    }
+    with caplog.at_level(logging.WARNING):
+        assert deadline_needs(samples, "llm", LOG) == {
+            "a": 120.0,
+            "b": 0.0,
+            "c": 0.0,
+            "d": 0.0,
+            "e": 0.0,
+        }
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert all(f"llm/{m}" in warned for m in "bcd") and "llm/a" not in warned
+
+
+def test_the_plan_loop_provisions_the_deadline_need_the_routers_export() -> None:
+    quiet = plan_pass(FakeKube(), FakeReader(TOTAL, received=RECEIVED), LOG)
+    kube = FakeKube()
+    reader = FakeReader(TOTAL, received=RECEIVED, need={LLAMA: 1800.0, "gone": 50.0})
+    starving = plan_pass(kube, reader, LOG)
+    assert quiet is not None and starving is not None
+    status = PlanStatus.model_validate(kube.plan())
+    forecasts = {f.region: f for f in status.forecasts}
+    # split by the regions' interactive forecast; the plan's batch part is the need, not β
+    for region, share in {"us-east": 900.0, "us-central": 600.0, "us-west": 300.0}.items():
+        f = forecasts[region]
+        assert f.batch_deadline_need_tokens_per_second == pytest.approx(share)
+        assert f.batch_buffer_tokens_per_second == pytest.approx(50.0)
+        assert f.tokens_per_second == pytest.approx(LEVEL[region] + share)
+        key = EndpointKey(LLAMA, region)
+        assert starving.endpoint_targets[key] > quiet.endpoint_targets[key]
+    assert kube.events[-1][0] == "Planned"
+
+
+def test_without_a_need_series_the_plan_is_the_papers() -> None:
+    kube = FakeKube()
+    cycle = plan_pass(kube, FakeReader(TOTAL, received=RECEIVED), LOG)
+    assert cycle is not None
+    plan = kube.plan()
+    assert {f["batchDeadlineNeedTokensPerSecond"] for f in plan["forecasts"]} == {0.0}
+    assert {f["tokensPerSecond"] - LEVEL[f["region"]] for f in plan["forecasts"]} == {50.0}
+    zero = plan_pass(FakeKube(), FakeReader(TOTAL, received=RECEIVED, need={LLAMA: 0.0}), LOG)
+    assert zero is not None and zero.targets == cycle.targets
+
+
+@pytest.mark.parametrize("need", [math.nan, -10.0, math.inf])
+def test_a_need_that_is_not_a_rate_plans_as_none_and_is_logged(
+    need: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    paper = plan_pass(FakeKube(), FakeReader(TOTAL, received=RECEIVED), LOG)
+    with caplog.at_level(logging.WARNING):
+        cycle = plan_pass(FakeKube(), FakeReader(TOTAL, received=RECEIVED, need={LLAMA: need}), LOG)
+    assert paper is not None and cycle is not None
+    assert cycle.targets == paper.targets
+    assert set(cycle.batch_need_tps.values()) == {0.0}
+    assert any(f"llm/{LLAMA}" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unanswered_need_query_still_plans_with_beta_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    paper = plan_pass(FakeKube(), FakeReader(TOTAL, received=RECEIVED), LOG)
+    kube = FakeKube()
+    with caplog.at_level(logging.WARNING):
+        cycle = plan_pass(kube, FakeReader(TOTAL, received=RECEIVED, need_fails=True), LOG)
+    assert paper is not None and cycle is not None
+    assert cycle.targets == paper.targets
+    assert kube.events[-1][0] == "Planned"
+    assert any("β alone" in r.getMessage() for r in caplog.records)

@@ -585,8 +585,20 @@ class ForecastEntry(ApiModel):
 
     model: str = Field(max_length=253)
     region: str = Field(max_length=63)
-    tokens_per_second: float = Field(ge=0, description="Peak forecast incl. batch buffer β.")
+    tokens_per_second: float = Field(
+        ge=0,
+        description="Peak forecast incl. the batch part: the larger of the batch buffer β "
+        "and the batch deadline need.",
+    )
     batch_buffer_tokens_per_second: float = Field(default=0, ge=0)
+    batch_deadline_need_tokens_per_second: float = Field(
+        default=0,
+        ge=0,
+        description="This region's share of the tokens/s its model's batch queue needs to "
+        "finish every queued request by its deadline (split over the model's regions by "
+        "their interactive forecast). The plan provisions it instead of β when it is the "
+        "larger.",
+    )
     expected_tokens_per_second: float | None = Field(
         default=None,
         ge=0,

@@ -1,10 +1,11 @@
 """The plan loop: every `spec.intervals.planSeconds`, forecast and solve for one policy.
 
-Reads each (model, region)'s token-rate history from Prometheus, the GPUs of the serving
-and spot pools from the Nodes, and the current pod sets; runs the same planning cycle the
-simulator runs (`plan.cycle`); records the plan in the policy's status (forecasts, targets,
-objective, solver time, shortfalls) with a `PlanReady` condition, and hands the targets and
-forecasts to the pacing strategy. A plan survives restarts in status: the loop plans again
+Reads each (model, region)'s token-rate history and each model's batch deadline need from
+Prometheus, the GPUs of the serving and spot pools from the Nodes, and the current pod sets;
+runs the same planning cycle the simulator runs (`plan.cycle`); records the plan in the
+policy's status (forecasts with β and the deadline need, targets, objective, solver time,
+shortfalls) with a `PlanReady` condition, and hands the targets and forecasts to the
+pacing strategy. A plan survives restarts in status: the loop plans again
 only when the one recorded there is older than the interval. A `preserve` policy plans per
 window instead (`controller.window_loop`), with no hourly cycle.
 """
@@ -63,6 +64,32 @@ def split_batch(
     return interactive, {k: list(v[-last_hour:]) for k, v in batch.items()}
 
 
+def deadline_needs(
+    samples: Mapping[tuple[str, str, str], float], namespace: str, logger: Logger
+) -> dict[str, float]:
+    """Per model of `namespace`, the tokens/s its batch queue needs to finish every queued
+    request by its deadline, as the routers export it (`queries.batch_deadline_need`): the
+    plan provisions it when it is above β (`plan.batch_demand`, SageServe §6.3).
+
+    A model without a series has no need (no queue, or no router exporting it): the plan
+    is the paper's. A reading that is not a rate (NaN, ±inf, negative: a broken exporter)
+    is logged and read as no need; never provisioned for."""
+    out: dict[str, float] = {}
+    for (ns, model, _), value in sorted(samples.items()):
+        if ns != namespace or not model:
+            continue
+        if not (math.isfinite(value) and value >= 0):
+            logger.warning(
+                "batch deadline need of %s/%s is %r, not a rate: planned as no need",
+                namespace,
+                model,
+                value,
+            )
+            value = 0.0
+        out[model] = max(out.get(model, 0.0), value)
+    return out
+
+
 def gpu_capacity(
     nodes: Iterable[Mapping[str, Any]], labels: NodeLabels
 ) -> dict[tuple[str, str], int]:
@@ -117,6 +144,7 @@ def plan_status(
             "region": r,
             "tokensPerSecond": round(cycle.demand_tps[(m, r)], 3),
             "batchBufferTokensPerSecond": round(cycle.batch_buffer_tps[(m, r)], 3),
+            "batchDeadlineNeedTokensPerSecond": round(cycle.batch_need_tps.get((m, r), 0.0), 3),
             "expectedTokensPerSecond": round(cycle.expected_tps[(m, r)], 3),
             "instanceTokensPerSecond": round(cycle.instance_tps[EndpointKey(m, r)], 3),
             "method": fc.method,
@@ -239,6 +267,7 @@ class PlanPass:
         except MetricsUnavailable as exc:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")
             return None
+        need = self.deadline_need(reader)
         if batch:
             per_endpoint, batch = split_batch(per_endpoint, batch, step)
         received = split_batch({}, received, step)[1]
@@ -266,6 +295,7 @@ class PlanPass:
             pools=[pool for _, pool in pools],
             pool_rates=pool_rates,
             pool_current=pool_current,
+            batch_need=need,
         )
         if pools:
             apply_pool_targets(
@@ -301,6 +331,17 @@ class PlanPass:
                 "PlanReady", True, "Planned", f"{result.status} in {result.solve_seconds:.2f}s"
             )
         return cycle
+
+    def deadline_need(self, reader: PrometheusReader) -> dict[str, float]:
+        """The batch deadline need per model (`deadline_needs`). Unreadable, the cycle
+        plans with β alone, as the paper does, and says so in the log: the need only ever
+        adds capacity, so missing it is never worse than the paper's plan."""
+        try:
+            samples = reader.instant(queries.batch_deadline_need(self.namespace))
+        except MetricsUnavailable as exc:
+            self.logger.warning("batch deadline need unread, planning with β alone: %s", exc)
+            return {}
+        return deadline_needs(samples, self.namespace, self.logger)
 
     def models(self) -> list[ModelDeployment]:
         """The ModelDeployments of the namespace this policy sizes."""
