@@ -177,7 +177,7 @@ def test_runs_sharing_one_config_start_from_the_same_empty_cluster() -> None:
 def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
     calls: list[tuple[float, dict, dict]] = []
 
-    def planner(now, history, batch, current, received):
+    def planner(now, history, batch, current, received, need):
         calls.append((now, {k: list(v) for k, v in history.items()}, dict(current)))
         return plan_of(now, {"r1": 3}, 1000.0)
 
@@ -210,7 +210,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
     """With Prometheus-like history the first plan is at t = start, not an hour in."""
     calls: list[tuple[float, list[float]]] = []
 
-    def planner(now, history, batch, current, received):
+    def planner(now, history, batch, current, received, need):
         calls.append((now, list(history[("m", "r1")])))
         return plan_of(now, {"r1": 1}, 10.0)
 
@@ -231,7 +231,7 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
 def test_an_endpoint_no_request_reaches_still_scales_in_to_its_floor(policy: str) -> None:
     # r2 gets no traffic: the operator's pace loop checks it every pace period, so the
     # simulator must too (the paper's rule fires on arrivals, and none come).
-    def planner(now, history, batch, current, received):
+    def planner(now, history, batch, current, received, need):
         return plan_of(now, {"r1": 1, "r2": 1})
 
     perf = flat_perf(prefill_s=0.05, decode_s=0.02)
@@ -326,7 +326,7 @@ def test_the_planner_sees_batch_received_apart_from_batch_served() -> None:
     sees every batch token that arrived, in the request's home region."""
     seen: dict[str, dict] = {}
 
-    def planner(now, history, batch, current, received):
+    def planner(now, history, batch, current, received, need):
         if not seen:  # the plan at the end of the first hour
             seen.update(batch={k: list(v) for k, v in batch.items()}, received=dict(received))
         return plan_of(now, {"r1": 1, "r2": 1})
@@ -338,3 +338,26 @@ def test_the_planner_sees_batch_received_apart_from_batch_served() -> None:
     assert sum(sum(v) for v in seen["batch"].values()) == 0  # served: nothing
     assert sum(seen["received"][("m", "r2")]) * 60.0 == pytest.approx(300 * 110)
     assert sum(seen["received"][("m", "r1")]) == 0  # a region that received none: zeros
+
+
+@pytest.mark.parametrize("pressure", [True, False])
+def test_the_planner_sees_each_models_batch_deadline_need_when_deadlines_drive_scaling(
+    pressure: bool,
+) -> None:
+    """The queue held all hour (no release rule): the plan at its end is told the tokens/s
+    the queue needs for every request to meet its 24 h deadline, earliest deadline first;
+    nothing when the run leaves batch to the troughs alone."""
+    seen: list[tuple[dict[str, float], float]] = []
+
+    def planner(now, history, batch, current, received, need):
+        seen.append((dict(need), sim.qm.required_tps("m", now)))
+        return plan_of(now, {"r1": 1})
+
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, end_s=3600.0 + 10, release_rules=(), deadline_pressure=pressure)
+    reqs = [Request(i, 10.0 * i, "m", NIW, "r1", 100, 10) for i in range(300)]
+    sim = Simulation(cfg, make_strategy("lt-immediate"), reqs, planner=planner)
+    sim.run()
+    need, queue_says = seen[0]
+    assert queue_says > 0  # 300 requests held, each due 24 h after its arrival
+    assert need == ({"m": queue_says} if pressure else {})

@@ -53,7 +53,7 @@ def run(policy: str) -> RunResult:
     )
     reqs = poisson(0.6, END_S, [IW_F], seed=7, prompt=20_000, output=5)
 
-    def planner(now, history, batch, current, received):  # type: ignore[no-untyped-def]
+    def planner(now, history, batch, current, received, need):  # type: ignore[no-untyped-def]
         # the forecast saw little: the plan keeps the floor, as LT-UA's did on that day
         return Plan(now, {(EndpointKey("m", "r1"), "v"): 2}, {EndpointKey("m", "r1"): 50.0})
 

@@ -124,11 +124,13 @@ PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 
 #: (now, interactive tokens/s per minute per (model, region), batch tokens/s served per
 #: minute over the last hour, current instances per (model, region, variant), batch tokens/s
-#: received per minute over the last hour) -> the plan the decision step follows. Built
-#: from plan.cycle by `sim.scenario`, as the operator's plan loop. Batch received is what
-#: arrived at the Queue Manager, counted at the request's home region (the region the
-#: operator's router counts `sageserve_batch_accepted_tokens_total` in); served is what
-#: the troughs let through, per serving region.
+#: received per minute over the last hour, batch deadline need per model) -> the plan the
+#: decision step follows. Built from plan.cycle by `sim.scenario`, as the operator's plan
+#: loop. Batch received is what arrived at the Queue Manager, counted at the request's home
+#: region (the region the operator's router counts `sageserve_batch_accepted_tokens_total`
+#: in); served is what the troughs let through, per serving region. The need is the tokens/s
+#: each model's queue needs to meet every deadline now (`route.deadlines.required_tps`, as
+#: the routers export it to the operator); empty without deadline pressure.
 Planner = Callable[
     [
         float,
@@ -136,6 +138,7 @@ Planner = Callable[
         Mapping[tuple[str, str], Sequence[float]],
         Mapping[tuple[str, str, str], int],
         Mapping[tuple[str, str], Sequence[float]],
+        Mapping[str, float],
     ],
     Plan,
 ]
@@ -837,9 +840,19 @@ class Simulation(InstanceHooks):
             {k: list(v) for k, v in self._niw_hist.items()},
             dict(current),
             {k: list(v) for k, v in self._rcv_hist.items()},
+            self._deadline_need(now),
         )
         self.plans += 1
         self.step_state = decide(now, Snapshot(now, {}), plan, self.step_state, self.strategy).state
+
+    def _deadline_need(self, now: float) -> dict[str, float]:
+        """Per model with queued batch work, the tokens/s its queue needs now to meet every
+        deadline, which the plan provisions when it exceeds β (`plan.batch_demand`); none
+        when the run leaves deadlines to the paper's trough release alone."""
+        if not (self.qm_active and self.cfg.deadline_pressure):
+            return {}
+        qm = self.qm
+        return {m: need for m in qm.models() if (need := qm.required_tps(m, now)) > 0}
 
     # ---- scaling -------------------------------------------------------------------------
 

@@ -203,6 +203,7 @@ class Scenario:
             _batch: Mapping[tuple[str, str], Sequence[float]],
             current: Mapping[tuple[str, str, str], int],
             _received: Mapping[tuple[str, str], Sequence[float]],
+            _need: Mapping[str, float],
         ) -> Plan:
             window = plan_window(
                 models,
@@ -252,6 +253,7 @@ class Scenario:
             _batch: Mapping[tuple[str, str], Sequence[float]],
             _current: Mapping[tuple[str, str, str], int],
             _received: Mapping[tuple[str, str], Sequence[float]],
+            _need: Mapping[str, float],
         ) -> Plan:
             return Plan(now, targets)
 
@@ -265,7 +267,9 @@ class Scenario:
         (SageServe §6.3), per (model, home region), as the operator's plan loop reads
         `sageserve_batch_accepted_tokens_total`; the batch tokens/s *served* (per serving
         region) still give the expected batch load of the window. Received and served
-        differ exactly while the Queue Manager holds work for the troughs.
+        differ exactly while the Queue Manager holds work for the troughs. Each model's batch
+        deadline need at plan time (its Queue Manager's `required_tps`, as the operator reads
+        the routers' gauge) enters ρ as max(β, need) (`plan.batch_demand`).
         """
         from sageserve.api.scaling_policy import ScalingPolicySpec
         from sageserve.plan.cycle import run_plan_cycle
@@ -282,9 +286,17 @@ class Scenario:
             batch: Mapping[tuple[str, str], Sequence[float]],
             current: Mapping[tuple[str, str, str], int],
             received: Mapping[tuple[str, str], Sequence[float]],
+            need: Mapping[str, float],
         ) -> Plan:
             cycle = run_plan_cycle(
-                models, spec, history, batch, current, capacity, batch_received=received or None
+                models,
+                spec,
+                history,
+                batch,
+                current,
+                capacity,
+                batch_received=received or None,
+                batch_need=need,
             )
             return cycle.in_force(now)
 
