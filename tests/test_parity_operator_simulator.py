@@ -1,4 +1,5 @@
-"""One recorded sequence of observations, two worlds, the same decisions.
+"""One recorded sequence of observations, two worlds, the same decisions; and one hour of
+token rates and queued batch work, two worlds, the same plan.
 
 Each step of the recording says what every instance of one endpoint reports (KV usage,
 queue, whether it is scraped at all), how many instances are still coming up, and how
@@ -10,17 +11,26 @@ step after step, with a missing-data spell, a plan change, a burst and a quiet s
 The batch deadline need is one more such fact: the routers' gauge on the operator's side,
 the Queue Manager's on the simulator's; both worlds share it over a model's endpoints
 alike and scale out alike for it.
+
+The hourly plan (SageServe §5, §6.3) is made by the operator's plan loop from what
+Prometheus and the API server hold (`controller.plan_loop.PlanPass`, in process:
+`tests.controller.plan_fakes`) and by the simulator's planner from its own counters
+(`sim.scenario.Scenario.planner`): the same history, batch, current sizes, GPUs and batch
+deadline need must give the same plan.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from sageserve.api.model_deployment import ModelDeployment, model_theta_tps, pod_set_name
+from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.controller.observe import endpoint_snapshots
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
@@ -28,8 +38,11 @@ from sageserve.core.types import EndpointKey
 from sageserve.metrics.prometheus import PodLoad
 from sageserve.pace import make_strategy
 from sageserve.pace.step import StepState, decide
-from sageserve.sim.cluster import Deployment, Endpoint
+from sageserve.sim.cluster import Deployment, Endpoint, nodes_from_manifests
 from sageserve.sim.engine import Simulation
+from sageserve.sim.scenario import Scenario
+from sageserve.sim.workload import Workload
+from tests.controller import plan_fakes
 from tests.sim.helpers import flat_perf
 
 NS, MODEL, REGION = "llm", "llama", "us-east"
@@ -328,3 +341,67 @@ def test_the_same_deadline_need_gives_the_same_decisions_in_both_worlds(strategy
         assert set(reasons) == {REGION, WEST}
         assert reasons[REGION].startswith("batch deadline pressure: 1600 tok/s needed")
         assert reasons[WEST].startswith("batch deadline pressure: 800 tok/s needed")
+
+
+# ---- the hourly plan -------------------------------------------------------------------------
+
+LLAMA = "llama-2-70b"
+PLAN_REGIONS = ("us-east", "us-central", "us-west")
+
+
+def simulator_planner() -> Any:
+    """The simulator's hourly planner on the operator's manifests and inventory."""
+    scenario = Scenario(
+        name="parity",
+        root=Path("."),
+        description="",
+        models=plan_fakes.models(),
+        tiers={},
+        policy=ScalingPolicy.model_validate(plan_fakes.policy_body()),
+        nodes=nodes_from_manifests(plan_fakes.node_docs()),
+        workload=Workload(0, 0.0, 3600.0, list(PLAN_REGIONS)),
+        drain_s=0.0,
+    )
+    return scenario.planner()
+
+
+@pytest.mark.parametrize(
+    ("need", "observed", "grows"),
+    [
+        (None, PLAN_REGIONS, False),  # no queue behind: the paper's β
+        ({LLAMA: 1800.0}, PLAN_REGIONS, True),  # a starving queue: its need, by region demand
+        ({LLAMA: 20.0}, PLAN_REGIONS, False),  # a need below β changes nothing
+        ({LLAMA: 3000.0}, PLAN_REGIONS[:2], True),  # us-west unobserved: held, takes a share
+    ],
+)
+def test_both_worlds_plan_alike_from_the_same_hour(
+    need: dict[str, float] | None, observed: tuple[str, ...], grows: bool
+) -> None:
+    level = {"us-east": 800.0, "us-central": 600.0, "us-west": 400.0}
+    steps = plan_fakes.TRAINING_S // plan_fakes.STEP_S
+    interactive = {(LLAMA, r): [level[r] + 25.0 * (i % 4) for i in range(steps)] for r in observed}
+    served = {(LLAMA, r): [100.0] * 6 for r in observed}  # the troughs let 100 tokens/s through
+    received = {(LLAMA, r): [400.0] * 6 for r in PLAN_REGIONS}  # while 400 arrive: β = 40
+    current = {(LLAMA, "us-east", "h100"): 4, (LLAMA, "us-central", "h100"): 4}
+    current[(LLAMA, "us-west", "h100")] = 1
+    # the operator reads all of vLLM's tokens, the router's batch served and received
+    total = {
+        k: [*v[:-6], *(x + b for x, b in zip(v[-6:], served[k], strict=True))]
+        for k, v in interactive.items()
+    }
+    kube = plan_fakes.FakeKube(current=current)
+    reader = plan_fakes.FakeReader(total, served, received, need)
+    cycle = plan_fakes.plan_pass(kube, reader, logging.getLogger("parity"))
+    assert cycle is not None and cycle.result.status == "optimal"
+    now = 3600.0
+    operator = cycle.in_force(now)
+    planner = simulator_planner()
+    simulator = planner(now, interactive, served, current, received, need or {})
+    assert simulator == operator
+    # and that plan is the one the need calls for: more instances only when it exceeds β
+    shares = {f["region"]: f["batchDeadlineNeedTokensPerSecond"] for f in kube.plan()["forecasts"]}
+    assert sum(shares.values()) == pytest.approx(sum((need or {}).values()), abs=1e-2)
+    paper = planner(now, interactive, served, current, received, {})
+    grown = [k for k, n in operator.targets.items() if n > paper.targets[k]]
+    assert bool(grown) == grows
+    assert all(n >= paper.targets[k] for k, n in operator.targets.items())
