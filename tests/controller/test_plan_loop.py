@@ -246,3 +246,18 @@ def test_an_unanswered_need_query_still_plans_with_beta_and_says_so(
     assert cycle.targets == paper.targets
     assert kube.events[-1][0] == "Planned"
     assert any("β alone" in r.getMessage() for r in caplog.records)
+
+
+def test_every_plan_written_carries_the_condition_that_describes_it() -> None:
+    """A reader (`kubectl get -o yaml`, a GitOps diff, a test) never sees a plan without
+    its PlanReady condition: both go out in one status write, the first plan and the next."""
+    kube = FakeKube()
+    reader = FakeReader(TOTAL, received=RECEIVED)
+    for _ in range(2):
+        assert plan_pass(kube, reader, LOG) is not None
+    with_plan = [p for p in kube.patches if "plan" in p]
+    assert len(with_plan) == 2
+    for patch in with_plan:
+        ready = {c["type"]: c for c in patch["conditions"]}["PlanReady"]
+        assert (ready["status"], ready["reason"]) == ("True", "Planned")
+    assert [reason for reason, _ in kube.events] == ["Planned", "Planned"]

@@ -308,28 +308,39 @@ class PlanPass:
                 dry_run=spec.dry_run,
             )
         status = plan_status(cycle, mds, current, spec.strategy.value, datetime.now(UTC))
-        self.kube.patch_status(
-            self.namespace, "scalingpolicies", self.policy.metadata.name, {"plan": status}
-        )
         OPERATOR_METRICS.record_plan(self.namespace, status, spec.optimizer.solver.value)
         result = cycle.result
         if result.status == "infeasible":
-            self.set("PlanReady", False, "Infeasible", result.reason or "no plan exists")
+            condition = ("PlanReady", False, "Infeasible", result.reason or "no plan exists")
         elif result.status == "shortfall":
             unmet = ", ".join(
                 f"{s['model']}/{s['region']} {s['tokensPerSecond']:.0f} tok/s"
                 for s in status["shortfalls"]
             )
-            self.set(
+            condition = (
                 "PlanReady",
                 True,
                 "Shortfall",
                 f"demand above what GPUs and maxInstances allow; unmet: {unmet}",
             )
         else:
-            self.set(
-                "PlanReady", True, "Planned", f"{result.status} in {result.solve_seconds:.2f}s"
+            condition = (
+                "PlanReady",
+                True,
+                "Planned",
+                f"{result.status} in {result.solve_seconds:.2f}s",
             )
+        event = self.condition(*condition)
+        # the plan and the condition that describes it in one write: a reader (a user's
+        # `kubectl get -o yaml`, a GitOps diff) never sees a plan without its condition
+        self.kube.patch_status(
+            self.namespace,
+            "scalingpolicies",
+            self.policy.metadata.name,
+            {"plan": status, "conditions": self.conditions},
+        )
+        if event is not None:
+            self.kube.event(self.body, *event)
         return cycle
 
     def deadline_need(self, reader: PrometheusReader) -> dict[str, float]:
@@ -370,8 +381,11 @@ class PlanPass:
                         )
         return current
 
-    def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
-        """Set a condition and post an Event when it changes."""
+    def condition(
+        self, type_: str, ok: bool, reason: str, message: str
+    ) -> tuple[str, str, str] | None:
+        """Set a condition in `self.conditions` (written by the caller); the Event to post
+        (type, reason, message) when its status or reason changed, else None."""
         before = {c["type"]: (c["status"], c["reason"]) for c in self.conditions}
         self.conditions[:] = set_condition(
             self.conditions,
@@ -382,10 +396,15 @@ class PlanPass:
             datetime.now(UTC),
             self.body["metadata"].get("generation"),
         )
-        if before.get(type_) != ("True" if ok else "False", reason):
-            self.kube.event(
-                self.body, "Normal" if ok and reason == "Planned" else "Warning", reason, message
-            )
+        if before.get(type_) == ("True" if ok else "False", reason):
+            return None
+        return ("Normal" if ok and reason == "Planned" else "Warning", reason, message)
+
+    def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        """Set a condition, and write it and post an Event when it changes."""
+        event = self.condition(type_, ok, reason, message)
+        if event is not None:
+            self.kube.event(self.body, *event)
             self.kube.patch_status(
                 self.namespace,
                 "scalingpolicies",
