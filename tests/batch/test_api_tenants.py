@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from sageserve.batch import BatchStore
@@ -314,6 +315,7 @@ async def dribble(url: str, head: str, first_bytes: bytes) -> tuple[bytes, bytes
     return response + body, after
 
 
+@pytest.mark.slow
 def test_a_body_dribbled_too_slowly_is_408_and_the_connection_closed(store_url: str) -> None:
     async def scenario(client: aiohttp.ClientSession, url: str, store: BatchStore) -> None:
         json_head = (

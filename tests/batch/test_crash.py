@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from sageserve.batch import BatchStore
 from tests.batch.conftest import ME, MODEL, jsonl, known_models, line, read_jsonl
 
@@ -32,6 +34,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_router_killed_mid_batch_loses_nothing_and_duplicates_nothing(
     store_url: str,
 ) -> None:

@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sageserve"
 ROUTER_NAME = "sageserve-router"
 
+#: helm (built from Go modules by scripts/setup) renders every test's chart
+pytestmark = pytest.mark.integration
+
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
     binary = versions.bin_dir() / "helm"

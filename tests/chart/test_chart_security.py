@@ -19,6 +19,9 @@ PROMETHEUS = {
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
 }
 
+#: helm (built from Go modules by scripts/setup) renders every test's chart
+pytestmark = pytest.mark.integration
+
 
 def policies(*sets: str) -> dict[tuple[str, str], dict[str, Any]]:
     docs = by_kind(render(*sets), "NetworkPolicy")

@@ -41,6 +41,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return out, output
 
 
+@pytest.mark.slow
 def test_compare_writes_every_point_and_each_frontier(tiny_run: tuple[Path, str]) -> None:
     tmp_path, output = tiny_run
     assert "GPU-hours at 95.00% iw-f attainment" in output
@@ -80,6 +81,7 @@ def test_compare_writes_every_point_and_each_frontier(tiny_run: tuple[Path, str]
     assert "frontier.png" in (tmp_path / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_from_reads_the_same_points_at_another_target(
     tiny_run: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -131,6 +133,7 @@ def _figures(doc: dict[str, Any]) -> dict[tuple[str, str], tuple[float, float]]:
     }
 
 
+@pytest.mark.slow
 def test_a_dask_cluster_gives_the_same_points_as_the_local_pool(tmp_path: Path) -> None:
     distributed = pytest.importorskip("distributed")
     console = Console(width=200, record=True)
@@ -179,11 +182,13 @@ def _progress_of(backend: Backend) -> dict[int, list[float]]:
     return seen
 
 
+@pytest.mark.slow
 def test_progress_comes_back_from_pool_processes() -> None:
     for fractions in _progress_of(LocalBackend(2)).values():
         assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) > 2
 
 
+@pytest.mark.slow
 def test_progress_comes_back_from_dask_workers() -> None:
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(

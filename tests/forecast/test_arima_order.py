@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.forecast.api import forecast_peak
@@ -20,6 +21,7 @@ def _ar2(n: int = 150, seed: int = 7) -> np.ndarray:
     return 100 + np.cumsum(dx)
 
 
+@pytest.mark.slow
 def test_the_search_tries_p_and_q_up_to_3_and_keeps_the_least_aic() -> None:
     assert len(AIC_ORDERS) == 16 and max(p for p, _, _ in AIC_ORDERS) == 3
     x = _ar2()

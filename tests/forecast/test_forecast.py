@@ -81,6 +81,7 @@ def test_unknown_method_falls_back_and_says_so() -> None:
     assert fc.fallback_reason is not None and "prophet" in fc.fallback_reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(FORECASTERS))
 def test_every_method_gives_an_upper_quantile_at_or_above_its_point(method: str) -> None:
     fc = forecast_peak(synthetic_series(5, 600.0, seed=3), method=method)

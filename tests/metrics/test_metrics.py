@@ -22,6 +22,7 @@ def _promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedPro
     return subprocess.run([PROMTOOL, *args], input=stdin, capture_output=True, check=False)
 
 
+@pytest.mark.integration
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     exprs = {
         "kv": queries.kv_usage_per_pod("llm"),
@@ -66,6 +67,7 @@ def test_queries_group_by_model_deployment_and_region() -> None:
     assert 'namespace="llm"' in queries.tokens_per_second(namespace="llm")
 
 
+@pytest.mark.integration
 def test_operator_metrics_pass_promtool_lint() -> None:
     m = OperatorMetrics()
     m.target_instances.labels("llm", "llama-2-70b", "us-east", "h100").set(12)
@@ -83,6 +85,7 @@ def test_operator_metrics_pass_promtool_lint() -> None:
     assert b'sageserve_batch_deadline_at_risk{model_deployment="llama-2-70b"' in text
 
 
+@pytest.mark.integration
 def test_batch_received_counts_queued_work_once_where_it_was_accepted(tmp_path: Path) -> None:
     """β's batch load received (SageServe §6.3), evaluated by promtool on counters as the
     routers write them. Model m: the Batch API accepts 10 tok/s in us-east (the accepting

@@ -64,6 +64,7 @@ def test_demand_is_the_forecast_plus_the_batch_buffer_and_the_plan_covers_it() -
     assert cycle.expected_tps[east] == pytest.approx((path[4] + path[5]) / 2 + 500.0)
 
 
+@pytest.mark.slow
 def test_lt_ua_yardstick_is_the_point_forecast_in_the_last_minutes_of_the_interval() -> None:
     md = _llama()
     rising = [1000.0 + 10.0 * i for i in range(6 * 60)]  # +10 tokens/s per minute

@@ -27,6 +27,7 @@ def comparable(plan: PlanResult) -> dict[str, Any]:
     return plan.model_dump(exclude={"solve_seconds"})
 
 
+@pytest.mark.slow
 def test_node_limit_is_the_budget_and_the_same_problem_gives_the_same_plan() -> None:
     options = PlanOptions(node_limit=3)
     first = solve_plan(COUPLED, options)
@@ -53,6 +54,7 @@ def test_time_limit_does_not_change_the_plan(problem: PlanProblem, node_limit: i
     assert comparable(default) == comparable(large)
 
 
+@pytest.mark.slow
 def test_the_wall_clock_decides_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     problems = [COUPLED, SPLIT]
     options = [PlanOptions(), PlanOptions(node_limit=2)]

@@ -187,6 +187,7 @@ def test_projection_matches_the_papers_map_and_stays_within_capacity(
 # ---- a projection as metrics: deciles out (router), projection back (operator) ------------
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), min_size=100, max_size=100))
 def test_a_projection_rebuilt_from_its_quantiles_never_understates_it(values: list[float]) -> None:

@@ -7,6 +7,8 @@ go on working for the clients that matter: the ones seen lately."""
 
 from __future__ import annotations
 
+import pytest
+
 from sageserve.route.length_predictor import (
     DEFAULT_MAX_CLIENTS,
     ClientQuantilePredictor,
@@ -36,6 +38,7 @@ def test_the_predictor_keeps_at_most_the_cap_and_still_predicts() -> None:
     assert p.clients == 10_000
 
 
+@pytest.mark.slow
 def test_the_routers_anticipators_stay_bounded_by_user() -> None:
     ants = PodAnticipators()
     for u in range(USERS):

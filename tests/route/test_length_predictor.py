@@ -56,6 +56,7 @@ def test_client_quantile_learns_each_clients_median_and_lends_the_global_one() -
     assert 110 <= pred.predict(LengthQuery(3, 100)) <= 1000
 
 
+@pytest.mark.slow
 def test_input_regression_recovers_a_length_that_grows_with_the_prompt() -> None:
     rng = random.Random(1)
     pairs = []
@@ -82,6 +83,7 @@ def test_too_few_pairs_to_fit_is_refused_with_the_count() -> None:
         InputRegressionPredictor([(1, 2), (3, 4), (5, 6)])
 
 
+@pytest.mark.slow
 def test_on_held_out_azure_conv_the_regression_beats_the_client_median() -> None:
     """Fit on the first 20 minutes of the hour, score on the other 38: the prompt length
     says much about a conversation's answer in this trace, so the regression must beat a

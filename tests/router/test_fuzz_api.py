@@ -567,6 +567,7 @@ def fuzz_settings(n: int) -> settings:
 # ---- the OpenAI routes -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @fuzz_settings(1200)
 @given(head=headers(), key=st.sampled_from(["sk-a", "sk-b", ""]), body=BODIES)
 def test_completions_and_chat_answer_below_500_with_openai_errors(
@@ -621,6 +622,7 @@ API_PATHS = st.one_of(
     head=headers(),
     body=st.none() | BODIES,
 )
+@pytest.mark.slow
 def test_any_route_and_method_answers_below_500(
     client: Client, method: str, path: str, head: dict[str, bytes], body: bytes | None
 ) -> None:
@@ -737,6 +739,7 @@ def auth(key: str) -> dict[str, bytes]:
 KEY = st.sampled_from(["sk-a", "sk-a", "sk-b", "", "", "sk-nobody"])
 
 
+@pytest.mark.slow
 @fuzz_settings(600)
 @given(upload=multipart(), key=KEY, create=st.booleans())
 def test_uploads_and_batches_of_them_answer_below_500(
@@ -776,6 +779,7 @@ BATCH_SPEC = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 @fuzz_settings(1000)
 @given(spec=BATCH_SPEC | HOSTILE_BODY, key=KEY, which=st.integers(min_value=0))
 def test_batch_creates_answer_below_500(client: Client, spec: Any, key: str, which: int) -> None:
@@ -804,6 +808,7 @@ def test_batch_creates_answer_below_500(client: Client, spec: Any, key: str, whi
     which=st.integers(min_value=0),
     key=KEY,
 )
+@pytest.mark.slow
 def test_gets_cancels_and_deletes_of_any_id_answer_below_500(
     client: Client, route: tuple[str, str], raw_id: str, which: int, key: str
 ) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
 import requests
 import yaml
 from aiohttp import web
@@ -737,6 +738,7 @@ def deleted_files_prompts_are_gone(h: Hostile, a: TeamA, store_url: str) -> None
 # ---- the test ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hostile_client_gets_nothing_of_another_tenant_no_5xx_and_bounded_memory(
     store_url: str, tmp_path: Path
 ) -> None:

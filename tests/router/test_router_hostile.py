@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from sageserve.route.tiers import TierMatch
@@ -133,6 +134,7 @@ def test_an_allowed_body_with_expect_continue_is_asked_for_and_served() -> None:
     run(scenario)
 
 
+@pytest.mark.slow
 def test_a_body_that_never_arrives_is_answered_408_within_the_body_timeout() -> None:
     async def scenario() -> None:
         async with router(body_timeout_seconds=0.5) as (port, pods, _):

@@ -114,6 +114,7 @@ async def serving(twin: Twin) -> AsyncIterator[Served]:
         await runner.cleanup()
 
 
+@pytest.mark.slow
 def test_the_router_wakes_what_requests_need_and_sleeps_what_stays_idle(twin: Twin) -> None:
     async def main() -> None:
         def sample(name: str, **labels: str) -> float:
@@ -187,6 +188,7 @@ def test_the_router_wakes_what_requests_need_and_sleeps_what_stays_idle(twin: Tw
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_request_for_a_pod_whose_engines_are_not_up_yet_is_held_not_failed() -> None:
     """A pooled pod the router meets (Ready in the API) before its engines answer behind
     the address: requests wait for the pod's engines instead of failing their wake (the

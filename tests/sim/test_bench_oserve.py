@@ -22,6 +22,7 @@ from sageserve.sim.scenario import default_scenario_dir
 SCENARIO = default_scenario_dir().parent / "oserve-mixed"
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_on_a_slice_and_reports_the_three_deployments(
     tmp_path: Path,
 ) -> None:
@@ -85,6 +86,7 @@ def test_the_benchmark_runs_on_a_slice_and_reports_the_three_deployments(
     assert het["overflows"] >= 0
 
 
+@pytest.mark.slow
 def test_the_earlier_rules_stay_selectable(tmp_path: Path) -> None:
     # --start search --dispatch weighted: the search's layout unchecked, strict weights
     cfg = OServeBench(
@@ -114,6 +116,7 @@ def test_the_cli_refuses_an_unknown_dispatch_or_start(option: str, value: str) -
     assert value in r.output
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_an_unknown_layout() -> None:
     r = CliRunner().invoke(
         app,

@@ -21,6 +21,7 @@ def test_the_documented_scenarios_are_bundled() -> None:
     assert {"default", "peak-day", "servegen-week", "fleet-scale", "fleet-scale-6h"} <= set(BUNDLED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUNDLED)
 def test_a_bundled_scenario_loads_with_its_strategies(name: str) -> None:
     sc = load_scenario(ROOT / name)
@@ -32,6 +33,7 @@ def test_a_bundled_scenario_loads_with_its_strategies(name: str) -> None:
         assert sum(sum(v) for v in interactive.values()) > 0, f"{Path(name)}: no history"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUNDLED)
 def test_a_bundled_scenario_maps_its_traces_to_models_whose_context_holds_them(
     name: str,

@@ -21,6 +21,7 @@ def perf() -> VariantPerf:
     return sc.catalog.get("llama-2-70b", "NVIDIA-H100-80GB-HBM3", 4)
 
 
+@pytest.mark.slow
 def test_measured_capacity_holds_and_a_higher_rate_does_not(perf: VariantPerf) -> None:
     theta, probes = measure_capacity(
         perf, "h100-tp4", "m", TIER, SIZES, 0.7, steps=5, duration_s=900
@@ -33,6 +34,7 @@ def test_measured_capacity_holds_and_a_higher_rate_does_not(perf: VariantPerf) -
     assert len(probes) >= 6
 
 
+@pytest.mark.slow
 def test_longer_requests_lower_the_capacity(perf: VariantPerf) -> None:
     short, _ = measure_capacity(perf, "v", "m", TIER, [(100, 50)], 0.7, steps=4, duration_s=600)
     long, _ = measure_capacity(perf, "v", "m", TIER, [(2000, 800)], 0.7, steps=4, duration_s=600)
@@ -63,6 +65,7 @@ def test_skewed_mixes_take_the_most_prompt_and_decode_heavy_quarters() -> None:
     assert token_share([(300, 100)], prompt=False) == pytest.approx(0.25)
 
 
+@pytest.mark.slow
 def test_prefill_and_decode_rates_are_each_above_the_mixed_share(perf: VariantPerf) -> None:
     """μ_p (μ_d) is measured on the mix that loads prefill (decode) most, so each exceeds
     the prompt (output) share of θ on the mixed traffic: one instance serves more of one

@@ -265,6 +265,7 @@ def test_the_printed_cells_say_attainment_misses_and_what_waits(
 TINY = Path(__file__).parent / "fixtures" / "tiny"
 
 
+@pytest.mark.slow
 def test_simulate_reports_the_batch_classes_and_they_add_up(tmp_path: Path) -> None:
     """The tiny scenario with a 40-minute batch deadline and no drain: the batch work still
     queued or running when the 20-minute window ends is due after it, so it is queued beyond

@@ -31,6 +31,7 @@ def run(policy: str, rate: float = 20.0, end_s: float = 1800.0, seed: int = 1, *
     return Simulation(cfg, make_strategy(policy), reqs).run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["reactive", "siloed"])
 def test_every_request_finishes_or_is_reported_unfinished(policy: str) -> None:
     r = run(policy, rate=40.0, drain_s=60.0)  # short drain: some work is left over
@@ -40,6 +41,7 @@ def test_every_request_finishes_or_is_reported_unfinished(policy: str) -> None:
     assert sum(s.finished for s in r.stats.values()) == r.finished
 
 
+@pytest.mark.slow
 def test_a_seed_gives_the_same_run_and_another_seed_a_different_one() -> None:
     a = policy_summary(run("reactive", seed=3), 1.0)
     b = policy_summary(run("reactive", seed=3), 1.0)
@@ -64,6 +66,7 @@ class Counting(Simulation):
             self.samples.append(n)
 
 
+@pytest.mark.slow
 def test_littles_law_holds_on_a_steady_run() -> None:
     end = 4 * 3600.0
     rate = 15.0
@@ -174,6 +177,7 @@ def test_runs_sharing_one_config_start_from_the_same_empty_cluster() -> None:
     assert all(n.free_gpus == n.gpus for n in cfg.nodes)
 
 
+@pytest.mark.slow
 def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
     calls: list[tuple[float, dict, dict]] = []
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from sageserve.sim.mixed_day import CONTEXT_TOKENS, PHASES, derive
 from sageserve.sim.scenario import default_scenario_dir, load_scenario
 from sageserve.sim.traces import read_jsonl
@@ -27,6 +29,7 @@ def test_the_scenario_loads_one_model_on_16_h100() -> None:
     assert [s.name for s in sc.workload.sources] == ["code", "conversation"]
 
 
+@pytest.mark.slow
 def test_each_hour_holds_its_phase_mix_and_every_request_fits_the_context() -> None:
     code = read_jsonl(SCENARIO / "code.jsonl.gz")
     conv = read_jsonl(SCENARIO / "conversation.jsonl.gz")
@@ -42,6 +45,7 @@ def test_each_hour_holds_its_phase_mix_and_every_request_fits_the_context() -> N
     assert mean(code, 1) > mean(conv, 1) and mean(code, 2) < mean(conv, 2) / 3
 
 
+@pytest.mark.slow
 def test_the_bundled_hour_0_is_the_documented_transformation() -> None:
     day = derive(
         TRACES / "AzureLLMInferenceTrace_code.csv.gz",

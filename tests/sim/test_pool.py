@@ -141,6 +141,7 @@ def test_bad_strategy_and_sizes_are_refused_naming_the_field() -> None:
     decode=st.integers(1, 3),
     seed=st.integers(0, 10_000),
 )
+@pytest.mark.slow
 def test_pooled_scheduler_starves_no_model_and_keeps_turns_within_quota(
     models: int, rate: float, decode: int, seed: int
 ) -> None:

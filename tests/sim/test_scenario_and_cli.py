@@ -87,6 +87,7 @@ def test_a_pipeline_layout_loads() -> None:
         sc.sim_config()
 
 
+@pytest.mark.slow
 def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         app,
@@ -165,6 +166,7 @@ def test_a_bad_policy_setting_stops_simulate_before_any_run(tmp_path: Path) -> N
     assert not (tmp_path / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_siloed_uses_more_instance_hours_than_unified_reactive_on_the_bundled_scenario() -> None:
     # SageServe §4: siloed pools need 34.5% more instance-hours at similar interactive TTFT.
     sc = load_scenario(default_scenario_dir())

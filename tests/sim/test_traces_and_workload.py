@@ -90,6 +90,7 @@ def test_bad_duration_is_refused_with_a_hint() -> None:
         parse_duration("two days")
 
 
+@pytest.mark.slow
 def test_tokens_per_minute_before_the_window_counts_every_earlier_request() -> None:
     from dataclasses import replace
 
@@ -135,6 +136,7 @@ def test_overflow_sends_a_request_to_the_first_model_whose_context_holds_it(
     assert overflow_model(model, tokens, overflow, contexts) == want
 
 
+@pytest.mark.slow
 def test_overflow_moves_only_the_long_requests_and_keeps_the_rest_of_the_stream() -> None:
     from dataclasses import replace
 

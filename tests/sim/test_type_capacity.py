@@ -76,6 +76,7 @@ def test_bisection_finds_the_threshold_of_a_monotone_predicate() -> None:
     assert bisect_rate(lambda r: False, hi=2.0, steps=5, max_doublings=4) == 0.0
 
 
+@pytest.mark.slow
 def test_calibrate_by_type_on_a_tiny_setting_writes_a_table_the_bench_can_read(
     tmp_path: Path,
 ) -> None:
@@ -123,6 +124,7 @@ def test_calibrate_by_type_on_a_tiny_setting_writes_a_table_the_bench_can_read(
         capacity_table("magic", ctx)
 
 
+@pytest.mark.slow
 def test_the_cli_flag_runs() -> None:
     res = CliRunner().invoke(
         app,
@@ -147,6 +149,7 @@ def test_the_cli_flag_runs() -> None:
     assert "TP4" in res.output
 
 
+@pytest.mark.slow
 def test_bench_capacity_auto_chooses_the_source_on_the_tuning_hours() -> None:
     from sageserve.commands.bench_oserve import OServeBench, run_bench
 

@@ -47,6 +47,8 @@ def test_history_text_is_openmetrics_with_timestamps_ending_at_the_given_time() 
     assert s.now == 600  # the simulation stands at the end of the history, ready to go on
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_promtool_turns_the_history_into_blocks_holding_every_pod_series(tmp_path: Path) -> None:
     s = sim(load=2)
     result = backfill(s, [pod("a"), pod("b")], 3 * 3600, 30, END, tmp_path, LIVE, histograms=True)
@@ -63,6 +65,7 @@ def test_promtool_turns_the_history_into_blocks_holding_every_pod_series(tmp_pat
     assert dump(blocks_dir, '{__name__=~"vllm[:_]time_to_first_token_seconds_bucket"}')
 
 
+@pytest.mark.integration
 def test_blocks_move_into_a_data_directory(tmp_path: Path) -> None:
     result = backfill(sim(), [pod("a")], 3600, 60, END, tmp_path / "work")
     data = tmp_path / "data"

@@ -114,6 +114,7 @@ POD = "/pods/llm/tail-us-east-h100-0"
 ASK = {"model": "acme/ft-1", "prompt": "hi", "max_tokens": 4}
 
 
+@pytest.mark.slow
 def test_over_http_a_sleeping_engine_answers_only_after_it_is_woken(twin: Twin) -> None:
     assert call(twin, "GET", f"{POD}/port/8001/is_sleeping") == (200, {"is_sleeping": True})
     code, body = call(twin, "POST", f"{POD}/port/8001/v1/completions", ASK)

@@ -1,0 +1,33 @@
+"""Test tiers (`docs/testing.md`).
+
+- **fast**: pure and in-process tests; no Go-built binaries, no PostgreSQL, Prometheus,
+  promtool or helm. `pytest -m "not e2e and not integration and not slow"`; before every
+  commit.
+- **integration**: real PostgreSQL, Prometheus, promtool or helm (marked here by what a
+  test uses, or in its module).
+- **e2e**: the real control plane (`tests/e2e`, marked in its conftest).
+- **slow**: several seconds or more each (a simulation, a subprocess, a fuzz run), marked
+  on the test.
+
+`./scripts/test` runs every tier; CI runs `./scripts/test`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: fixtures that start a real server or call a real binary
+INTEGRATION_FIXTURES = frozenset({"pg_server", "prometheus_url"})
+#: parameter values that select a real server (the batch store's backends)
+INTEGRATION_PARAMS = frozenset({"postgresql"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        values = params.params.values() if params is not None else ()
+        uses = set(getattr(item, "fixturenames", ()))
+        if uses & INTEGRATION_FIXTURES or any(
+            isinstance(v, str) and v in INTEGRATION_PARAMS for v in values
+        ):
+            item.add_marker(pytest.mark.integration)
