@@ -72,7 +72,7 @@ def batch_lines(n: int, max_tokens: int = 16) -> bytes:
     return ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
 
 
-def submit(router: RouterProcess, content: bytes) -> dict[str, Any]:
+def submit(router: RouterProcess, content: bytes, window: str = "24h") -> dict[str, Any]:
     """Upload the input file and create the batch, as an OpenAI client does."""
     files = {"file": ("input.jsonl", content, "application/jsonl")}
     r = requests.post(f"{router.url}/v1/files", data={"purpose": "batch"}, files=files, timeout=30)
@@ -80,7 +80,7 @@ def submit(router: RouterProcess, content: bytes) -> dict[str, Any]:
     body = {
         "input_file_id": r.json()["id"],
         "endpoint": "/v1/chat/completions",
-        "completion_window": "24h",
+        "completion_window": window,
     }
     r = requests.post(f"{router.url}/v1/batches", json=body, timeout=30)
     assert r.status_code == 200, r.text
