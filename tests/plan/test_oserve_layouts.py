@@ -295,7 +295,7 @@ def test_a_bucket_label_that_is_no_bound_is_refused() -> None:
 def test_analytical_n_comes_from_the_profile_of_each_variants_parallelism() -> None:
     rows = analytical_capacity(load_catalog(), MD, GROUP, [(129, 13), (2009, 15)])
     assert set(rows) == {TP4, PP2}
-    assert rows[TP4][0] == pytest.approx(63.6, rel=0.02)  # docs/oserve.md's table
+    assert rows[TP4][0] == pytest.approx(63.6, rel=0.02)  # docs/results/oserve.md's table
     assert rows[PP2][1] == pytest.approx(7.86, rel=0.02)
 
 

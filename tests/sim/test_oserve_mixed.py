@@ -2,7 +2,7 @@
 traces are what the documented transformation of the Azure 2023 traces gives.
 
 Why: the benchmark's claims rest on this day; a file edited by hand or a transformation that
-drifted from its README would silently change every figure in docs/oserve.md.
+drifted from its README would silently change every figure in docs/results/oserve.md.
 """
 
 from __future__ import annotations
