@@ -37,7 +37,8 @@ from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest
 from sageserve.batch.store import BatchStore
 from sageserve.route.identity import Principal
 from sageserve.route.queue_manager import DEFAULT_PROMOTION_AGE_S, release_count
-from sageserve.router.app import Router, estimated_tokens
+from sageserve.route.request_check import estimated_tokens
+from sageserve.router.app import Router
 from sageserve.router.fleet import ModelRoute
 from sageserve.router.metrics import RouterMetrics
 
