@@ -314,14 +314,6 @@ def test_depth_counts_waiting_requests_per_model_and_tier(store: BatchStore) -> 
     assert store.state_counts()["queued"] == 3
 
 
-def test_claims_come_oldest_first_per_model(store: BatchStore) -> None:
-    submit(store, [line("late")], now=T0 + 10)
-    submit(store, [line("early-1"), line("other", model=OTHER), line("early-2")], now=T0)
-    got = [c.custom_id for c in store.claim(MODEL, 3, "a", 60, T0 + 20)]
-    assert got == ["early-1", "early-2", "late"]
-    assert store.claim(MODEL, 0, "a", 60, T0 + 20) == []
-
-
 def test_files_list_page_and_delete(store: BatchStore) -> None:
     made = [store.create_file(ME, b"{}\n", f"f{i}.jsonl", now=T0 + i) for i in range(5)]
     page, more = store.list_files(ME, limit=2)

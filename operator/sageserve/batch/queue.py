@@ -15,15 +15,17 @@ took the request over, or after the batch was cancelled or expired, changes noth
 (exactly-once recording).
 
 Why two steps per claim: the requests whose lease ran out come first (they were claimed
-before anything still queued), then the oldest queued ones; each step is a range scan on
-an index, so a claim stays cheap however long the queue is. On PostgreSQL both steps
-lock their rows ``FOR UPDATE SKIP LOCKED`` (replicas claiming at once take different
-rows, no one waits); on SQLite the caller's ``BEGIN IMMEDIATE`` makes the claim one
-serialised step.
+before anything still queued), then the queued ones earliest deadline first; each step is
+a range scan on an index, so a claim stays cheap however long the queue is. On PostgreSQL
+both steps lock their rows ``FOR UPDATE SKIP LOCKED`` (replicas claiming at once take
+different rows, no one waits); on SQLite the caller's ``BEGIN IMMEDIATE`` makes the claim
+one serialised step.
 
-Released requests follow SageServe §6.2: ``claim(model, n)`` is what the Queue Manager
-releases to an endpoint whose EMU fell (1 under 60 %, 2 under 50 %), and ``claim_aged``
-takes the requests older than the promotion age (10 h), of any model, regardless of load.
+Released requests follow SageServe §6.2 as the simulator's ``BatchQueueManager`` releases
+them: ``claim(model, n)`` is what the Queue Manager releases to an endpoint whose EMU fell
+(1 under 60 %, 2 under 50 %), earliest deadline first (ties by arrival, batch, line), and
+``claim_aged`` takes the requests older than the promotion age (10 h), of any model,
+regardless of load.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ from sageserve.batch.schema import (
 r = requests
 b = batches
 
+#: The release order (SageServe §6.3): earliest deadline first, then arrival, batch, line.
+EDF_ORDER: tuple[ColumnElement[Any], ...] = (r.c.deadline, r.c.arrival, r.c.batch_id, r.c.line)
+
 
 def claim(
     conn: Connection,
@@ -60,18 +65,20 @@ def claim(
     lease_s: float,
     now: float,
     max_attempts: int,
+    order: Sequence[ColumnElement[Any]] = EDF_ORDER,
 ) -> list[ClaimedRequest]:
-    """Lease up to ``n`` requests matching ``filters`` to ``owner``, oldest first."""
+    """Lease up to ``n`` requests matching ``filters`` to ``owner``, in ``order``
+    (earliest deadline first unless told otherwise); returned in that order."""
     if n <= 0:
         return []
     live = [*filters, b.c.status == IN_PROGRESS, b.c.deadline > now]
-    lapsed = _candidates(conn, [r.c.state == RUNNING, r.c.lease_until < now, *live], n)
+    lapsed = _candidates(conn, [r.c.state == RUNNING, r.c.lease_until < now, *live], n, order)
     worn = [rid for rid, attempts in lapsed if attempts >= max_attempts]
     if worn:
         _give_up(conn, worn, max_attempts, now)
     ids = [rid for rid, attempts in lapsed if attempts < max_attempts]
     if len(ids) < n:
-        fresh = _candidates(conn, [r.c.state == QUEUED, *live], n - len(ids))
+        fresh = _candidates(conn, [r.c.state == QUEUED, *live], n - len(ids), order)
         ids += [rid for rid, _ in fresh]
     if not ids:
         return []
@@ -85,12 +92,7 @@ def claim(
             attempts=r.c.attempts + 1,
         )
     )
-    rows = conn.execute(
-        select(r, b.c.deadline)
-        .join(b, b.c.id == r.c.batch_id)
-        .where(r.c.id.in_(ids))
-        .order_by(r.c.arrival, r.c.batch_id, r.c.line)
-    ).all()
+    rows = conn.execute(select(r).where(r.c.id.in_(ids)).order_by(*order)).all()
     return [
         ClaimedRequest(
             id=row.id,
@@ -110,13 +112,16 @@ def claim(
 
 
 def _candidates(
-    conn: Connection, where: Sequence[ColumnElement[bool]], n: int
+    conn: Connection,
+    where: Sequence[ColumnElement[bool]],
+    n: int,
+    order: Sequence[ColumnElement[Any]],
 ) -> list[tuple[str, int]]:
     stmt = (
         select(r.c.id, r.c.attempts)
         .join(b, b.c.id == r.c.batch_id)
         .where(*where)
-        .order_by(r.c.arrival, r.c.batch_id, r.c.line)
+        .order_by(*order)
         .limit(n)
         .with_for_update(skip_locked=True, of=r)
     )

@@ -33,7 +33,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from sageserve.batch import db, finalize, queue, retention
 from sageserve.batch.ids import new_id
-from sageserve.batch.jsonl import ENDPOINTS, KnownModels, ParsedFile, parse_input
+from sageserve.batch.jsonl import (
+    ENDPOINTS,
+    KnownModels,
+    ParsedFile,
+    parse_input,
+    request_tokens,
+)
 from sageserve.batch.limits import LineCounter, safe_filename
 from sageserve.batch.objects import (
     Answer,
@@ -303,7 +309,8 @@ class BatchStore:
             self._file(conn, caller, input_file_id, param="input_file_id")  # not deleted since
             conn.execute(batches.insert().values(**row))
             if parsed.requests:
-                conn.execute(requests.insert(), _request_rows(batch_id, endpoint, parsed, created))
+                rows = _request_rows(batch_id, endpoint, parsed, created, due)
+                conn.execute(requests.insert(), rows)
         return self.get_batch(caller, batch_id)
 
     def _check_size(self, content: bytes, input_file_id: str) -> None:
@@ -428,9 +435,10 @@ class BatchStore:
     def claim(
         self, model: str, n: int, owner: str, lease_s: float, now: float | None = None
     ) -> list[ClaimedRequest]:
-        """Lease up to ``n`` of ``model``'s oldest waiting requests to ``owner`` for
-        ``lease_s`` seconds: what the Queue Manager releases to an endpoint whose EMU fell
-        (SageServe §6.2: 1 request under 60 %, 2 under 50 %)."""
+        """Lease up to ``n`` of ``model``'s waiting requests to ``owner`` for ``lease_s``
+        seconds, earliest deadline first (ties by arrival, batch, line): what the Queue
+        Manager releases to an endpoint whose EMU fell (SageServe §6.2: 1 request under
+        60 %, 2 under 50 %), in `BatchQueueManager`'s order (§6.3's deadlines)."""
         with db.writing(self.engine) as conn:
             return queue.claim(
                 conn, queue.model_filter(model), n, owner, lease_s, _now(now), self.max_attempts
@@ -635,10 +643,18 @@ def _failed_row(parsed: ParsedFile, input_file_id: str, now: float) -> dict[str,
 
 
 def _request_rows(
-    batch_id: str, endpoint: str, parsed: ParsedFile, arrival: float
+    batch_id: str, endpoint: str, parsed: ParsedFile, arrival: float, deadline: float
 ) -> list[dict[str, Any]]:
+    """One row per line: a runnable one queued with its batch's deadline and its estimated
+    tokens (`jsonl.request_tokens`), a bad one already failed with its error."""
     rows: list[dict[str, Any]] = []
-    common = {"batch_id": batch_id, "url": endpoint, "arrival": arrival, "attempts": 0}
+    common = {
+        "batch_id": batch_id,
+        "url": endpoint,
+        "arrival": arrival,
+        "deadline": deadline,
+        "attempts": 0,
+    }
     for line in parsed.requests:
         rows.append(
             {
@@ -649,6 +665,7 @@ def _request_rows(
                 "model": line.model,
                 "tier": line.tier,
                 "body": json.dumps(line.body),
+                "tokens": request_tokens(line.body),
                 "state": QUEUED,
                 "error_code": None,
                 "error_message": None,
@@ -665,6 +682,7 @@ def _request_rows(
                 "model": None,
                 "tier": None,
                 "body": None,
+                "tokens": 0,
                 "state": FAILED,
                 "error_code": error.code,
                 "error_message": error.message,
