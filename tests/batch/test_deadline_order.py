@@ -1,6 +1,7 @@
 """The durable queue decides like the simulator's Queue Manager (SageServe §6.2, §6.3), on
 SQLite and on PostgreSQL: claims come earliest deadline first whatever batch and
-completion window a request came with."""
+completion window a request came with, and a request is promoted when its slack runs out
+(not at a fixed age)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import pytest
 
 from sageserve.batch import BatchStore
 from sageserve.batch.jsonl import request_tokens
-from sageserve.route.queue_manager import BatchQueueManager
+from sageserve.route.queue_manager import (
+    DEFAULT_PROMOTION_MARGIN_S,
+    BatchQueueManager,
+    promotion_time,
+)
 from tests.batch.conftest import ME, MODEL, OTHER, T0, deadline_of, jsonl, known_models
 
 ENDPOINT = "/v1/chat/completions"
@@ -131,3 +136,79 @@ def test_a_lapsed_lease_is_claimed_again_before_queued_work(store: BatchStore) -
     assert first.custom_id == "urgent"
     got = [c.custom_id for c in store.claim(MODEL, 2, "b", 60, T0 + 60)]
     assert got == ["urgent", "held"]
+
+
+# ---- promotion by slack ---------------------------------------------------------------
+
+RATE = 20.0  # tokens/s one request is served at
+PROMOTION_BATCHES = [
+    Batch(0, "24h", (one("far"),)),
+    Batch(0, "90m", (one("ninety"),)),
+    # a later deadline but 40,000 tokens to serve: its slack runs out first
+    Batch(0, "2h", (one("long", max_tokens=40_000),)),
+]
+#: (seconds after T0, promoted then, in order of promotion time)
+PROMOTIONS = [
+    (3000.0, []),
+    (3500.0, ["long"]),
+    (3700.0, ["ninety"]),
+    (10 * 3600.0 + 1, []),  # the paper's fixed age: the far deadline still waits
+    (84_000.0, []),
+    (84_700.0, ["far"]),
+]
+
+
+def test_a_request_is_promoted_when_its_slack_runs_out_not_at_a_fixed_age(
+    store: BatchStore,
+) -> None:
+    qm = submit_all(store, PROMOTION_BATCHES, service_tps=RATE)
+    for at, expected in PROMOTIONS:
+        now = T0 + at
+        waiting = {w.model: w for w in store.waiting_deadlines(now)}
+        until = waiting[MODEL].due_until(now, RATE, DEFAULT_PROMOTION_MARGIN_S)
+        got = store.claim_out_of_slack(MODEL, now, RATE, "a", 600, 16, until=until)
+        assert [c.custom_id for c in got] == expected, at
+        assert [item for _, item in qm.pop_aged(now)] == expected, at
+        assert (until is None) == (expected == [])
+
+
+def test_promotion_is_strictly_after_the_promotion_time_in_both_worlds(
+    store: BatchStore,
+) -> None:
+    qm = submit_all(store, [Batch(0, "2h", (one("edge", max_tokens=1000),))], service_tps=RATE)
+    [batch] = store.list_batches(ME)[0]
+    tokens = request_tokens(body("edge", max_tokens=1000))
+    due = promotion_time(batch.deadline, float(tokens), RATE, DEFAULT_PROMOTION_MARGIN_S)
+    assert due == qm.promotion_at(MODEL, T0, batch.deadline, tokens)
+    assert store.claim_out_of_slack(MODEL, due, RATE, "a", 600, 16) == []
+    assert qm.pop_aged(due) == []
+    later = due + 0.001
+    assert [c.custom_id for c in store.claim_out_of_slack(MODEL, later, RATE, "a", 600, 16)] == [
+        "edge"
+    ]
+    assert qm.pop_aged(later) == [(MODEL, "edge")]
+
+
+def test_without_a_rate_a_request_is_promoted_a_margin_before_its_deadline(
+    store: BatchStore,
+) -> None:
+    submit_all(store, [Batch(0, "1h", (one("hour", max_tokens=40_000),))])
+    margin = DEFAULT_PROMOTION_MARGIN_S
+    assert store.claim_out_of_slack(MODEL, T0 + 3600 - margin - 1, 0.0, "a", 600, 16) == []
+    [got] = store.claim_out_of_slack(MODEL, T0 + 3600 - margin + 1, 0.0, "a", 600, 16)
+    assert got.custom_id == "hour"
+
+
+def test_promotion_takes_only_the_model_asked_for_and_at_most_the_limit(
+    store: BatchStore,
+) -> None:
+    submit_all(
+        store,
+        [Batch(0, "1m", (one("m-1"), one("m-2"), one("m-3"), one("o-1", OTHER)))],
+    )
+    got = store.claim_out_of_slack(MODEL, T0 + 1, RATE, "a", 600, 2)
+    assert [c.custom_id for c in got] == ["m-1", "m-2"]
+    rest = store.claim_out_of_slack(MODEL, T0 + 2, RATE, "a", 600, 16)
+    assert [c.custom_id for c in rest] == ["m-3"]
+    [other] = store.claim_out_of_slack(OTHER, T0 + 2, RATE, "a", 600, 16)
+    assert other.custom_id == "o-1"

@@ -4,7 +4,8 @@ Real HTTP on loopback: a client uploads a JSONL file and creates a batch on the 
 stand-in pods answer; the router's `BatchReleaser` runs SageServe §6.2's rule on the
 router's EMU estimate. What the user sees is asserted: nothing reaches a pod while the
 region is busy, the work runs once the region's EMU falls, the output and error files,
-queue depth in the metrics, and promotion of old requests regardless of load.
+queue depth in the metrics, and promotion of a request whose slack ran out regardless of
+load (and not of one with a far deadline).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ Scenario = Callable[
 ]
 
 
-def run(tmp_path: Path, scenario: Scenario, promotion_age_s: float = 36000.0) -> None:
+def run(tmp_path: Path, scenario: Scenario, model: ModelRoute = MODEL) -> None:
     """A router with the Batch API on SQLite and its releaser, one stand-in pod."""
 
     async def main() -> None:
@@ -44,8 +45,8 @@ def run(tmp_path: Path, scenario: Scenario, promotion_age_s: float = 36000.0) ->
         app.router.add_post("/v1/chat/completions", pod.completions)
         pod_runner, pod_port = await start(app)
         fleet = Fleet()
-        fleet.set_models([MODEL])
-        niw = TierMatch("niw", batch=True, deadline_s=86400.0, promotion_age_s=promotion_age_s)
+        fleet.set_models([model])
+        niw = TierMatch("niw", batch=True, deadline_s=86400.0)
         fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f"), "niw": niw})
         fleet.set_backends(
             [Backend("llm", "east-0", "llama", "us-east", "a100", f"http://127.0.0.1:{pod_port}")]
@@ -85,7 +86,9 @@ def request_line(custom_id: str, model: str = MODEL.served_name) -> str:
     )
 
 
-async def submit(client: aiohttp.ClientSession, url: str, lines: list[str]) -> dict[str, Any]:
+async def submit(
+    client: aiohttp.ClientSession, url: str, lines: list[str], window: str = "24h"
+) -> dict[str, Any]:
     form = aiohttp.FormData()
     form.add_field("purpose", "batch")
     form.add_field("file", ("\n".join(lines) + "\n").encode(), filename="in.jsonl")
@@ -95,7 +98,7 @@ async def submit(client: aiohttp.ClientSession, url: str, lines: list[str]) -> d
     body = {
         "input_file_id": file_id,
         "endpoint": "/v1/chat/completions",
-        "completion_window": "24h",
+        "completion_window": window,
     }
     async with client.post(f"{url}/v1/batches", json=body) as r:
         assert r.status == 200, await r.text()
@@ -159,12 +162,21 @@ def test_a_batch_waits_while_the_region_is_busy_and_runs_in_the_trough(tmp_path:
     run(tmp_path, scenario)
 
 
-def test_a_request_older_than_its_promotion_age_runs_regardless_of_load(tmp_path: Path) -> None:
+def test_a_request_whose_slack_ran_out_runs_regardless_of_load_a_far_one_waits(
+    tmp_path: Path,
+) -> None:
     async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
         fleet.set_load({EAST: (0.95, 1000.0)})  # never a trough
-        batch = await submit(client, url, [request_line("old")])
-        done = await until_closed(client, url, batch["id"])
+        far = await submit(client, url, [request_line("far")])
+        # due in a minute: less slack than the 30 min promotion margin, promoted at once
+        urgent = await submit(client, url, [request_line("urgent")], window="1m")
+        done = await until_closed(client, url, urgent["id"])
         assert done["status"] == "completed"
-        assert [b["messages"][0]["content"] for b in pod.got] == ["old"]
+        await asyncio.sleep(0.5)  # ten more rounds at 95 % EMU
+        assert [b["messages"][0]["content"] for b in pod.got] == ["urgent"]
+        async with client.get(f"{url}/v1/batches/{far['id']}") as r:
+            waiting = await r.json()
+        assert waiting["status"] == "in_progress"
+        assert waiting["request_counts"] == {"total": 1, "completed": 0, "failed": 0}
 
-    run(tmp_path, scenario, promotion_age_s=0.3)
+    run(tmp_path, scenario)

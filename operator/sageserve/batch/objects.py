@@ -9,6 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from sageserve.route.deadlines import (
+    BUCKET_S,
+    DeadlineRisk,
+    bucketed,
+    deadline_risk,
+    required_tps,
+)
+from sageserve.route.queue_manager import promotion_time
+
 
 class BatchStoreError(Exception):
     """Base of the errors a caller can show to a user."""
@@ -164,3 +173,49 @@ class QueueDepth(NamedTuple):
     tier: str | None
     queued: int
     oldest_arrival: float
+
+
+class DeadlineGroup(NamedTuple):
+    """A model's waiting requests that share one deadline (a batch's): their tokens and
+    the tokens of the largest of them."""
+
+    deadline: float
+    tokens: int
+    largest: int
+
+
+@dataclass(frozen=True)
+class WaitingDeadlines:
+    """One model's waiting requests (queued, or held under a lapsed lease) by deadline, as
+    the queue read them: what the Queue Manager's deadline rules read (SageServe §6.3).
+    ``required_tps`` and ``risk`` are `route.deadlines` over the same buckets
+    `BatchQueueManager`'s ledger keeps; ``due_until`` is the promotion rule."""
+
+    model: str
+    #: earliest deadline first
+    groups: tuple[DeadlineGroup, ...]
+
+    def buckets(self, bucket_s: float = BUCKET_S) -> list[tuple[float, float]]:
+        """(lower edge, tokens) per deadline bucket, earliest first."""
+        return bucketed(((g.deadline, float(g.tokens)) for g in self.groups), bucket_s)
+
+    def required_tps(self, now: float, bucket_s: float = BUCKET_S) -> float:
+        """Tokens/s that meet every deadline, earliest deadline first."""
+        return required_tps(self.buckets(bucket_s), now, bucket_s)
+
+    def risk(
+        self, now: float, capacity_tps: float, bucket_s: float = BUCKET_S
+    ) -> DeadlineRisk | None:
+        """What `capacity_tps` cannot finish by its deadline (None: nothing)."""
+        return deadline_risk(self.buckets(bucket_s), now, capacity_tps, bucket_s)
+
+    def due_until(self, now: float, service_tps: float, margin_s: float) -> float | None:
+        """The latest deadline among the requests whose promotion time has passed
+        (`route.queue_manager.promotion_time`; the largest of a group is promoted first),
+        None when none has: the range of deadlines the promotion scan reads."""
+        due = [
+            g.deadline
+            for g in self.groups
+            if promotion_time(g.deadline, float(g.largest), service_tps, margin_s) < now
+        ]
+        return max(due, default=None)

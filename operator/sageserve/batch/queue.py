@@ -23,21 +23,29 @@ one serialised step.
 
 Released requests follow SageServe §6.2 as the simulator's ``BatchQueueManager`` releases
 them: ``claim(model, n)`` is what the Queue Manager releases to an endpoint whose EMU fell
-(1 under 60 %, 2 under 50 %), earliest deadline first (ties by arrival, batch, line), and
-``claim_aged`` takes the requests older than the promotion age (10 h), of any model,
-regardless of load.
+(1 under 60 %, 2 under 50 %), earliest deadline first (ties by arrival, batch, line);
+``out_of_slack_filter`` picks the requests whose slack ran out
+(`route.queue_manager.promotion_time`, computed in SQL on the ``deadline`` and ``tokens``
+columns), which are released regardless of load. ``waiting_deadlines`` reads each model's
+waiting tokens per deadline: the deadline need and the predicted misses (§6.3).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, func, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, func, select, union_all, update
 from sqlalchemy.engine import Connection
 
-from sageserve.batch.objects import Answer, ClaimedRequest, QueueDepth
+from sageserve.batch.objects import (
+    Answer,
+    ClaimedRequest,
+    DeadlineGroup,
+    QueueDepth,
+    WaitingDeadlines,
+)
 from sageserve.batch.schema import (
     DONE,
     EXPIRED,
@@ -49,6 +57,7 @@ from sageserve.batch.schema import (
     batches,
     requests,
 )
+from sageserve.route.queue_manager import promotion_time
 
 r = requests
 b = batches
@@ -151,15 +160,19 @@ def model_filter(model: str) -> list[ColumnElement[bool]]:
     return [r.c.model == model]
 
 
-def aged_filter(
-    before: float, tier: str | None, models: Collection[str] | None
-) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = [r.c.arrival <= before]
-    if tier is not None:
-        where.append(r.c.tier == tier)
-    if models is not None:
-        where.append(r.c.model.in_(sorted(models)))
-    return where
+def out_of_slack(
+    model: str, now: float, service_tps: float, margin_s: float, until: float | None
+) -> tuple[list[ColumnElement[bool]], tuple[ColumnElement[Any], ...]]:
+    """The filter and order of ``model``'s requests whose slack ran out at ``now``:
+    `promotion_time` (deadline − tokens ÷ ``service_tps`` − ``margin_s``) has passed, the
+    rule and arithmetic of `BatchQueueManager.promotion_at`, on the columns. ``until``
+    (the latest deadline that can be due, `WaitingDeadlines.due_until`) bounds the index
+    range read; the order is the in-memory manager's: promotion time, then arrival."""
+    promotion = promotion_time(r.c.deadline, r.c.tokens, service_tps, margin_s)
+    where: list[ColumnElement[bool]] = [r.c.model == model, promotion < now]
+    if until is not None:
+        where.append(r.c.deadline <= until)
+    return where, (promotion, r.c.arrival, r.c.batch_id, r.c.line)
 
 
 def complete(
@@ -320,6 +333,35 @@ def depth(conn: Connection, now: float) -> list[QueueDepth]:
             totals.items(), key=lambda item: (item[0][0], item[0][1] or "")
         )
     ]
+
+
+def waiting_deadlines(conn: Connection, now: float) -> list[WaitingDeadlines]:
+    """Per model, its waiting requests' tokens (and largest request) per deadline, earliest
+    first: queued, or claimed by a replica whose lease ran out, as ``depth`` counts them,
+    and not yet past their deadline (those can no longer be served; ``finalize`` reports
+    them). One GROUP BY over the two index ranges; a batch's requests share a deadline, so
+    there is a row per (model, batch) at most."""
+    waiting = union_all(
+        select(r.c.model, r.c.deadline, r.c.tokens).where(r.c.state == QUEUED, r.c.deadline > now),
+        select(r.c.model, r.c.deadline, r.c.tokens).where(
+            r.c.state == RUNNING, r.c.lease_until < now, r.c.deadline > now
+        ),
+    ).subquery()
+    rows = conn.execute(
+        select(
+            waiting.c.model,
+            waiting.c.deadline,
+            func.sum(waiting.c.tokens),
+            func.max(waiting.c.tokens),
+        )
+        .group_by(waiting.c.model, waiting.c.deadline)
+        .order_by(waiting.c.model, waiting.c.deadline)
+    ).all()
+    groups: dict[str, list[DeadlineGroup]] = {}
+    for model, deadline, tokens, largest in rows:
+        group = DeadlineGroup(float(deadline), int(tokens or 0), int(largest or 0))
+        groups.setdefault(str(model), []).append(group)
+    return [WaitingDeadlines(model, tuple(found)) for model, found in groups.items()]
 
 
 def state_counts(conn: Connection) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """The durable batch queue: OpenAI files and batches, and their requests until answered.
 
 Why a database and not memory: a batch waits hours for the troughs of interactive load
-(SageServe §6.2: released as EMU falls, promoted after 10 h, due in 24 h), longer than a
-router process can be trusted to live. A request accepted here survives a router killed at
+(SageServe §6.2: released as EMU falls, earliest deadline first, promoted when its slack
+runs out; §6.3: due in 24 h or its completion window), longer than a router process can
+be trusted to live. A request accepted here survives a router killed at
 any moment (it is committed before ``create_batch`` returns), is answered at least once
 (a claim is a lease; a lapsed lease is claimed again) and counted once (``complete`` is
 idempotent per request id). SQLite (the default, embedded) serves one router; PostgreSQL
@@ -25,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import and_, or_, select
@@ -51,6 +52,7 @@ from sageserve.batch.objects import (
     NotFound,
     QueueDepth,
     RequestCounts,
+    WaitingDeadlines,
 )
 from sageserve.batch.retention import DEFAULT_RETENTION_S, Swept
 from sageserve.batch.schema import (
@@ -68,6 +70,7 @@ from sageserve.batch.schema import (
     requests,
 )
 from sageserve.route.identity import Principal
+from sageserve.route.queue_manager import DEFAULT_PROMOTION_MARGIN_S
 
 #: OpenAI's limit of requests per batch.
 DEFAULT_MAX_REQUESTS = 50_000
@@ -444,24 +447,27 @@ class BatchStore:
                 conn, queue.model_filter(model), n, owner, lease_s, _now(now), self.max_attempts
             )
 
-    def claim_aged(
+    def claim_out_of_slack(
         self,
+        model: str,
         now: float,
-        promotion_age_s: float,
+        service_tps: float,
         owner: str,
         lease_s: float,
         limit: int,
-        tier: str | None = None,
-        models: Collection[str] | None = None,
+        margin_s: float = DEFAULT_PROMOTION_MARGIN_S,
+        until: float | None = None,
     ) -> list[ClaimedRequest]:
-        """Lease up to ``limit`` requests (any model, or one of ``models``; of ``tier`` if
-        given) that waited longer than ``promotion_age_s``: they are released regardless
-        of load, with interactive priority, so that they finish by their deadline
-        (SageServe §6.2). Pass the models served now in ``models`` so that requests of a
-        model with nowhere to run are not taken (they wait, and expire if never served)."""
-        where = queue.aged_filter(now - promotion_age_s, tier, models)
+        """Lease up to ``limit`` of ``model``'s requests whose slack ran out: their
+        promotion time (deadline − tokens ÷ ``service_tps`` − ``margin_s``,
+        `route.queue_manager.promotion_time`) has passed, so they are released regardless
+        of load, at interactive priority, to finish by their deadline (SageServe §6.2,
+        §6.3), in order of promotion time. ``service_tps``: tokens/s one request of the
+        model is served at (0: as if at once). ``until``: no request due has a later
+        deadline (`WaitingDeadlines.due_until`), which bounds the index range read."""
+        where, order = queue.out_of_slack(model, now, service_tps, margin_s, until)
         with db.writing(self.engine) as conn:
-            return queue.claim(conn, where, limit, owner, lease_s, now, self.max_attempts)
+            return queue.claim(conn, where, limit, owner, lease_s, now, self.max_attempts, order)
 
     def complete(
         self,
@@ -527,6 +533,14 @@ class BatchStore:
         for the metrics, and the batch buffer β the plan provisions for."""
         with db.reading(self.engine) as conn:
             return queue.depth(conn, _now(now))
+
+    def waiting_deadlines(self, now: float | None = None) -> list[WaitingDeadlines]:
+        """Per model, the waiting requests' tokens per deadline (queued, or held under a
+        lapsed lease, as ``depth`` counts them): the deadline need (`required_tps`), the
+        predicted misses (`risk`) and the promotion scan's range (`due_until`), by the
+        rules `BatchQueueManager` applies to its ledger (SageServe §6.3)."""
+        with db.reading(self.engine) as conn:
+            return queue.waiting_deadlines(conn, _now(now))
 
     def state_counts(self) -> dict[str, int]:
         """Requests per state over the whole queue."""

@@ -95,6 +95,10 @@ class ModelRoute:
     regions: tuple[str, ...]
     tiers: tuple[str, ...]
     route_threshold: float = DEFAULT_ROUTE_THRESHOLD
+    #: tokens/s one request decodes at on a full instance, the slowest variant's, from the
+    #: perf profile the simulator reads (`perf.model.request_decode_tps`); 0: no profile.
+    #: The Queue Manager's expected service time of a batch request (tokens ÷ this).
+    request_tps: float = 0.0
 
 
 #: One endpoint's request types as the plan publishes them (`layouts_from_status`): per

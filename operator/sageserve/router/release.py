@@ -2,9 +2,14 @@
 
 SageServe §6.2: batch (NIW) requests wait in one global queue per model; an endpoint whose
 EMU is low *signals* and receives work: **1 request under 60 % EMU, 2 under 50 %**
-(`route.queue_manager.release_count`, the function the simulator calls). A request older
-than its tier's promotion age (10 h) is released regardless of load, routed like an
-interactive request, so that it finishes by its deadline (24 h).
+(`route.queue_manager.release_count`, the function the simulator calls), earliest deadline
+first. A request whose slack runs out (deadline − its tokens ÷ the model's per-request
+decode rate − 30 min, `route.queue_manager.promotion_time`) is released regardless of load,
+routed like an interactive request, so that it finishes by its deadline (§6.3: 24 h, or the
+batch's shorter completion window). The rules and numbers are the simulator's
+`BatchQueueManager`'s, so the two worlds decide alike. Every Batch API request has a
+deadline, so the paper's fixed promotion age (10 h), which the simulator keeps for requests
+without one, has no use here.
 
 Here the queue is the `BatchStore` (SQLite or PostgreSQL) and each router replica runs one
 `BatchReleaser`. Every `signal_s` (and whenever a released request completes, as the
@@ -29,14 +34,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sageserve.batch.jsonl import parse_input
-from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest
+from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest, WaitingDeadlines
 from sageserve.batch.store import BatchStore
 from sageserve.route.identity import Principal
-from sageserve.route.queue_manager import DEFAULT_PROMOTION_AGE_S, release_count
+from sageserve.route.queue_manager import DEFAULT_PROMOTION_MARGIN_S, release_count
 from sageserve.route.request_check import estimated_tokens
 from sageserve.router.app import Router
 from sageserve.router.fleet import ModelRoute
@@ -54,8 +59,14 @@ class ReleaseConfig:
     lease_s: float = 120.0
     #: how often batches are closed (output and error files written, deadlines applied)
     finalize_s: float = 5.0
-    #: at most this many promoted (aged) requests released per signal
-    aged_per_signal: int = 16
+    #: at most this many promoted requests (slack run out) released per signal round
+    promoted_per_signal: int = 16
+    #: slack kept when a request is promoted (`route.queue_manager`, the simulator's)
+    promotion_margin_s: float = DEFAULT_PROMOTION_MARGIN_S
+    #: tokens/s one request is served at for a model with no perf profile
+    #: (`ModelRoute.request_tps` 0); 0: as the simulator counts such a model, served at
+    #: once, so promoted `promotion_margin_s` before its deadline
+    request_tps: float = 0.0
     #: how often expired files and finished batches past their retention are deleted
     sweep_s: float = 60.0
     #: answers recorded in one transaction as soon as this many wait
@@ -117,10 +128,12 @@ class BatchReleaser:
                 log.exception("recording %d batch answers on shutdown failed", len(self.unrecorded))
 
     async def signal_once(self, now: float | None = None) -> int:
-        """One round of signals: promoted requests first, then each endpoint's release by
-        its EMU. Returns how many requests were released."""
+        """One round of signals: the queue's deadlines read, requests whose slack ran out
+        released first, then each endpoint's release by its EMU. Returns how many requests
+        were released."""
         at = time.time() if now is None else now
-        released = await self._release_aged(at)
+        waiting = {w.model: w for w in await asyncio.to_thread(self.store.waiting_deadlines, at)}
+        released = await self._release_out_of_slack(at, waiting)
         depth = await asyncio.to_thread(self.store.depth, at)
         self.metrics.queue_depth(depth, self.fleet.models, at)
         for served in sorted({d.model for d in depth if d.queued > 0}):
@@ -142,27 +155,44 @@ class BatchReleaser:
                 released += len(claimed)
         return released
 
-    async def _release_aged(self, at: float) -> int:
+    def service_tps(self, model: ModelRoute) -> float:
+        """Tokens/s one request of `model` is served at: its perf profile's decode rate,
+        else the configured fallback (`ReleaseConfig.request_tps`)."""
+        return model.request_tps if model.request_tps > 0 else self.config.request_tps
+
+    async def _release_out_of_slack(
+        self, at: float, waiting: Mapping[str, WaitingDeadlines]
+    ) -> int:
+        """Release, regardless of load, the requests of served models whose promotion time
+        has passed (at most `promoted_per_signal` a round), each routed like an interactive
+        request to the region the router would choose for one. A model not served now
+        keeps its requests waiting (they expire if it never returns)."""
         released = 0
-        ages: dict[str | None, float | None] = {
-            name: t.promotion_age_s for name, t in self.fleet.batch_tiers().items()
-        } or {None: None}  # no tier known yet: every request ages by the paper's 10 h
-        for tier, age in ages.items():
-            promotion = DEFAULT_PROMOTION_AGE_S if age is None else age
+        budget = self.config.promoted_per_signal
+        margin = self.config.promotion_margin_s
+        for name in sorted(waiting):
+            model = self.fleet.models.get(name)
+            if model is None or budget <= 0:
+                continue
+            rate = self.service_tps(model)
+            until = waiting[name].due_until(at, rate, margin)
+            if until is None:
+                continue  # nothing due: no query
             claimed = await asyncio.to_thread(
-                self.store.claim_aged,
+                self.store.claim_out_of_slack,
+                name,
                 at,
-                promotion,
+                rate,
                 self.owner,
                 self.config.lease_s,
-                self.config.aged_per_signal,
-                tier,
-                list(self.fleet.models),  # a model not served now: its requests wait
+                budget,
+                margin,
+                until,
             )
+            budget -= len(claimed)
             for item in claimed:
-                model = self.fleet.models.get(item.model)
-                region = self.fleet.choose_region(model, None) if model else None
-                if model is None or region is None:  # no pod ready: back, not an attempt
+                region = self.fleet.choose_region(model, None)
+                if region is None:  # no pod ready: back, not an attempt
                     await asyncio.to_thread(
                         self.store.retry, item.id, self.owner, None, started=False
                     )
