@@ -1,7 +1,8 @@
 """The durable queue decides like the simulator's Queue Manager (SageServe §6.2, §6.3), on
 SQLite and on PostgreSQL: claims come earliest deadline first whatever batch and
-completion window a request came with, and a request is promoted when its slack runs out
-(not at a fixed age)."""
+completion window a request came with, a request is promoted when its slack runs out (not
+at a fixed age), and the deadline need read from the queue is the one `BatchQueueManager`
+computes for the same submissions."""
 
 from __future__ import annotations
 
@@ -212,3 +213,60 @@ def test_promotion_takes_only_the_model_asked_for_and_at_most_the_limit(
     assert [c.custom_id for c in rest] == ["m-3"]
     [other] = store.claim_out_of_slack(OTHER, T0 + 2, RATE, "a", 600, 16)
     assert other.custom_id == "o-1"
+
+
+# ---- the deadline need ------------------------------------------
+
+NEED_BATCHES = [
+    Batch(0, "24h", (one("day-1", max_tokens=500), one("day-2", max_tokens=2000))),
+    Batch(30, "1h", (one("hour-1", max_tokens=4000), one("other-1", OTHER, 100))),
+    Batch(50, "90m", (one("ninety-1"), one("ninety-2"), one("ninety-3", max_tokens=9000))),
+    Batch(70, "12h", (one("half-1", max_tokens=20_000),)),
+]
+
+
+def test_the_deadline_need_read_from_the_queue_is_the_queue_managers(
+    store: BatchStore,
+) -> None:
+    qm = submit_all(store, NEED_BATCHES)
+    qm_other = submit_all_other(NEED_BATCHES)
+
+    def check(now: float) -> None:
+        waiting = {w.model: w for w in store.waiting_deadlines(now)}
+        assert waiting[MODEL].required_tps(now) == qm.required_tps(MODEL, now) > 0
+        assert waiting[OTHER].required_tps(now) == qm_other.required_tps(OTHER, now) > 0
+        ledger = qm.ledger(MODEL)
+        assert ledger is not None
+        for capacity in (0.1, 1.0, 10.0, 1000.0):
+            assert waiting[MODEL].risk(now, capacity) == ledger.risk(now, capacity)
+
+    check(T0 + 100)
+    check(T0 + 3000)
+    # released work no longer needs the queue's capacity, in either world
+    held = [c.custom_id for c in store.claim(MODEL, 2, "a", 60, T0 + 3000)]
+    assert held == qm.on_signal(MODEL, 0.0) == ["hour-1", "ninety-1"]
+    check(T0 + 3010)
+    # the holder died: its requests wait again and count again
+    before = qm.required_tps(MODEL, T0 + 3010)
+    after = {w.model: w for w in store.waiting_deadlines(T0 + 3061)}[MODEL]
+    assert after.required_tps(T0 + 3061) > before
+
+
+def submit_all_other(batches: list[Batch]) -> BatchQueueManager[str]:
+    """The `OTHER` model's requests of `batches` in a queue manager of their own."""
+    qm: BatchQueueManager[str] = BatchQueueManager(promotion_age_s=None)
+    deadlines = {"24h": 86400.0, "1h": 3600.0, "90m": 5400.0, "12h": 43200.0}
+    for batch in batches:
+        for custom_id, model, max_tokens in batch.lines:
+            if model == OTHER:
+                tokens = request_tokens(body(custom_id, model, max_tokens))
+                due = T0 + batch.at + deadlines[batch.window]
+                qm.submit(model, custom_id, T0 + batch.at, due, tokens)
+    return qm
+
+
+def test_work_past_its_deadline_needs_nothing_more(store: BatchStore) -> None:
+    submit_all(store, [Batch(0, "1m", (one("gone"),)), Batch(0, "1h", (one("kept"),))])
+    waiting = {w.model: w for w in store.waiting_deadlines(T0 + 61)}
+    tokens = request_tokens(body("kept"))
+    assert [(g.deadline, g.tokens) for g in waiting[MODEL].groups] == [(T0 + 3600, tokens)]

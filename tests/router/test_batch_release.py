@@ -4,8 +4,8 @@ Real HTTP on loopback: a client uploads a JSONL file and creates a batch on the 
 stand-in pods answer; the router's `BatchReleaser` runs SageServe §6.2's rule on the
 router's EMU estimate. What the user sees is asserted: nothing reaches a pod while the
 region is busy, the work runs once the region's EMU falls, the output and error files,
-queue depth in the metrics, and promotion of a request whose slack ran out regardless of
-load (and not of one with a far deadline).
+queue depth in the metrics, promotion of a request whose slack ran out regardless of load
+(and not of one with a far deadline), and the rate the queue's deadlines need.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from aiohttp import web
 
 from sageserve.batch import BatchStore
 from sageserve.batch.api import BatchApi
+from sageserve.batch.jsonl import request_tokens
+from sageserve.metrics.queries import BATCH_DEADLINE_NEED
 from sageserve.route.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
@@ -180,3 +182,37 @@ def test_a_request_whose_slack_ran_out_runs_regardless_of_load_a_far_one_waits(
         assert waiting["request_counts"] == {"total": 1, "completed": 0, "failed": 0}
 
     run(tmp_path, scenario)
+
+
+def body_of(custom_id: str) -> dict[str, Any]:
+    line: dict[str, Any] = json.loads(request_line(custom_id))
+    return dict(line["body"])
+
+
+def test_the_queue_exports_the_rate_its_deadlines_need(tmp_path: Path) -> None:
+    async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
+        labels = dict(namespace="llm", model_deployment="llama")
+        await until_metric(metrics, BATCH_DEADLINE_NEED, labels, lambda v: v == 0.0)
+        await submit(client, url, [request_line("a"), request_line("b")])
+        # the need: the two requests' tokens by their deadline, a day away
+        tokens = request_tokens(body_of("a")) + request_tokens(body_of("b"))
+        need = await until_metric(metrics, BATCH_DEADLINE_NEED, labels, lambda v: v > 0)
+        assert tokens / 86400 <= need <= tokens / (86400 - 120)
+        assert pod.got == []  # busy: nothing released, nothing promoted
+
+    run(tmp_path, scenario)
+
+
+async def until_metric(
+    metrics: RouterMetrics,
+    name: str,
+    labels: dict[str, str],
+    ready: Callable[[float], bool],
+    seconds: float = 20.0,
+) -> float:
+    for _ in range(int(seconds / 0.05)):
+        value = metrics.registry.get_sample_value(name, labels)
+        if value is not None and ready(value):
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name}{labels} never got there: {value}")

@@ -11,6 +11,11 @@ batch's shorter completion window). The rules and numbers are the simulator's
 deadline, so the paper's fixed promotion age (10 h), which the simulator keeps for requests
 without one, has no use here.
 
+Each round also reads every model's waiting tokens per deadline (one query) and exports
+the rate its queue needs to meet every deadline
+(`sageserve_batch_deadline_need_tokens_per_second`, `route.deadlines.required_tps`; the
+operator's query is `metrics.queries.batch_deadline_need`).
+
 Here the queue is the `BatchStore` (SQLite or PostgreSQL) and each router replica runs one
 `BatchReleaser`. Every `signal_s` (and whenever a released request completes, as the
 paper signals on completions) each endpoint of a model with queued work signals with the
@@ -136,6 +141,7 @@ class BatchReleaser:
         released = await self._release_out_of_slack(at, waiting)
         depth = await asyncio.to_thread(self.store.depth, at)
         self.metrics.queue_depth(depth, self.fleet.models, at)
+        self._deadlines(at, waiting)
         for served in sorted({d.model for d in depth if d.queued > 0}):
             model = self.fleet.models.get(served)
             if model is None:
@@ -200,6 +206,16 @@ class BatchReleaser:
                 self._start(item, model, region)
             released += len(claimed)
         return released
+
+    def _deadlines(self, at: float, waiting: Mapping[str, WaitingDeadlines]) -> None:
+        """Export each served model's deadline need: the tokens/s its waiting requests
+        need, served earliest deadline first, to all finish by their deadlines."""
+        need = {
+            name: queued.required_tps(at)
+            for name, queued in waiting.items()
+            if name in self.fleet.models
+        }
+        self.metrics.deadline_need(need, self.fleet.models)
 
     async def accepted(self, batch: BatchObject, caller: Principal) -> None:
         """Count a new batch's tokens as batch load received, per model deployment and tier
