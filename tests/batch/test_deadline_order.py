@@ -1,8 +1,9 @@
 """The durable queue decides like the simulator's Queue Manager (SageServe §6.2, §6.3), on
 SQLite and on PostgreSQL: claims come earliest deadline first whatever batch and
 completion window a request came with, a request is promoted when its slack runs out (not
-at a fixed age), and the deadline need read from the queue is the one `BatchQueueManager`
-computes for the same submissions."""
+at a fixed age), the deadline need read from the queue is the one `BatchQueueManager`
+computes for the same submissions, and a batch whose deadline cannot be met even at the
+model's maxInstances says so."""
 
 from __future__ import annotations
 
@@ -215,7 +216,7 @@ def test_promotion_takes_only_the_model_asked_for_and_at_most_the_limit(
     assert other.custom_id == "o-1"
 
 
-# ---- the deadline need ------------------------------------------
+# ---- the deadline need, and predicted misses ------------------------------------------
 
 NEED_BATCHES = [
     Batch(0, "24h", (one("day-1", max_tokens=500), one("day-2", max_tokens=2000))),
@@ -270,3 +271,50 @@ def test_work_past_its_deadline_needs_nothing_more(store: BatchStore) -> None:
     waiting = {w.model: w for w in store.waiting_deadlines(T0 + 61)}
     tokens = request_tokens(body("kept"))
     assert [(g.deadline, g.tokens) for g in waiting[MODEL].groups] == [(T0 + 3600, tokens)]
+
+
+def test_a_batch_whose_deadline_cannot_be_met_says_so_until_it_can(store: BatchStore) -> None:
+    submit_all(
+        store,
+        [
+            Batch(0, "1h", (one("hour-1", max_tokens=2000), one("hour-2", max_tokens=2000))),
+            Batch(10, "24h", (one("day-1"),)),
+            Batch(20, "1h", (one("other-1", OTHER),)),
+        ],
+    )
+    hour, day, other = sorted(store.list_batches(ME)[0], key=lambda b: b.created_at)
+    now = T0 + 100
+    waiting = {w.model: w for w in store.waiting_deadlines(now)}[MODEL]
+    risk = waiting.risk(now, capacity_tps=0.5)  # 4,000+ tokens due in an hour: 1.1 tokens/s
+    assert risk is not None
+    assert waiting.risk(now, capacity_tps=10.0) is None
+    until = waiting.latest_at_risk(risk)
+    assert until == hour.deadline
+
+    changes = store.mark_deadline_risks({MODEL: (until, risk.shortfall_tps)}, now)
+    assert list(changes) == [hour.id]
+    seen = store.get_batch(ME, hour.id).to_openai()["deadline_at_risk"]
+    assert seen == {
+        "model": MODEL,
+        "shortfall_tokens_per_second": round(risk.shortfall_tps, 3),
+        "detected_at": int(now),
+    }
+    assert store.get_batch(ME, day.id).to_openai()["deadline_at_risk"] is None
+    assert store.get_batch(ME, other.id).deadline_at_risk is None
+
+    # the same verdict from another replica a moment later writes nothing
+    assert store.mark_deadline_risks({MODEL: (until, risk.shortfall_tps * 1.01)}, now + 1) == {}
+    # a shortfall that grew is rewritten; the miss is still dated from its first sight
+    store.mark_deadline_risks({MODEL: (until, risk.shortfall_tps * 2)}, now + 2)
+    marked = store.get_batch(ME, hour.id).deadline_at_risk
+    assert marked is not None and marked.detected_at == now
+    assert marked.shortfall_tps == risk.shortfall_tps * 2
+
+    # the model can meet its deadlines again (scaled, or work done): cleared
+    assert store.mark_deadline_risks({}, now + 3) == {hour.id: None}
+    assert store.get_batch(ME, hour.id).to_openai()["deadline_at_risk"] is None
+
+    # a finished batch shows no prediction
+    store.mark_deadline_risks({MODEL: (until, risk.shortfall_tps)}, now + 4)
+    assert store.cancel(ME, hour.id, now=now + 5).status == "cancelled"
+    assert store.get_batch(ME, hour.id).to_openai()["deadline_at_risk"] is None

@@ -129,7 +129,7 @@ def test_a_queue_from_the_first_revision_upgrades_with_its_rows(store_url: str) 
 def test_a_queue_from_before_deadline_order_gets_deadlines_and_tokens(store_url: str) -> None:
     """Requests queued before they carried their deadline and tokens get their batch's
     deadline and the tokens their body is estimated at, so the upgraded queue is claimed
-    earliest deadline first."""
+    earliest deadline first and its need counts the work it holds."""
     engine = make_engine(store_url)
     upgrade(engine, "0002")
     t0 = 1_700_000_000.0
@@ -184,7 +184,13 @@ def test_a_queue_from_before_deadline_order_gets_deadlines_and_tokens(store_url:
             ("req-batch_hour-1", t0 + 5 + 3600, request_tokens(chat)),
             ("req-batch_hour-2", t0 + 5 + 3600, 0),
         ]
+        [waiting] = store.waiting_deadlines(t0 + 10)
+        assert [(g.deadline, g.tokens) for g in waiting.groups] == [
+            (t0 + 5 + 3600, request_tokens(chat)),
+            (t0 + 86400, request_tokens(chat)),
+        ]
         claimed = [c.custom_id for c in store.claim("m", 2, "r", 60, t0 + 10)]
         assert claimed == ["batch_hour-1", "batch_day-1"]
+        assert store.get_batch(ANONYMOUS, "batch_hour").deadline_at_risk is None
     finally:
         store.close()

@@ -5,7 +5,8 @@ stand-in pods answer; the router's `BatchReleaser` runs SageServe §6.2's rule o
 router's EMU estimate. What the user sees is asserted: nothing reaches a pod while the
 region is busy, the work runs once the region's EMU falls, the output and error files,
 queue depth in the metrics, promotion of a request whose slack ran out regardless of load
-(and not of one with a far deadline), and the rate the queue's deadlines need.
+(and not of one with a far deadline), the rate the queue's deadlines need, and a batch
+whose deadline the model cannot meet even at maxInstances saying so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +218,47 @@ async def until_metric(
             return value
         await asyncio.sleep(0.05)
     raise AssertionError(f"{name}{labels} never got there: {value}")
+
+
+def test_a_batch_whose_deadline_cannot_be_met_says_so_until_the_model_can_meet_it(
+    tmp_path: Path,
+) -> None:
+    async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
+        batch = await submit(client, url, [request_line("a"), request_line("b")])
+        assert batch["deadline_at_risk"] is None
+        at_risk = await until_field(client, url, batch["id"], lambda b: b["deadline_at_risk"])
+        risk = at_risk["deadline_at_risk"]
+        assert risk["model"] == MODEL.served_name
+        assert risk["shortfall_tokens_per_second"] > 0
+        assert at_risk["created_at"] <= risk["detected_at"] <= at_risk["expires_at"]
+        labels = dict(namespace="llm", model_deployment="llama")
+        assert sample(metrics, "sageserve_batch_deadline_at_risk", **labels) == 1
+        assert pod.got == []  # still busy: nothing released, nothing promoted
+
+        fleet.set_models([replace(MODEL, capacity_at_max_tps=1000.0)])  # maxInstances raised
+        cleared = await until_field(
+            client, url, batch["id"], lambda b: b["deadline_at_risk"] is None
+        )
+        assert cleared["status"] == "in_progress"
+        assert sample(metrics, "sageserve_batch_deadline_at_risk", **labels) == 0
+        assert sample(metrics, BATCH_DEADLINE_NEED, **labels) > 0
+
+    # a thousandth of a token/s at maxInstances: a day of it is 86 tokens, less than the
+    # two requests' 256-token budgets
+    run(tmp_path, scenario, replace(MODEL, capacity_at_max_tps=0.001))
+
+
+async def until_field(
+    client: aiohttp.ClientSession,
+    url: str,
+    batch_id: str,
+    ready: Callable[[dict[str, Any]], Any],
+    seconds: float = 20.0,
+) -> dict[str, Any]:
+    for _ in range(int(seconds / 0.05)):
+        async with client.get(f"{url}/v1/batches/{batch_id}") as r:
+            batch: dict[str, Any] = await r.json()
+        if ready(batch):
+            return batch
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"batch {batch_id} never got there: {batch}")

@@ -364,6 +364,24 @@ def waiting_deadlines(conn: Connection, now: float) -> list[WaitingDeadlines]:
     return [WaitingDeadlines(model, tuple(found)) for model, found in groups.items()]
 
 
+def batches_due_by(conn: Connection, model: str, now: float, until: float) -> list[str]:
+    """The batches with waiting requests of ``model`` due by ``until`` (read from the
+    deadline index: queued ones, then those under a lapsed lease)."""
+    found: set[str] = set()
+    for waiting in (
+        [r.c.state == QUEUED],
+        [r.c.state == RUNNING, r.c.lease_until < now],
+    ):
+        found.update(
+            conn.execute(
+                select(r.c.batch_id)
+                .where(*waiting, r.c.model == model, r.c.deadline > now, r.c.deadline <= until)
+                .distinct()
+            ).scalars()
+        )
+    return sorted(found)
+
+
 def state_counts(conn: Connection) -> dict[str, int]:
     """Requests per state over the whole queue (``expired`` ones missed their deadline)."""
     rows = conn.execute(select(r.c.state, func.count()).group_by(r.c.state)).all()

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.engine import Connection, Engine
 
 from sageserve.batch import db, finalize, queue, retention
@@ -47,6 +47,7 @@ from sageserve.batch.objects import (
     BatchObject,
     ClaimedRequest,
     Conflict,
+    DeadlineAtRisk,
     FileObject,
     InvalidInput,
     NotFound,
@@ -59,6 +60,7 @@ from sageserve.batch.schema import (
     BATCH_CANCELLED,
     BATCH_FAILED,
     BATCH_TERMINAL,
+    BATCH_UNFINISHED,
     CANCELLED,
     CANCELLING,
     EXPIRED,
@@ -82,6 +84,8 @@ MAX_WINDOW_S = 30 * 86400.0
 #: Batch errors shown in a failed batch's ``errors`` (the rest is in the counts).
 MAX_BATCH_ERRORS = 1000
 FILE_PURPOSES = ("batch", "batch_output")
+#: A batch's predicted shortfall is rewritten when it moves by more than this share.
+RISK_REWRITE_RATIO = 0.05
 _WINDOW = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -542,6 +546,59 @@ class BatchStore:
         with db.reading(self.engine) as conn:
             return queue.waiting_deadlines(conn, _now(now))
 
+    def mark_deadline_risks(
+        self, at_risk: Mapping[str, tuple[float, float]], now: float | None = None
+    ) -> dict[str, DeadlineAtRisk | None]:
+        """Say on each unfinished batch whether a deadline miss is predicted for it.
+
+        ``at_risk``: per model, (the latest deadline of its work at risk, the tokens/s
+        missing at its maxInstances); every unfinished batch with waiting requests of such
+        a model due by that deadline is at risk (for the model missing most, if several),
+        every other one is not. A batch stays marked with the time the miss was first
+        predicted; its shortfall is rewritten when it moves by more than
+        ``RISK_REWRITE_RATIO``, so replicas that agree write nothing. Returns the batches
+        whose mark changed (None: cleared)."""
+        at = _now(now)
+        with db.reading(self.engine) as conn:
+            wanted: dict[str, tuple[str, float]] = {}
+            for model, (until, shortfall) in sorted(at_risk.items()):
+                for batch_id in queue.batches_due_by(conn, model, at, until):
+                    if batch_id not in wanted or wanted[batch_id][1] < shortfall:
+                        wanted[batch_id] = (model, shortfall)
+            marked = {
+                row.id: DeadlineAtRisk.from_json(row.deadline_risk_json)
+                for row in conn.execute(
+                    select(batches.c.id, batches.c.deadline_risk_json).where(
+                        batches.c.status.in_(BATCH_UNFINISHED),
+                        batches.c.deadline_risk_json.is_not(None),
+                    )
+                )
+            }
+        changes: dict[str, DeadlineAtRisk | None] = {
+            batch_id: None for batch_id in marked if batch_id not in wanted
+        }
+        for batch_id, (model, shortfall) in wanted.items():
+            old = marked.get(batch_id)
+            if old is not None and old.model == model and _close(old.shortfall_tps, shortfall):
+                continue
+            since = old.detected_at if old is not None else at
+            changes[batch_id] = DeadlineAtRisk(model, shortfall, since)
+        if changes:
+            with db.writing(self.engine) as conn:
+                conn.execute(
+                    batches.update()
+                    .where(
+                        batches.c.id == bindparam("b_id"),
+                        batches.c.status.in_(BATCH_UNFINISHED),
+                    )
+                    .values(deadline_risk_json=bindparam("b_risk")),
+                    [
+                        {"b_id": batch_id, "b_risk": None if mark is None else mark.to_json()}
+                        for batch_id, mark in sorted(changes.items())
+                    ],
+                )
+        return changes
+
     def state_counts(self) -> dict[str, int]:
         """Requests per state over the whole queue."""
         with db.reading(self.engine) as conn:
@@ -611,8 +668,14 @@ def _file_object(row: Any) -> FileObject:
     )
 
 
+def _close(old: float, new: float) -> bool:
+    """Whether a stored shortfall still says ``new`` (within ``RISK_REWRITE_RATIO``)."""
+    return abs(new - old) <= RISK_REWRITE_RATIO * max(abs(old), 1e-9)
+
+
 def _batch_object(row: Any, live: RequestCounts | None) -> BatchObject:
     counts = live or RequestCounts(row.total, row.completed, row.failed)
+    finished = row.status in BATCH_TERMINAL
     return BatchObject(
         id=row.id,
         endpoint=row.endpoint,
@@ -628,6 +691,7 @@ def _batch_object(row: Any, live: RequestCounts | None) -> BatchObject:
         error_file_id=row.error_file_id,
         request_counts=counts,
         timestamps={name: getattr(row, name) for name in _TIMESTAMPS},
+        deadline_at_risk=None if finished else DeadlineAtRisk.from_json(row.deadline_risk_json),
     )
 
 

@@ -22,12 +22,13 @@ from typing import Any
 from kubernetes import client, watch
 
 from sageserve.api.common import GROUP, VERSION
-from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
 from sageserve.api.scaling_policy import LayoutWeights, layouts_from_status, spill_from_status
 from sageserve.api.workload_tier import LimitScope, RateLimits, TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.perf.layout_check import profile_names
 from sageserve.perf.model import PerfCatalog, load_catalog, request_decode_tps
+from sageserve.route.deadlines import capacity_at_max
 from sageserve.route.rate_limit import Limits
 from sageserve.route.tiers import TierMatch
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
@@ -89,8 +90,9 @@ def request_rate(md: ModelDeployment, catalog: PerfCatalog) -> float:
 
 def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> ModelRoute | None:
     """A ModelDeployment as the router serves it; None if it does not validate. Its
-    per-request decode rate (`request_rate`) is what the batch Queue Manager's promotion
-    by slack divides a request's tokens by."""
+    per-request decode rate (`request_rate`) and its capacity at maxInstances (θ, the
+    fastest variant's capacityTokensPerSecond, × Σ regions' maxInstances, as the
+    simulator and the operator reckon it) are what the batch Queue Manager's deadline rules read."""
     try:
         md = ModelDeployment.model_validate(
             {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")}
@@ -105,6 +107,9 @@ def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> M
         regions=tuple(r.name for r in spec.regions),
         tiers=tuple(spec.tiers),
         request_tps=request_rate(md, catalog or perf_catalog()),
+        capacity_at_max_tps=capacity_at_max(
+            model_theta_tps(md), (r.max_instances for r in spec.regions)
+        ),
     )
 
 

@@ -14,7 +14,11 @@ without one, has no use here.
 Each round also reads every model's waiting tokens per deadline (one query) and exports
 the rate its queue needs to meet every deadline
 (`sageserve_batch_deadline_need_tokens_per_second`, `route.deadlines.required_tps`; the
-operator's query is `metrics.queries.batch_deadline_need`).
+operator's query is `metrics.queries.batch_deadline_need`), and whether even the model's
+capacity at maxInstances would miss one (`route.deadlines.deadline_risk`): then
+`sageserve_batch_deadline_at_risk` is 1, a warning is logged, and every unfinished batch
+with work of the model due by then says so in its `deadline_at_risk` field (stored, so
+every replica answers the same).
 
 Here the queue is the `BatchStore` (SQLite or PostgreSQL) and each router replica runs one
 `BatchReleaser`. Every `signal_s` (and whenever a released request completes, as the
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from sageserve.batch.jsonl import parse_input
 from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest, WaitingDeadlines
 from sageserve.batch.store import BatchStore
+from sageserve.route.deadlines import DeadlineRisk
 from sageserve.route.identity import Principal
 from sageserve.route.queue_manager import DEFAULT_PROMOTION_MARGIN_S, release_count
 from sageserve.route.request_check import estimated_tokens
@@ -100,6 +105,8 @@ class BatchReleaser:
         self.running: dict[str, asyncio.Task[None]] = {}
         #: answers received and not yet recorded, by request id (their leases are renewed)
         self.unrecorded: dict[str, Answer] = {}
+        #: models this replica last judged at risk (a warning when one turns so)
+        self._at_risk: set[str] = set()
         self._signal = asyncio.Event()
         self._buffered = asyncio.Event()  # something in `unrecorded`
         self._full = asyncio.Event()  # `flush_size` answers in `unrecorded`
@@ -141,7 +148,7 @@ class BatchReleaser:
         released = await self._release_out_of_slack(at, waiting)
         depth = await asyncio.to_thread(self.store.depth, at)
         self.metrics.queue_depth(depth, self.fleet.models, at)
-        self._deadlines(at, waiting)
+        await self._deadlines(at, waiting)
         for served in sorted({d.model for d in depth if d.queued > 0}):
             model = self.fleet.models.get(served)
             if model is None:
@@ -207,15 +214,44 @@ class BatchReleaser:
             released += len(claimed)
         return released
 
-    def _deadlines(self, at: float, waiting: Mapping[str, WaitingDeadlines]) -> None:
-        """Export each served model's deadline need: the tokens/s its waiting requests
-        need, served earliest deadline first, to all finish by their deadlines."""
-        need = {
-            name: queued.required_tps(at)
-            for name, queued in waiting.items()
-            if name in self.fleet.models
+    async def _deadlines(self, at: float, waiting: Mapping[str, WaitingDeadlines]) -> None:
+        """Export each served model's deadline need, judge its deadlines against its
+        capacity at maxInstances, and say on the batches at risk that a miss is predicted
+        (a model whose capacity discovery does not know is never judged at risk)."""
+        need: dict[str, float] = {}
+        risks: dict[str, DeadlineRisk] = {}
+        for name, model in self.fleet.models.items():
+            queued = waiting.get(name)
+            if queued is None:
+                continue
+            need[name] = queued.required_tps(at)
+            if model.capacity_at_max_tps > 0:
+                risk = queued.risk(at, model.capacity_at_max_tps)
+                if risk is not None:
+                    risks[name] = risk
+        self.metrics.deadline_need(need, set(risks), self.fleet.models)
+        for name in sorted(set(risks) - self._at_risk):
+            risk, model = risks[name], self.fleet.models[name]
+            log.warning(
+                "batch deadlines of %s/%s (model %s) will be missed even at maxInstances: "
+                "%.0f tokens due by %s exceed %.1f tokens/s (need %.1f tokens/s); the "
+                "batches due by then say so in deadline_at_risk",
+                model.namespace,
+                model.name,
+                name,
+                risk.shortfall_tokens,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(risk.until_s)),
+                risk.capacity_tps,
+                risk.need_tps,
+            )
+        for name in sorted(self._at_risk - set(risks)):
+            log.info("batch deadlines of model %s can be met again at maxInstances", name)
+        self._at_risk = set(risks)
+        marks = {
+            name: (waiting[name].latest_at_risk(risk), risk.shortfall_tps)
+            for name, risk in risks.items()
         }
-        self.metrics.deadline_need(need, self.fleet.models)
+        await asyncio.to_thread(self.store.mark_deadline_risks, marks, at)
 
     async def accepted(self, batch: BatchObject, caller: Principal) -> None:
         """Count a new batch's tokens as batch load received, per model deployment and tier
