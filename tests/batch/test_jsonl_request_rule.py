@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from sageserve.batch.jsonl import parse_input
-from sageserve.router.app import estimated_tokens
+from sageserve.route.request_check import estimated_tokens
 
 URL = "/v1/chat/completions"
 

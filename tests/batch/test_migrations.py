@@ -3,6 +3,7 @@ once on a fresh database migrate one after the other."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -14,6 +15,7 @@ from sqlalchemy import text
 
 from sageserve.batch import BatchStore, NotFound
 from sageserve.batch.db import MIGRATIONS, current_revision, make_engine, upgrade
+from sageserve.batch.jsonl import request_tokens
 from sageserve.batch.schema import metadata
 from sageserve.route.identity import ANONYMOUS
 from tests.batch.conftest import ME
@@ -120,5 +122,75 @@ def test_a_queue_from_the_first_revision_upgrades_with_its_rows(store_url: str) 
         with store.engine.connect() as conn:
             left = conn.execute(text("SELECT id FROM requests")).scalars().all()
         assert left == ["req-batch_run"]
+    finally:
+        store.close()
+
+
+def test_a_queue_from_before_deadline_order_gets_deadlines_and_tokens(store_url: str) -> None:
+    """Requests queued before they carried their deadline and tokens get their batch's
+    deadline and the tokens their body is estimated at, so the upgraded queue is claimed
+    earliest deadline first and its need counts the work it holds."""
+    engine = make_engine(store_url)
+    upgrade(engine, "0002")
+    t0 = 1_700_000_000.0
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 900}
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO files (id, purpose, filename, bytes, created_at, content) "
+                "VALUES ('file-in', 'batch', 'in.jsonl', 3, :t, :c)"
+            ),
+            {"t": t0, "c": b"{}\n"},
+        )
+        for batch_id, created, window in (
+            ("batch_day", t0, 86400.0),
+            ("batch_hour", t0 + 5, 3600.0),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
+                    "status, created_at, deadline, total, completed, failed) "
+                    "VALUES (:id, '/v1/chat/completions', 'file-in', '24h', 'in_progress', "
+                    ":t, :d, 2, 0, 0)"
+                ),
+                {"id": batch_id, "t": created, "d": created + window},
+            )
+            for line, state in ((1, "queued"), (2, "done")):
+                conn.execute(
+                    text(
+                        "INSERT INTO requests (id, batch_id, custom_id, line, model, url, body, "
+                        "arrival, state, attempts) VALUES (:r, :b, :c, :l, 'm', "
+                        "'/v1/chat/completions', :body, :t, :s, 0)"
+                    ),
+                    {
+                        "r": f"req-{batch_id}-{line}",
+                        "b": batch_id,
+                        "c": f"{batch_id}-{line}",
+                        "l": line,
+                        "body": json.dumps(chat),
+                        "t": created,
+                        "s": state,
+                    },
+                )
+    engine.dispose()
+    store = BatchStore.open(store_url)
+    try:
+        with store.engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+            rows = conn.execute(text("SELECT id, deadline, tokens FROM requests ORDER BY id")).all()
+        assert [(row.id, row.deadline, row.tokens) for row in rows] == [
+            ("req-batch_day-1", t0 + 86400, request_tokens(chat)),
+            ("req-batch_day-2", t0 + 86400, 0),
+            ("req-batch_hour-1", t0 + 5 + 3600, request_tokens(chat)),
+            ("req-batch_hour-2", t0 + 5 + 3600, 0),
+        ]
+        [waiting] = store.waiting_deadlines(t0 + 10)
+        assert [(g.deadline, g.tokens) for g in waiting.groups] == [
+            (t0 + 5 + 3600, request_tokens(chat)),
+            (t0 + 86400, request_tokens(chat)),
+        ]
+        claimed = [c.custom_id for c in store.claim("m", 2, "r", 60, t0 + 10)]
+        assert claimed == ["batch_hour-1", "batch_day-1"]
+        assert store.get_batch(ANONYMOUS, "batch_hour").deadline_at_risk is None
     finally:
         store.close()

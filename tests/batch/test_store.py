@@ -276,30 +276,6 @@ def test_cancel_with_nothing_running_is_cancelled_at_once(store: BatchStore) -> 
     assert store.finalize(T0 + 14) == [(other, "cancelled")]
 
 
-def test_old_requests_of_any_model_are_released_regardless_of_load(store: BatchStore) -> None:
-    submit(store, [line("old-a"), line("old-b", model=OTHER)], now=T0)
-    submit(store, [line("young")], now=T0 + 5 * 3600)
-    promotion = 10 * 3600.0
-    aged = store.claim_aged(T0 + promotion + 1, promotion, "a", 60, 10)
-    assert sorted(c.custom_id for c in aged) == ["old-a", "old-b"]
-    assert store.claim_aged(T0 + promotion + 2, promotion, "a", 60, 10) == []
-    for request in aged:
-        store.complete(request.id, "a", 200, answer(request.custom_id), now=T0 + promotion + 3)
-    young = store.claim_aged(T0 + 5 * 3600 + promotion, promotion, "a", 60, 10, tier="niw")
-    assert [c.custom_id for c in young] == ["young"]
-
-
-def test_aged_requests_of_models_not_served_now_wait(store: BatchStore) -> None:
-    submit(store, [line("served"), line("unserved", model=OTHER)], now=T0)
-    later = T0 + 11 * 3600
-    got = store.claim_aged(later, 10 * 3600, "a", 60, 10, models={MODEL})
-    assert [c.custom_id for c in got] == ["served"]
-    # nowhere to send it after all: given back without using up an attempt
-    assert store.retry(got[0].id, "a", now=later, started=False)
-    [again] = store.claim_aged(later, 10 * 3600, "a", 60, 10, models=[MODEL])
-    assert again.id == got[0].id and again.attempts == 1
-
-
 def test_depth_counts_waiting_requests_per_model_and_tier(store: BatchStore) -> None:
     submit(store, [line("a1"), line("a2"), line("o1", model=OTHER)], now=T0)
     submit(store, [line("a3")], now=T0 + 100)
@@ -312,14 +288,6 @@ def test_depth_counts_waiting_requests_per_model_and_tier(store: BatchStore) -> 
     # the holder died: its request waits again
     assert store.depth(T0 + 261)[0].queued == 3
     assert store.state_counts()["queued"] == 3
-
-
-def test_claims_come_oldest_first_per_model(store: BatchStore) -> None:
-    submit(store, [line("late")], now=T0 + 10)
-    submit(store, [line("early-1"), line("other", model=OTHER), line("early-2")], now=T0)
-    got = [c.custom_id for c in store.claim(MODEL, 3, "a", 60, T0 + 20)]
-    assert got == ["early-1", "early-2", "late"]
-    assert store.claim(MODEL, 0, "a", 60, T0 + 20) == []
 
 
 def test_files_list_page_and_delete(store: BatchStore) -> None:

@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 
 from sageserve.route.deadlines import (
     DeadlineLedger,
+    bucketed,
     capacity_at_max,
     deadline_risk,
     required_tps,
 )
-from sageserve.route.queue_manager import BatchQueueManager
+from sageserve.route.queue_manager import BatchQueueManager, promotion_time
 
 # ---- the required rate (hand-computed) --------------------------------------------------
 
@@ -189,6 +190,33 @@ def test_without_a_deadline_the_age_rule_holds_and_order_is_promotion_time() -> 
     qm.submit("m", "far", 0.0, deadline=90000.0)
     assert qm.pop_aged(4000.0) == [("m", "due"), ("m", "aged")]
     assert qm.pending("m") == 1
+
+
+@pytest.mark.parametrize(
+    ("deadline", "tokens", "service_tps", "margin", "want"),
+    [
+        (10_000.0, 2000.0, 20.0, 1800.0, 10_000.0 - 100.0 - 1800.0),
+        (10_000.0, 2000.0, 0.0, 1800.0, 10_000.0 - 1800.0),  # no rate: served at once
+        (10_000.0, 0.0, 20.0, 0.0, 10_000.0),
+        (100.0, 40_000.0, 20.0, 1800.0, 100.0 - 2000.0 - 1800.0),  # due already
+    ],
+)
+def test_promotion_time_is_the_deadline_less_service_time_and_margin(
+    deadline: float, tokens: float, service_tps: float, margin: float, want: float
+) -> None:
+    assert promotion_time(deadline, tokens, service_tps, margin) == want
+    qm: BatchQueueManager[str] = BatchQueueManager(
+        service_tps={"m": service_tps}, promotion_margin_s=margin
+    )
+    assert qm.promotion_at("m", 0.0, deadline, int(tokens)) == want
+
+
+def test_work_bucketed_from_pairs_is_the_ledgers_buckets() -> None:
+    work = [(125.0, 10.0), (61.0, 5.0), (179.9, 1.0), (60.0, 2.0), (math.inf, 7.0), (90.0, 0.0)]
+    ledger = DeadlineLedger(60.0)
+    for deadline, tokens in work:
+        ledger.add(deadline, int(tokens))
+    assert bucketed(work, 60.0) == ledger.buckets() == [(60.0, 7.0), (120.0, 11.0)]
 
 
 def test_released_requests_are_not_promoted_and_drain_returns_the_rest() -> None:

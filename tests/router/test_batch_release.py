@@ -4,7 +4,9 @@ Real HTTP on loopback: a client uploads a JSONL file and creates a batch on the 
 stand-in pods answer; the router's `BatchReleaser` runs SageServe §6.2's rule on the
 router's EMU estimate. What the user sees is asserted: nothing reaches a pod while the
 region is busy, the work runs once the region's EMU falls, the output and error files,
-queue depth in the metrics, and promotion of old requests regardless of load.
+queue depth in the metrics, promotion of a request whose slack ran out regardless of load
+(and not of one with a far deadline), the rate the queue's deadlines need, and a batch
+whose deadline the model cannot meet even at maxInstances saying so.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,8 @@ from aiohttp import web
 
 from sageserve.batch import BatchStore
 from sageserve.batch.api import BatchApi
+from sageserve.batch.jsonl import request_tokens
+from sageserve.metrics.queries import BATCH_DEADLINE_NEED
 from sageserve.route.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
@@ -35,7 +40,7 @@ Scenario = Callable[
 ]
 
 
-def run(tmp_path: Path, scenario: Scenario, promotion_age_s: float = 36000.0) -> None:
+def run(tmp_path: Path, scenario: Scenario, model: ModelRoute = MODEL) -> None:
     """A router with the Batch API on SQLite and its releaser, one stand-in pod."""
 
     async def main() -> None:
@@ -44,8 +49,8 @@ def run(tmp_path: Path, scenario: Scenario, promotion_age_s: float = 36000.0) ->
         app.router.add_post("/v1/chat/completions", pod.completions)
         pod_runner, pod_port = await start(app)
         fleet = Fleet()
-        fleet.set_models([MODEL])
-        niw = TierMatch("niw", batch=True, deadline_s=86400.0, promotion_age_s=promotion_age_s)
+        fleet.set_models([model])
+        niw = TierMatch("niw", batch=True, deadline_s=86400.0)
         fleet.set_tiers("llm", {"iw-f": TierMatch("iw-f"), "niw": niw})
         fleet.set_backends(
             [Backend("llm", "east-0", "llama", "us-east", "a100", f"http://127.0.0.1:{pod_port}")]
@@ -85,7 +90,9 @@ def request_line(custom_id: str, model: str = MODEL.served_name) -> str:
     )
 
 
-async def submit(client: aiohttp.ClientSession, url: str, lines: list[str]) -> dict[str, Any]:
+async def submit(
+    client: aiohttp.ClientSession, url: str, lines: list[str], window: str = "24h"
+) -> dict[str, Any]:
     form = aiohttp.FormData()
     form.add_field("purpose", "batch")
     form.add_field("file", ("\n".join(lines) + "\n").encode(), filename="in.jsonl")
@@ -95,7 +102,7 @@ async def submit(client: aiohttp.ClientSession, url: str, lines: list[str]) -> d
     body = {
         "input_file_id": file_id,
         "endpoint": "/v1/chat/completions",
-        "completion_window": "24h",
+        "completion_window": window,
     }
     async with client.post(f"{url}/v1/batches", json=body) as r:
         assert r.status == 200, await r.text()
@@ -159,12 +166,99 @@ def test_a_batch_waits_while_the_region_is_busy_and_runs_in_the_trough(tmp_path:
     run(tmp_path, scenario)
 
 
-def test_a_request_older_than_its_promotion_age_runs_regardless_of_load(tmp_path: Path) -> None:
+def test_a_request_whose_slack_ran_out_runs_regardless_of_load_a_far_one_waits(
+    tmp_path: Path,
+) -> None:
     async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
         fleet.set_load({EAST: (0.95, 1000.0)})  # never a trough
-        batch = await submit(client, url, [request_line("old")])
-        done = await until_closed(client, url, batch["id"])
+        far = await submit(client, url, [request_line("far")])
+        # due in a minute: less slack than the 30 min promotion margin, promoted at once
+        urgent = await submit(client, url, [request_line("urgent")], window="1m")
+        done = await until_closed(client, url, urgent["id"])
         assert done["status"] == "completed"
-        assert [b["messages"][0]["content"] for b in pod.got] == ["old"]
+        await asyncio.sleep(0.5)  # ten more rounds at 95 % EMU
+        assert [b["messages"][0]["content"] for b in pod.got] == ["urgent"]
+        async with client.get(f"{url}/v1/batches/{far['id']}") as r:
+            waiting = await r.json()
+        assert waiting["status"] == "in_progress"
+        assert waiting["request_counts"] == {"total": 1, "completed": 0, "failed": 0}
 
-    run(tmp_path, scenario, promotion_age_s=0.3)
+    run(tmp_path, scenario)
+
+
+def body_of(custom_id: str) -> dict[str, Any]:
+    line: dict[str, Any] = json.loads(request_line(custom_id))
+    return dict(line["body"])
+
+
+def test_the_queue_exports_the_rate_its_deadlines_need(tmp_path: Path) -> None:
+    async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
+        labels = dict(namespace="llm", model_deployment="llama")
+        await until_metric(metrics, BATCH_DEADLINE_NEED, labels, lambda v: v == 0.0)
+        await submit(client, url, [request_line("a"), request_line("b")])
+        # the need: the two requests' tokens by their deadline, a day away
+        tokens = request_tokens(body_of("a")) + request_tokens(body_of("b"))
+        need = await until_metric(metrics, BATCH_DEADLINE_NEED, labels, lambda v: v > 0)
+        assert tokens / 86400 <= need <= tokens / (86400 - 120)
+        assert pod.got == []  # busy: nothing released, nothing promoted
+
+    run(tmp_path, scenario)
+
+
+async def until_metric(
+    metrics: RouterMetrics,
+    name: str,
+    labels: dict[str, str],
+    ready: Callable[[float], bool],
+    seconds: float = 20.0,
+) -> float:
+    for _ in range(int(seconds / 0.05)):
+        value = metrics.registry.get_sample_value(name, labels)
+        if value is not None and ready(value):
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name}{labels} never got there: {value}")
+
+
+def test_a_batch_whose_deadline_cannot_be_met_says_so_until_the_model_can_meet_it(
+    tmp_path: Path,
+) -> None:
+    async def scenario(client, url, fleet, pod, metrics, store) -> None:  # type: ignore[no-untyped-def]
+        batch = await submit(client, url, [request_line("a"), request_line("b")])
+        assert batch["deadline_at_risk"] is None
+        at_risk = await until_field(client, url, batch["id"], lambda b: b["deadline_at_risk"])
+        risk = at_risk["deadline_at_risk"]
+        assert risk["model"] == MODEL.served_name
+        assert risk["shortfall_tokens_per_second"] > 0
+        assert at_risk["created_at"] <= risk["detected_at"] <= at_risk["expires_at"]
+        labels = dict(namespace="llm", model_deployment="llama")
+        assert sample(metrics, "sageserve_batch_deadline_at_risk", **labels) == 1
+        assert pod.got == []  # still busy: nothing released, nothing promoted
+
+        fleet.set_models([replace(MODEL, capacity_at_max_tps=1000.0)])  # maxInstances raised
+        cleared = await until_field(
+            client, url, batch["id"], lambda b: b["deadline_at_risk"] is None
+        )
+        assert cleared["status"] == "in_progress"
+        assert sample(metrics, "sageserve_batch_deadline_at_risk", **labels) == 0
+        assert sample(metrics, BATCH_DEADLINE_NEED, **labels) > 0
+
+    # a thousandth of a token/s at maxInstances: a day of it is 86 tokens, less than the
+    # two requests' 256-token budgets
+    run(tmp_path, scenario, replace(MODEL, capacity_at_max_tps=0.001))
+
+
+async def until_field(
+    client: aiohttp.ClientSession,
+    url: str,
+    batch_id: str,
+    ready: Callable[[dict[str, Any]], Any],
+    seconds: float = 20.0,
+) -> dict[str, Any]:
+    for _ in range(int(seconds / 0.05)):
+        async with client.get(f"{url}/v1/batches/{batch_id}") as r:
+            batch: dict[str, Any] = await r.json()
+        if ready(batch):
+            return batch
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"batch {batch_id} never got there: {batch}")

@@ -61,8 +61,10 @@ class BatchSettings(ApiModel):
         default=36000,
         ge=0,
         le=2592000,
-        description="Queued requests older than this get interactive priority, so that they "
-        "still finish before the deadline (SageServe: 10 h).",
+        description="Queued requests without a deadline older than this get interactive "
+        "priority (SageServe: 10 h; the simulator's rule). A request with a deadline, as "
+        "every Batch API request has, is promoted when its slack runs out instead: its "
+        "deadline less its expected service time less 30 min.",
     )
 
 

@@ -10,11 +10,13 @@ brackets before ``json.loads`` would recurse into it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sageserve.batch.limits import BadJson, load_json
+from sageserve.route.request_check import estimated_tokens
 
 #: The endpoints a batch may target (OpenAI's Batch API also has embeddings; the pods
 #: here serve completions).
@@ -23,6 +25,14 @@ MAX_CUSTOM_ID = 512
 
 #: served model name -> its batch tier, or None when the model is not served for batch
 KnownModels = Callable[[str], str | None]
+
+
+def request_tokens(body: Mapping[str, Any]) -> int:
+    """The tokens a queued request is counted with: the router's estimate of a client's
+    request of this body (prompt ÷ 4 characters + output budget, `estimated_tokens`),
+    rounded up. Its share of the model's deadline need and its expected service time in
+    the promotion rule (SageServe §6.2, §6.3), as `BatchQueueManager` is given them."""
+    return math.ceil(estimated_tokens(body)[1])
 
 
 @dataclass(frozen=True)

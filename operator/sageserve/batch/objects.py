@@ -6,8 +6,19 @@ session; ``to_openai()`` gives the JSON the OpenAI Batch API returns for the obj
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from sageserve.route.deadlines import (
+    BUCKET_S,
+    DeadlineRisk,
+    bucket_index,
+    bucketed,
+    deadline_risk,
+    required_tps,
+)
+from sageserve.route.queue_manager import promotion_time
 
 
 class BatchStoreError(Exception):
@@ -81,6 +92,41 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
+class DeadlineAtRisk:
+    """A deadline miss predicted for a batch: the waiting work of ``model`` due by the
+    batch's deadline exceeds what the model serves at its maxInstances, by
+    ``shortfall_tps`` tokens/s (`route.deadlines.deadline_risk`), since ``detected_at``."""
+
+    model: str
+    shortfall_tps: float
+    detected_at: float
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "shortfall_tokens_per_second": round(self.shortfall_tps, 3),
+            "detected_at": int(self.detected_at),
+        }
+
+    def to_json(self) -> str:
+        """As stored in ``batches.deadline_risk_json``."""
+        return json.dumps(
+            {
+                "model": self.model,
+                "shortfall_tps": self.shortfall_tps,
+                "detected_at": self.detected_at,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str | None) -> DeadlineAtRisk | None:
+        if not text:
+            return None
+        raw = json.loads(text)
+        return cls(str(raw["model"]), float(raw["shortfall_tps"]), float(raw["detected_at"]))
+
+
+@dataclass(frozen=True)
 class BatchObject:
     """One batch with its status, deadline, counts and result files."""
 
@@ -98,6 +144,8 @@ class BatchObject:
     error_file_id: str | None
     request_counts: RequestCounts
     timestamps: dict[str, float | None] = field(default_factory=dict)
+    #: the miss predicted for an unfinished batch (None: none, or the batch is finished)
+    deadline_at_risk: DeadlineAtRisk | None = None
 
     def to_openai(self) -> dict[str, Any]:
         def ts(name: str) -> int | None:
@@ -125,6 +173,10 @@ class BatchObject:
             "cancelled_at": ts("cancelled_at"),
             "request_counts": self.request_counts.to_openai(),
             "metadata": self.metadata,
+            # sageserve's: a predicted deadline miss (`docs/batch.md`), else null
+            "deadline_at_risk": None
+            if self.deadline_at_risk is None
+            else self.deadline_at_risk.to_openai(),
         }
 
 
@@ -164,3 +216,56 @@ class QueueDepth(NamedTuple):
     tier: str | None
     queued: int
     oldest_arrival: float
+
+
+class DeadlineGroup(NamedTuple):
+    """A model's waiting requests that share one deadline (a batch's): their tokens and
+    the tokens of the largest of them."""
+
+    deadline: float
+    tokens: int
+    largest: int
+
+
+@dataclass(frozen=True)
+class WaitingDeadlines:
+    """One model's waiting requests (queued, or held under a lapsed lease) by deadline, as
+    the queue read them: what the Queue Manager's deadline rules read (SageServe §6.3).
+    ``required_tps`` and ``risk`` are `route.deadlines` over the same buckets
+    `BatchQueueManager`'s ledger keeps; ``due_until`` is the promotion rule."""
+
+    model: str
+    #: earliest deadline first
+    groups: tuple[DeadlineGroup, ...]
+
+    def buckets(self, bucket_s: float = BUCKET_S) -> list[tuple[float, float]]:
+        """(lower edge, tokens) per deadline bucket, earliest first."""
+        return bucketed(((g.deadline, float(g.tokens)) for g in self.groups), bucket_s)
+
+    def required_tps(self, now: float, bucket_s: float = BUCKET_S) -> float:
+        """Tokens/s that meet every deadline, earliest deadline first."""
+        return required_tps(self.buckets(bucket_s), now, bucket_s)
+
+    def risk(
+        self, now: float, capacity_tps: float, bucket_s: float = BUCKET_S
+    ) -> DeadlineRisk | None:
+        """What `capacity_tps` cannot finish by its deadline (None: nothing)."""
+        return deadline_risk(self.buckets(bucket_s), now, capacity_tps, bucket_s)
+
+    def latest_at_risk(self, risk: DeadlineRisk, bucket_s: float = BUCKET_S) -> float:
+        """The latest deadline of the work at risk: every group in the buckets up to
+        ``risk.until_s`` (a bucket's lower edge) is due by it."""
+        last = bucket_index(risk.until_s, bucket_s)
+        at_risk = [g.deadline for g in self.groups if bucket_index(g.deadline, bucket_s) <= last]
+        return max(at_risk, default=risk.until_s)
+
+    def due_until(self, now: float, service_tps: float, margin_s: float) -> float | None:
+        """The latest deadline among the requests whose promotion time has passed
+        (`route.queue_manager.promotion_time`; the largest of a group is promoted first),
+        None when none has: the range of deadlines the promotion scan reads."""
+        due = [
+            g.deadline
+            for g in self.groups
+            if promotion_time(g.deadline, float(g.largest), service_tps, margin_s) < now
+        ]
+        return max(due, default=None)

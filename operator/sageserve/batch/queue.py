@@ -15,27 +15,37 @@ took the request over, or after the batch was cancelled or expired, changes noth
 (exactly-once recording).
 
 Why two steps per claim: the requests whose lease ran out come first (they were claimed
-before anything still queued), then the oldest queued ones; each step is a range scan on
-an index, so a claim stays cheap however long the queue is. On PostgreSQL both steps
-lock their rows ``FOR UPDATE SKIP LOCKED`` (replicas claiming at once take different
-rows, no one waits); on SQLite the caller's ``BEGIN IMMEDIATE`` makes the claim one
-serialised step.
+before anything still queued), then the queued ones earliest deadline first; each step is
+a range scan on an index, so a claim stays cheap however long the queue is. On PostgreSQL
+both steps lock their rows ``FOR UPDATE SKIP LOCKED`` (replicas claiming at once take
+different rows, no one waits); on SQLite the caller's ``BEGIN IMMEDIATE`` makes the claim
+one serialised step.
 
-Released requests follow SageServe §6.2: ``claim(model, n)`` is what the Queue Manager
-releases to an endpoint whose EMU fell (1 under 60 %, 2 under 50 %), and ``claim_aged``
-takes the requests older than the promotion age (10 h), of any model, regardless of load.
+Released requests follow SageServe §6.2 as the simulator's ``BatchQueueManager`` releases
+them: ``claim(model, n)`` is what the Queue Manager releases to an endpoint whose EMU fell
+(1 under 60 %, 2 under 50 %), earliest deadline first (ties by arrival, batch, line);
+``out_of_slack_filter`` picks the requests whose slack ran out
+(`route.queue_manager.promotion_time`, computed in SQL on the ``deadline`` and ``tokens``
+columns), which are released regardless of load. ``waiting_deadlines`` reads each model's
+waiting tokens per deadline: the deadline need and the predicted misses (§6.3).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, func, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, func, select, union_all, update
 from sqlalchemy.engine import Connection
 
-from sageserve.batch.objects import Answer, ClaimedRequest, QueueDepth
+from sageserve.batch.objects import (
+    Answer,
+    ClaimedRequest,
+    DeadlineGroup,
+    QueueDepth,
+    WaitingDeadlines,
+)
 from sageserve.batch.schema import (
     DONE,
     EXPIRED,
@@ -47,9 +57,13 @@ from sageserve.batch.schema import (
     batches,
     requests,
 )
+from sageserve.route.queue_manager import promotion_time
 
 r = requests
 b = batches
+
+#: The release order (SageServe §6.3): earliest deadline first, then arrival, batch, line.
+EDF_ORDER: tuple[ColumnElement[Any], ...] = (r.c.deadline, r.c.arrival, r.c.batch_id, r.c.line)
 
 
 def claim(
@@ -60,18 +74,20 @@ def claim(
     lease_s: float,
     now: float,
     max_attempts: int,
+    order: Sequence[ColumnElement[Any]] = EDF_ORDER,
 ) -> list[ClaimedRequest]:
-    """Lease up to ``n`` requests matching ``filters`` to ``owner``, oldest first."""
+    """Lease up to ``n`` requests matching ``filters`` to ``owner``, in ``order``
+    (earliest deadline first unless told otherwise); returned in that order."""
     if n <= 0:
         return []
     live = [*filters, b.c.status == IN_PROGRESS, b.c.deadline > now]
-    lapsed = _candidates(conn, [r.c.state == RUNNING, r.c.lease_until < now, *live], n)
+    lapsed = _candidates(conn, [r.c.state == RUNNING, r.c.lease_until < now, *live], n, order)
     worn = [rid for rid, attempts in lapsed if attempts >= max_attempts]
     if worn:
         _give_up(conn, worn, max_attempts, now)
     ids = [rid for rid, attempts in lapsed if attempts < max_attempts]
     if len(ids) < n:
-        fresh = _candidates(conn, [r.c.state == QUEUED, *live], n - len(ids))
+        fresh = _candidates(conn, [r.c.state == QUEUED, *live], n - len(ids), order)
         ids += [rid for rid, _ in fresh]
     if not ids:
         return []
@@ -85,12 +101,7 @@ def claim(
             attempts=r.c.attempts + 1,
         )
     )
-    rows = conn.execute(
-        select(r, b.c.deadline)
-        .join(b, b.c.id == r.c.batch_id)
-        .where(r.c.id.in_(ids))
-        .order_by(r.c.arrival, r.c.batch_id, r.c.line)
-    ).all()
+    rows = conn.execute(select(r).where(r.c.id.in_(ids)).order_by(*order)).all()
     return [
         ClaimedRequest(
             id=row.id,
@@ -110,13 +121,16 @@ def claim(
 
 
 def _candidates(
-    conn: Connection, where: Sequence[ColumnElement[bool]], n: int
+    conn: Connection,
+    where: Sequence[ColumnElement[bool]],
+    n: int,
+    order: Sequence[ColumnElement[Any]],
 ) -> list[tuple[str, int]]:
     stmt = (
         select(r.c.id, r.c.attempts)
         .join(b, b.c.id == r.c.batch_id)
         .where(*where)
-        .order_by(r.c.arrival, r.c.batch_id, r.c.line)
+        .order_by(*order)
         .limit(n)
         .with_for_update(skip_locked=True, of=r)
     )
@@ -146,15 +160,19 @@ def model_filter(model: str) -> list[ColumnElement[bool]]:
     return [r.c.model == model]
 
 
-def aged_filter(
-    before: float, tier: str | None, models: Collection[str] | None
-) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = [r.c.arrival <= before]
-    if tier is not None:
-        where.append(r.c.tier == tier)
-    if models is not None:
-        where.append(r.c.model.in_(sorted(models)))
-    return where
+def out_of_slack(
+    model: str, now: float, service_tps: float, margin_s: float, until: float | None
+) -> tuple[list[ColumnElement[bool]], tuple[ColumnElement[Any], ...]]:
+    """The filter and order of ``model``'s requests whose slack ran out at ``now``:
+    `promotion_time` (deadline − tokens ÷ ``service_tps`` − ``margin_s``) has passed, the
+    rule and arithmetic of `BatchQueueManager.promotion_at`, on the columns. ``until``
+    (the latest deadline that can be due, `WaitingDeadlines.due_until`) bounds the index
+    range read; the order is the in-memory manager's: promotion time, then arrival."""
+    promotion = promotion_time(r.c.deadline, r.c.tokens, service_tps, margin_s)
+    where: list[ColumnElement[bool]] = [r.c.model == model, promotion < now]
+    if until is not None:
+        where.append(r.c.deadline <= until)
+    return where, (promotion, r.c.arrival, r.c.batch_id, r.c.line)
 
 
 def complete(
@@ -315,6 +333,53 @@ def depth(conn: Connection, now: float) -> list[QueueDepth]:
             totals.items(), key=lambda item: (item[0][0], item[0][1] or "")
         )
     ]
+
+
+def waiting_deadlines(conn: Connection, now: float) -> list[WaitingDeadlines]:
+    """Per model, its waiting requests' tokens (and largest request) per deadline, earliest
+    first: queued, or claimed by a replica whose lease ran out, as ``depth`` counts them,
+    and not yet past their deadline (those can no longer be served; ``finalize`` reports
+    them). One GROUP BY over the two index ranges; a batch's requests share a deadline, so
+    there is a row per (model, batch) at most."""
+    waiting = union_all(
+        select(r.c.model, r.c.deadline, r.c.tokens).where(r.c.state == QUEUED, r.c.deadline > now),
+        select(r.c.model, r.c.deadline, r.c.tokens).where(
+            r.c.state == RUNNING, r.c.lease_until < now, r.c.deadline > now
+        ),
+    ).subquery()
+    rows = conn.execute(
+        select(
+            waiting.c.model,
+            waiting.c.deadline,
+            func.sum(waiting.c.tokens),
+            func.max(waiting.c.tokens),
+        )
+        .group_by(waiting.c.model, waiting.c.deadline)
+        .order_by(waiting.c.model, waiting.c.deadline)
+    ).all()
+    groups: dict[str, list[DeadlineGroup]] = {}
+    for model, deadline, tokens, largest in rows:
+        group = DeadlineGroup(float(deadline), int(tokens or 0), int(largest or 0))
+        groups.setdefault(str(model), []).append(group)
+    return [WaitingDeadlines(model, tuple(found)) for model, found in groups.items()]
+
+
+def batches_due_by(conn: Connection, model: str, now: float, until: float) -> list[str]:
+    """The batches with waiting requests of ``model`` due by ``until`` (read from the
+    deadline index: queued ones, then those under a lapsed lease)."""
+    found: set[str] = set()
+    for waiting in (
+        [r.c.state == QUEUED],
+        [r.c.state == RUNNING, r.c.lease_until < now],
+    ):
+        found.update(
+            conn.execute(
+                select(r.c.batch_id)
+                .where(*waiting, r.c.model == model, r.c.deadline > now, r.c.deadline <= until)
+                .distinct()
+            ).scalars()
+        )
+    return sorted(found)
 
 
 def state_counts(conn: Connection) -> dict[str, int]:

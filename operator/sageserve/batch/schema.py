@@ -60,6 +60,7 @@ BATCH_EXPIRED: Final = "expired"
 CANCELLING: Final = "cancelling"
 BATCH_CANCELLED: Final = "cancelled"
 BATCH_TERMINAL: Final = (COMPLETED, BATCH_FAILED, BATCH_EXPIRED, BATCH_CANCELLED)
+BATCH_UNFINISHED: Final = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
 
 files = Table(
     "files",
@@ -119,6 +120,11 @@ batches = Table(
     #: unix seconds: past it a finished batch's requests (prompts and answers) and result
     #: files are deleted; set when the batch reaches a final status, cleared once purged
     Column("purge_at", Float, nullable=True),
+    #: a predicted deadline miss, JSON {model, shortfall_tps, detected_at}: the waiting work
+    #: of a model due by this batch's deadline exceeds what the model serves at its
+    #: maxInstances (`route.deadlines.deadline_risk`); written by any router replica, so
+    #: every replica answers the same; None: no miss predicted
+    Column("deadline_risk_json", Text, nullable=True),
     Index("ix_batches_status", "status"),
     # list_batches: one owner's batches, newest first
     Index("ix_batches_owner_created", "owner", "created_at", "id"),
@@ -141,6 +147,12 @@ requests = Table(
     Column("url", String(64), nullable=False),
     Column("body", Text, nullable=True),
     Column("arrival", Float, nullable=False),
+    #: unix seconds: the batch's deadline, kept per request so that claims take the
+    #: earliest deadline first and promotion reads it from an index (SageServe §6.3)
+    Column("deadline", Float, nullable=False),
+    #: estimated tokens (prompt + output budget, `route.request_check.estimated_tokens`):
+    #: the request's share of its model's deadline need, and its expected service time
+    Column("tokens", Integer, nullable=False, server_default="0"),
     Column("state", String(16), nullable=False),
     Column("lease_owner", String(255), nullable=True),
     Column("lease_until", Float, nullable=True),
@@ -151,11 +163,19 @@ requests = Table(
     Column("error_code", String(64), nullable=True),
     Column("error_message", Text, nullable=True),
     Column("finished_at", Float, nullable=True),
-    # claim(model): the oldest queued requests of one model, in claim order (a batch's
-    # requests share one arrival: batch and line break the tie without a sort)
-    Index("ix_requests_model_state_arrival", "model", "state", "arrival", "batch_id", "line"),
-    # claim_aged / depth: the oldest queued requests of any model
-    Index("ix_requests_state_arrival", "state", "arrival", "batch_id", "line"),
+    # claim(model): one model's waiting requests earliest deadline first, in claim order
+    # (arrival, batch and line break ties without a sort); the promotion scan (a range of
+    # deadlines, tokens read from the index); the deadline need per model (covering)
+    Index(
+        "ix_requests_state_model_deadline",
+        "state",
+        "model",
+        "deadline",
+        "arrival",
+        "batch_id",
+        "line",
+        "tokens",
+    ),
     # running requests whose lease ran out (a router died holding them)
     Index("ix_requests_state_lease", "state", "lease_until"),
     # finalize / counts: a batch's requests by state (covering the counts)

@@ -1,8 +1,9 @@
 """The durable batch queue: OpenAI files and batches, and their requests until answered.
 
 Why a database and not memory: a batch waits hours for the troughs of interactive load
-(SageServe §6.2: released as EMU falls, promoted after 10 h, due in 24 h), longer than a
-router process can be trusted to live. A request accepted here survives a router killed at
+(SageServe §6.2: released as EMU falls, earliest deadline first, promoted when its slack
+runs out; §6.3: due in 24 h or its completion window), longer than a router process can
+be trusted to live. A request accepted here survives a router killed at
 any moment (it is committed before ``create_batch`` returns), is answered at least once
 (a claim is a lease; a lapsed lease is claimed again) and counted once (``complete`` is
 idempotent per request id). SQLite (the default, embedded) serves one router; PostgreSQL
@@ -25,32 +26,41 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.engine import Connection, Engine
 
 from sageserve.batch import db, finalize, queue, retention
 from sageserve.batch.ids import new_id
-from sageserve.batch.jsonl import ENDPOINTS, KnownModels, ParsedFile, parse_input
+from sageserve.batch.jsonl import (
+    ENDPOINTS,
+    KnownModels,
+    ParsedFile,
+    parse_input,
+    request_tokens,
+)
 from sageserve.batch.limits import LineCounter, safe_filename
 from sageserve.batch.objects import (
     Answer,
     BatchObject,
     ClaimedRequest,
     Conflict,
+    DeadlineAtRisk,
     FileObject,
     InvalidInput,
     NotFound,
     QueueDepth,
     RequestCounts,
+    WaitingDeadlines,
 )
 from sageserve.batch.retention import DEFAULT_RETENTION_S, Swept
 from sageserve.batch.schema import (
     BATCH_CANCELLED,
     BATCH_FAILED,
     BATCH_TERMINAL,
+    BATCH_UNFINISHED,
     CANCELLED,
     CANCELLING,
     EXPIRED,
@@ -62,6 +72,7 @@ from sageserve.batch.schema import (
     requests,
 )
 from sageserve.route.identity import Principal
+from sageserve.route.queue_manager import DEFAULT_PROMOTION_MARGIN_S
 
 #: OpenAI's limit of requests per batch.
 DEFAULT_MAX_REQUESTS = 50_000
@@ -73,6 +84,8 @@ MAX_WINDOW_S = 30 * 86400.0
 #: Batch errors shown in a failed batch's ``errors`` (the rest is in the counts).
 MAX_BATCH_ERRORS = 1000
 FILE_PURPOSES = ("batch", "batch_output")
+#: A batch's predicted shortfall is rewritten when it moves by more than this share.
+RISK_REWRITE_RATIO = 0.05
 _WINDOW = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -303,7 +316,8 @@ class BatchStore:
             self._file(conn, caller, input_file_id, param="input_file_id")  # not deleted since
             conn.execute(batches.insert().values(**row))
             if parsed.requests:
-                conn.execute(requests.insert(), _request_rows(batch_id, endpoint, parsed, created))
+                rows = _request_rows(batch_id, endpoint, parsed, created, due)
+                conn.execute(requests.insert(), rows)
         return self.get_batch(caller, batch_id)
 
     def _check_size(self, content: bytes, input_file_id: str) -> None:
@@ -428,32 +442,36 @@ class BatchStore:
     def claim(
         self, model: str, n: int, owner: str, lease_s: float, now: float | None = None
     ) -> list[ClaimedRequest]:
-        """Lease up to ``n`` of ``model``'s oldest waiting requests to ``owner`` for
-        ``lease_s`` seconds: what the Queue Manager releases to an endpoint whose EMU fell
-        (SageServe §6.2: 1 request under 60 %, 2 under 50 %)."""
+        """Lease up to ``n`` of ``model``'s waiting requests to ``owner`` for ``lease_s``
+        seconds, earliest deadline first (ties by arrival, batch, line): what the Queue
+        Manager releases to an endpoint whose EMU fell (SageServe §6.2: 1 request under
+        60 %, 2 under 50 %), in `BatchQueueManager`'s order (§6.3's deadlines)."""
         with db.writing(self.engine) as conn:
             return queue.claim(
                 conn, queue.model_filter(model), n, owner, lease_s, _now(now), self.max_attempts
             )
 
-    def claim_aged(
+    def claim_out_of_slack(
         self,
+        model: str,
         now: float,
-        promotion_age_s: float,
+        service_tps: float,
         owner: str,
         lease_s: float,
         limit: int,
-        tier: str | None = None,
-        models: Collection[str] | None = None,
+        margin_s: float = DEFAULT_PROMOTION_MARGIN_S,
+        until: float | None = None,
     ) -> list[ClaimedRequest]:
-        """Lease up to ``limit`` requests (any model, or one of ``models``; of ``tier`` if
-        given) that waited longer than ``promotion_age_s``: they are released regardless
-        of load, with interactive priority, so that they finish by their deadline
-        (SageServe §6.2). Pass the models served now in ``models`` so that requests of a
-        model with nowhere to run are not taken (they wait, and expire if never served)."""
-        where = queue.aged_filter(now - promotion_age_s, tier, models)
+        """Lease up to ``limit`` of ``model``'s requests whose slack ran out: their
+        promotion time (deadline − tokens ÷ ``service_tps`` − ``margin_s``,
+        `route.queue_manager.promotion_time`) has passed, so they are released regardless
+        of load, at interactive priority, to finish by their deadline (SageServe §6.2,
+        §6.3), in order of promotion time. ``service_tps``: tokens/s one request of the
+        model is served at (0: as if at once). ``until``: no request due has a later
+        deadline (`WaitingDeadlines.due_until`), which bounds the index range read."""
+        where, order = queue.out_of_slack(model, now, service_tps, margin_s, until)
         with db.writing(self.engine) as conn:
-            return queue.claim(conn, where, limit, owner, lease_s, now, self.max_attempts)
+            return queue.claim(conn, where, limit, owner, lease_s, now, self.max_attempts, order)
 
     def complete(
         self,
@@ -519,6 +537,67 @@ class BatchStore:
         for the metrics, and the batch buffer β the plan provisions for."""
         with db.reading(self.engine) as conn:
             return queue.depth(conn, _now(now))
+
+    def waiting_deadlines(self, now: float | None = None) -> list[WaitingDeadlines]:
+        """Per model, the waiting requests' tokens per deadline (queued, or held under a
+        lapsed lease, as ``depth`` counts them): the deadline need (`required_tps`), the
+        predicted misses (`risk`) and the promotion scan's range (`due_until`), by the
+        rules `BatchQueueManager` applies to its ledger (SageServe §6.3)."""
+        with db.reading(self.engine) as conn:
+            return queue.waiting_deadlines(conn, _now(now))
+
+    def mark_deadline_risks(
+        self, at_risk: Mapping[str, tuple[float, float]], now: float | None = None
+    ) -> dict[str, DeadlineAtRisk | None]:
+        """Say on each unfinished batch whether a deadline miss is predicted for it.
+
+        ``at_risk``: per model, (the latest deadline of its work at risk, the tokens/s
+        missing at its maxInstances); every unfinished batch with waiting requests of such
+        a model due by that deadline is at risk (for the model missing most, if several),
+        every other one is not. A batch stays marked with the time the miss was first
+        predicted; its shortfall is rewritten when it moves by more than
+        ``RISK_REWRITE_RATIO``, so replicas that agree write nothing. Returns the batches
+        whose mark changed (None: cleared)."""
+        at = _now(now)
+        with db.reading(self.engine) as conn:
+            wanted: dict[str, tuple[str, float]] = {}
+            for model, (until, shortfall) in sorted(at_risk.items()):
+                for batch_id in queue.batches_due_by(conn, model, at, until):
+                    if batch_id not in wanted or wanted[batch_id][1] < shortfall:
+                        wanted[batch_id] = (model, shortfall)
+            marked = {
+                row.id: DeadlineAtRisk.from_json(row.deadline_risk_json)
+                for row in conn.execute(
+                    select(batches.c.id, batches.c.deadline_risk_json).where(
+                        batches.c.status.in_(BATCH_UNFINISHED),
+                        batches.c.deadline_risk_json.is_not(None),
+                    )
+                )
+            }
+        changes: dict[str, DeadlineAtRisk | None] = {
+            batch_id: None for batch_id in marked if batch_id not in wanted
+        }
+        for batch_id, (model, shortfall) in wanted.items():
+            old = marked.get(batch_id)
+            if old is not None and old.model == model and _close(old.shortfall_tps, shortfall):
+                continue
+            since = old.detected_at if old is not None else at
+            changes[batch_id] = DeadlineAtRisk(model, shortfall, since)
+        if changes:
+            with db.writing(self.engine) as conn:
+                conn.execute(
+                    batches.update()
+                    .where(
+                        batches.c.id == bindparam("b_id"),
+                        batches.c.status.in_(BATCH_UNFINISHED),
+                    )
+                    .values(deadline_risk_json=bindparam("b_risk")),
+                    [
+                        {"b_id": batch_id, "b_risk": None if mark is None else mark.to_json()}
+                        for batch_id, mark in sorted(changes.items())
+                    ],
+                )
+        return changes
 
     def state_counts(self) -> dict[str, int]:
         """Requests per state over the whole queue."""
@@ -589,8 +668,14 @@ def _file_object(row: Any) -> FileObject:
     )
 
 
+def _close(old: float, new: float) -> bool:
+    """Whether a stored shortfall still says ``new`` (within ``RISK_REWRITE_RATIO``)."""
+    return abs(new - old) <= RISK_REWRITE_RATIO * max(abs(old), 1e-9)
+
+
 def _batch_object(row: Any, live: RequestCounts | None) -> BatchObject:
     counts = live or RequestCounts(row.total, row.completed, row.failed)
+    finished = row.status in BATCH_TERMINAL
     return BatchObject(
         id=row.id,
         endpoint=row.endpoint,
@@ -606,6 +691,7 @@ def _batch_object(row: Any, live: RequestCounts | None) -> BatchObject:
         error_file_id=row.error_file_id,
         request_counts=counts,
         timestamps={name: getattr(row, name) for name in _TIMESTAMPS},
+        deadline_at_risk=None if finished else DeadlineAtRisk.from_json(row.deadline_risk_json),
     )
 
 
@@ -635,10 +721,18 @@ def _failed_row(parsed: ParsedFile, input_file_id: str, now: float) -> dict[str,
 
 
 def _request_rows(
-    batch_id: str, endpoint: str, parsed: ParsedFile, arrival: float
+    batch_id: str, endpoint: str, parsed: ParsedFile, arrival: float, deadline: float
 ) -> list[dict[str, Any]]:
+    """One row per line: a runnable one queued with its batch's deadline and its estimated
+    tokens (`jsonl.request_tokens`), a bad one already failed with its error."""
     rows: list[dict[str, Any]] = []
-    common = {"batch_id": batch_id, "url": endpoint, "arrival": arrival, "attempts": 0}
+    common = {
+        "batch_id": batch_id,
+        "url": endpoint,
+        "arrival": arrival,
+        "deadline": deadline,
+        "attempts": 0,
+    }
     for line in parsed.requests:
         rows.append(
             {
@@ -649,6 +743,7 @@ def _request_rows(
                 "model": line.model,
                 "tier": line.tier,
                 "body": json.dumps(line.body),
+                "tokens": request_tokens(line.body),
                 "state": QUEUED,
                 "error_code": None,
                 "error_message": None,
@@ -665,6 +760,7 @@ def _request_rows(
                 "model": None,
                 "tier": None,
                 "body": None,
+                "tokens": 0,
                 "state": FAILED,
                 "error_code": error.code,
                 "error_message": error.message,

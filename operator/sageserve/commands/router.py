@@ -118,6 +118,17 @@ def router_command(
             "dies leaves it to another after this long."
         ),
     ] = 120.0,
+    batch_request_tps: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Tokens/s one batch request is served at, for a model whose "
+            "ModelDeployment names no perf profile (with one, its decode rate is used): "
+            "a request is promoted when its deadline less its tokens ÷ this, less 30 min, "
+            "has passed. 0: as the simulator counts such a model, promoted 30 min before "
+            "its deadline.",
+        ),
+    ] = 0.0,
     replica: Annotated[
         str,
         typer.Option(envvar="POD_NAME", help="This replica's name: the owner of its queue leases."),
@@ -230,7 +241,7 @@ def router_command(
         tasks.append(asyncio.create_task(pools.run()))
         releaser = None
         if store is not None:
-            release = ReleaseConfig(lease_s=batch_lease_seconds)
+            release = ReleaseConfig(lease_s=batch_lease_seconds, request_tps=batch_request_tps)
             releaser = BatchReleaser(store, router, metrics, owner, release)
             router.extra_routes = BatchApi(
                 store,

@@ -365,6 +365,16 @@ def parse_profile(doc: Mapping[str, Any]) -> list[VariantPerf]:
     return [_variant(model, v, context) for v in doc.get("variants", [])]
 
 
+def request_decode_tps(variants: Iterable[VariantPerf]) -> float:
+    """Tokens/s one request decodes at on a full instance (one token per decode iteration
+    with the KV cache full), the slowest of `variants`; 0 with none. The batch Queue
+    Manager's estimate of a request's service time (tokens ÷ this), which its promotion by
+    slack keeps ahead of the deadline (SageServe §6.2, §6.3), in the simulator and the
+    router alike. Conservative: prompt tokens prefill far faster."""
+    rates = [1.0 / step for perf in variants if (step := perf.decode(perf.kv_capacity_tokens)) > 0]
+    return min(rates, default=0.0)
+
+
 def load_catalog(extra_dirs: Sequence[Path] = ()) -> PerfCatalog:
     """The bundled profiles, then any `*.yaml` in `extra_dirs` (later files win)."""
     cat = PerfCatalog()

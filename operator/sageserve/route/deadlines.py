@@ -31,6 +31,25 @@ from dataclasses import dataclass
 BUCKET_S = 60.0
 
 
+def bucket_index(deadline: float, bucket_s: float = BUCKET_S) -> int:
+    """The deadline bucket a deadline falls in; its lower edge is the index × `bucket_s`.
+    One rule for the simulator's ledger and the router's queue, so both bucket alike."""
+    return math.floor(deadline / bucket_s)
+
+
+def bucketed(
+    work: Iterable[tuple[float, float]], bucket_s: float = BUCKET_S
+) -> list[tuple[float, float]]:
+    """(deadline, tokens) pairs summed per deadline bucket: (lower edge, tokens), earliest
+    first, as `DeadlineLedger.buckets` keeps them (work without tokens or deadline left out)."""
+    tokens: dict[int, float] = {}
+    for deadline, amount in work:
+        if amount > 0 and math.isfinite(deadline):
+            k = bucket_index(deadline, bucket_s)
+            tokens[k] = tokens.get(k, 0.0) + amount
+    return [(k * bucket_s, v) for k, v in sorted(tokens.items())]
+
+
 def required_tps(
     buckets: Iterable[tuple[float, float]], now: float, min_window_s: float = BUCKET_S
 ) -> float:
@@ -117,7 +136,7 @@ class DeadlineLedger:
         self._tokens: dict[int, int] = {}
 
     def _bucket(self, deadline: float) -> int:
-        return math.floor(deadline / self.bucket_s)
+        return bucket_index(deadline, self.bucket_s)
 
     def add(self, deadline: float, tokens: int) -> None:
         if tokens <= 0 or math.isinf(deadline):

@@ -36,11 +36,17 @@ import heapq
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from sageserve.route.deadlines import BUCKET_S, DeadlineLedger
 
+if TYPE_CHECKING:
+    from sqlalchemy import ColumnElement
+
 T = TypeVar("T")
+#: Seconds, or a column of seconds: `promotion_time` is computed on plain numbers here and
+#: in SQL by the router's durable queue (`batch.queue`), so both promote the same requests.
+Seconds = TypeVar("Seconds", float, "ColumnElement[float]")
 
 #: (EMU strictly below, requests released), most generous first.
 DEFAULT_RELEASE_RULES: tuple[tuple[float, int], ...] = ((0.50, 2), (0.60, 1))
@@ -50,6 +56,22 @@ DEFAULT_PROMOTION_AGE_S = 10 * 3600.0
 DEFAULT_PROMOTION_MARGIN_S = 1800.0
 
 _INF = math.inf
+
+
+def promotion_time(
+    deadline: Seconds, tokens: Seconds, service_tps: float, margin_s: float
+) -> Seconds:
+    """When a request with a deadline stops waiting for a trough (SageServe §6.2, §6.3):
+    its deadline less its expected service time (`tokens` ÷ `service_tps`, the tokens/s
+    one request of the model is served at; 0 or less: served at once) less `margin_s`
+    kept for queueing at the instance. Promoted once this time has passed.
+
+    One function for the simulator's `BatchQueueManager` (on floats) and the router's
+    durable queue (`batch.queue`, on the `deadline` and `tokens` columns), so that both
+    worlds promote the same requests at the same instant."""
+    if service_tps > 0:
+        return deadline - tokens / service_tps - margin_s
+    return deadline - margin_s
 
 
 def release_count(emu: float, rules: Sequence[tuple[float, int]] = DEFAULT_RELEASE_RULES) -> int:
@@ -117,7 +139,8 @@ class BatchQueueManager(Generic[T]):
         if math.isfinite(deadline):
             if self.promotion_margin_s is None:
                 return _INF
-            return deadline - self.service_s(model, tokens) - self.promotion_margin_s
+            rate = self.service_tps.get(model, 0.0)
+            return promotion_time(deadline, float(tokens), rate, self.promotion_margin_s)
         if self.promotion_age_s is None:
             return _INF
         return arrival + self.promotion_age_s

@@ -17,6 +17,7 @@ the pod judges them.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -215,6 +216,20 @@ def output_budget(
     return budget * choices(body)
 
 
+def estimated_tokens(
+    body: Mapping[str, Any], max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+) -> tuple[float, float]:
+    """(prompt, prompt + output budget) in tokens: prompt characters ÷ 4, and `max_tokens`
+    times the choices generated (`n`, `best_of`): the router's estimate of a request's
+    work before the pod reports it, and the tokens a Batch API request is queued with (its
+    deadline need and its service time, `batch.store`). Finite and bounded whatever the
+    body says (`output_budget`), since EMU, the spill ledger and the batch plan add it up."""
+    prompt = body.get("prompt") or body.get("messages") or ""
+    chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
+    budget = output_budget(body, max_output_tokens)
+    return chars / 4.0, chars / 4.0 + budget
+
+
 __all__ = [
     "DEFAULT_MAX_OUTPUT_TOKENS",
     "DEFAULT_MAX_TOKENS",
@@ -224,6 +239,7 @@ __all__ = [
     "MAX_USER_CHARS",
     "RequestProblem",
     "choices",
+    "estimated_tokens",
     "output_budget",
     "request_problem",
 ]

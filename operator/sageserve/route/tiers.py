@@ -27,9 +27,8 @@ class TierMatch:
     keys_unreadable: bool = False
     #: a batch (NIW) tier: its requests yield to interactive ones (SageServe §6.2)
     batch: bool = False
-    #: a batch tier's deadline and promotion age (WorkloadTier `spec.batch`), seconds
+    #: a batch tier's deadline (WorkloadTier `spec.batch.deadlineSeconds`), seconds
     deadline_s: float | None = None
-    promotion_age_s: float | None = None
     #: requests and tokens per minute the router admits (WorkloadTier `spec.limits`,
     #: `route.rate_limit`); None: unlimited
     limits: Limits | None = None

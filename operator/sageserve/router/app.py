@@ -54,7 +54,7 @@ from sageserve.route.instance_picker import Arrival
 from sageserve.route.queue_manager import release_count
 from sageserve.route.request_check import (
     DEFAULT_MAX_OUTPUT_TOKENS,
-    output_budget,
+    estimated_tokens,
     request_problem,
 )
 from sageserve.route.tiers import TIER_HEADER
@@ -161,20 +161,6 @@ class ByteClaim:
     def release(self) -> None:
         self.budget.used -= self.size
         self.size = 0
-
-
-def estimated_tokens(
-    body: dict[str, Any], max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
-) -> tuple[float, float]:
-    """(prompt, prompt + output budget) in tokens: prompt characters ÷ 4, and `max_tokens`
-    times the choices generated (`n`, `best_of`): the router's estimate of a request's
-    work before the pod reports it. Finite and bounded whatever the body says
-    (`route.request_check.output_budget`), since EMU, the spill ledger and the batch
-    plan add it up."""
-    prompt = body.get("prompt") or body.get("messages") or ""
-    chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
-    budget = output_budget(body, max_output_tokens)
-    return chars / 4.0, chars / 4.0 + budget
 
 
 #: An anonymous request for a model whose namespace lists keys.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import threading
@@ -21,10 +22,13 @@ from typing import Any
 from kubernetes import client, watch
 
 from sageserve.api.common import GROUP, VERSION
-from sageserve.api.model_deployment import ModelDeployment
+from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
 from sageserve.api.scaling_policy import LayoutWeights, layouts_from_status, spill_from_status
 from sageserve.api.workload_tier import LimitScope, RateLimits, TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
+from sageserve.perf.layout_check import profile_names
+from sageserve.perf.model import PerfCatalog, load_catalog, request_decode_tps
+from sageserve.route.deadlines import capacity_at_max
 from sageserve.route.rate_limit import Limits
 from sageserve.route.tiers import TierMatch
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
@@ -63,8 +67,32 @@ def backend_of(pod: Mapping[str, Any], url_template: str) -> Backend | None:
     )
 
 
-def model_route(obj: Mapping[str, Any]) -> ModelRoute | None:
-    """A ModelDeployment as the router serves it; None if it does not validate."""
+@functools.cache
+def perf_catalog() -> PerfCatalog:
+    """The bundled perf profiles (read once): the simulator's."""
+    return load_catalog()
+
+
+def request_rate(md: ModelDeployment, catalog: PerfCatalog) -> float:
+    """Tokens/s one request of `md` decodes at on a full instance, the slowest variant's
+    (`perf.model.request_decode_tps`, the rate the simulator's Queue Manager is given):
+    from the first perf profile that describes every variant (`profile_names`: the
+    `sageserve.io/perf-profile` annotation, the ModelDeployment's name, the model's);
+    0 when none does."""
+    for name in profile_names(md):
+        try:
+            perfs = [catalog.get(name, v.gpu_type, v.gpus_per_instance) for v in md.spec.variants]
+        except KeyError:
+            continue
+        return request_decode_tps(perfs)
+    return 0.0
+
+
+def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> ModelRoute | None:
+    """A ModelDeployment as the router serves it; None if it does not validate. Its
+    per-request decode rate (`request_rate`) and its capacity at maxInstances (θ, the
+    fastest variant's capacityTokensPerSecond, × Σ regions' maxInstances, as the
+    simulator and the operator reckon it) are what the batch Queue Manager's deadline rules read."""
     try:
         md = ModelDeployment.model_validate(
             {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")}
@@ -78,6 +106,10 @@ def model_route(obj: Mapping[str, Any]) -> ModelRoute | None:
         served_name=spec.model.served_name or spec.model.name,
         regions=tuple(r.name for r in spec.regions),
         tiers=tuple(spec.tiers),
+        request_tps=request_rate(md, catalog or perf_catalog()),
+        capacity_at_max_tps=capacity_at_max(
+            model_theta_tps(md), (r.max_instances for r in spec.regions)
+        ),
     )
 
 
@@ -252,9 +284,6 @@ class Discovery:
                     keys_unreadable=keys is None,
                     batch=wt.spec.type == TierType.BATCH,
                     deadline_s=float(wt.spec.batch.deadline_seconds) if wt.spec.batch else None,
-                    promotion_age_s=float(wt.spec.batch.promotion_age_seconds)
-                    if wt.spec.batch
-                    else None,
                     limits=tier_limits(wt.spec.limits),
                 )
             self.loop.call_soon_threadsafe(self.fleet.set_tiers, ns, tiers)

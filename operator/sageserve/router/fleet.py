@@ -95,6 +95,14 @@ class ModelRoute:
     regions: tuple[str, ...]
     tiers: tuple[str, ...]
     route_threshold: float = DEFAULT_ROUTE_THRESHOLD
+    #: tokens/s one request decodes at on a full instance, the slowest variant's, from the
+    #: perf profile the simulator reads (`perf.model.request_decode_tps`); 0: no profile.
+    #: The Queue Manager's expected service time of a batch request (tokens ÷ this).
+    request_tps: float = 0.0
+    #: tokens/s at maxInstances: θ (the fastest variant's capacityTokensPerSecond) × Σ
+    #: regions' maxInstances (`route.deadlines.capacity_at_max`); 0: unknown. What a
+    #: predicted deadline miss is read against.
+    capacity_at_max_tps: float = 0.0
 
 
 #: One endpoint's request types as the plan publishes them (`layouts_from_status`): per

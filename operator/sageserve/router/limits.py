@@ -65,7 +65,7 @@ class TierLimits:
         tokens: float,
     ) -> web.Response | None:
         """None to go on (the headers noted for the answer), else the 429 to answer.
-        `tokens` is the request's estimated cost (`app.estimated_tokens`)."""
+        `tokens` is the request's estimated cost (`route.request_check.estimated_tokens`)."""
         match = self.fleet.tiers.get(model.namespace, {}).get(tier)
         if match is None or match.limits is None:
             return None

@@ -23,6 +23,7 @@ from sageserve.batch.objects import QueueDepth
 from sageserve.forecast.request_types import shape_bucket
 from sageserve.metrics.queries import (
     BATCH_ACCEPTED_TOKENS,
+    BATCH_DEADLINE_NEED,
     HELD_REQUESTS,
     PROJECTED_KV,
     REQUEST_SHAPES,
@@ -132,6 +133,20 @@ class RouterMetrics:
             ["namespace", "model_deployment", "tier"],
             registry=r,
         )
+        self.deadline_needed = Gauge(
+            BATCH_DEADLINE_NEED,
+            "Tokens/s the waiting Batch API requests need, served earliest deadline first, "
+            "to all finish by their deadlines (every replica reads the same queue)",
+            ["namespace", "model_deployment"],
+            registry=r,
+        )
+        self.deadline_at_risk = Gauge(
+            "sageserve_batch_deadline_at_risk",
+            "1 when the waiting Batch API requests would miss a deadline even at the "
+            "model's maxInstances (capacityTokensPerSecond × maxInstances), else 0",
+            ["namespace", "model_deployment"],
+            registry=r,
+        )
         self.batches_closed = Counter(
             "sageserve_batch_batches_closed",
             "Batches closed by this replica, by final status (expired: past its deadline, "
@@ -228,6 +243,28 @@ class RouterMetrics:
             labels = (m.namespace, m.name) if m else ("", d.model)
             self.queued.labels(*labels, d.tier or "").set(d.queued)
             self.queued_age.labels(*labels, d.tier or "").set(max(0.0, now - d.oldest_arrival))
+
+    def deadline_need(
+        self,
+        need: Mapping[str, float],
+        at_risk: Iterable[str],
+        models: Mapping[str, ModelRoute],
+    ) -> None:
+        """The queue's deadline need (tokens/s, by served model) and the models at risk,
+        as last read: one series each per model deployment the fleet serves, 0 without
+        waiting work (models sharing a deployment, a ModelPool's, add up)."""
+        risky = set(at_risk)
+        totals: dict[tuple[str, str], float] = {}
+        flags: dict[tuple[str, str], float] = {}
+        for served, m in models.items():
+            key = (m.namespace, m.name)
+            totals[key] = totals.get(key, 0.0) + max(0.0, need.get(served, 0.0))
+            flags[key] = max(flags.get(key, 0.0), 1.0 if served in risky else 0.0)
+        self.deadline_needed.clear()
+        self.deadline_at_risk.clear()
+        for key, value in sorted(totals.items()):
+            self.deadline_needed.labels(*key).set(value)
+            self.deadline_at_risk.labels(*key).set(flags[key])
 
     def accepted(self, m: ModelRoute, region: str, tier: str, tokens: float) -> None:
         self.accepted_tokens.labels(m.namespace, m.name, region, tier).inc(max(tokens, 0.0))

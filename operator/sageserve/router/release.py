@@ -2,9 +2,23 @@
 
 SageServe §6.2: batch (NIW) requests wait in one global queue per model; an endpoint whose
 EMU is low *signals* and receives work: **1 request under 60 % EMU, 2 under 50 %**
-(`route.queue_manager.release_count`, the function the simulator calls). A request older
-than its tier's promotion age (10 h) is released regardless of load, routed like an
-interactive request, so that it finishes by its deadline (24 h).
+(`route.queue_manager.release_count`, the function the simulator calls), earliest deadline
+first. A request whose slack runs out (deadline − its tokens ÷ the model's per-request
+decode rate − 30 min, `route.queue_manager.promotion_time`) is released regardless of load,
+routed like an interactive request, so that it finishes by its deadline (§6.3: 24 h, or the
+batch's shorter completion window). The rules and numbers are the simulator's
+`BatchQueueManager`'s, so the two worlds decide alike. Every Batch API request has a
+deadline, so the paper's fixed promotion age (10 h), which the simulator keeps for requests
+without one, has no use here.
+
+Each round also reads every model's waiting tokens per deadline (one query) and exports
+the rate its queue needs to meet every deadline
+(`sageserve_batch_deadline_need_tokens_per_second`, `route.deadlines.required_tps`; the
+operator's query is `metrics.queries.batch_deadline_need`), and whether even the model's
+capacity at maxInstances would miss one (`route.deadlines.deadline_risk`): then
+`sageserve_batch_deadline_at_risk` is 1, a warning is logged, and every unfinished batch
+with work of the model due by then says so in its `deadline_at_risk` field (stored, so
+every replica answers the same).
 
 Here the queue is the `BatchStore` (SQLite or PostgreSQL) and each router replica runs one
 `BatchReleaser`. Every `signal_s` (and whenever a released request completes, as the
@@ -29,15 +43,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sageserve.batch.jsonl import parse_input
-from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest
+from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest, WaitingDeadlines
 from sageserve.batch.store import BatchStore
+from sageserve.route.deadlines import DeadlineRisk
 from sageserve.route.identity import Principal
-from sageserve.route.queue_manager import DEFAULT_PROMOTION_AGE_S, release_count
-from sageserve.router.app import Router, estimated_tokens
+from sageserve.route.queue_manager import DEFAULT_PROMOTION_MARGIN_S, release_count
+from sageserve.route.request_check import estimated_tokens
+from sageserve.router.app import Router
 from sageserve.router.fleet import ModelRoute
 from sageserve.router.metrics import RouterMetrics
 
@@ -53,8 +69,14 @@ class ReleaseConfig:
     lease_s: float = 120.0
     #: how often batches are closed (output and error files written, deadlines applied)
     finalize_s: float = 5.0
-    #: at most this many promoted (aged) requests released per signal
-    aged_per_signal: int = 16
+    #: at most this many promoted requests (slack run out) released per signal round
+    promoted_per_signal: int = 16
+    #: slack kept when a request is promoted (`route.queue_manager`, the simulator's)
+    promotion_margin_s: float = DEFAULT_PROMOTION_MARGIN_S
+    #: tokens/s one request is served at for a model with no perf profile
+    #: (`ModelRoute.request_tps` 0); 0: as the simulator counts such a model, served at
+    #: once, so promoted `promotion_margin_s` before its deadline
+    request_tps: float = 0.0
     #: how often expired files and finished batches past their retention are deleted
     sweep_s: float = 60.0
     #: answers recorded in one transaction as soon as this many wait
@@ -83,6 +105,8 @@ class BatchReleaser:
         self.running: dict[str, asyncio.Task[None]] = {}
         #: answers received and not yet recorded, by request id (their leases are renewed)
         self.unrecorded: dict[str, Answer] = {}
+        #: models this replica last judged at risk (a warning when one turns so)
+        self._at_risk: set[str] = set()
         self._signal = asyncio.Event()
         self._buffered = asyncio.Event()  # something in `unrecorded`
         self._full = asyncio.Event()  # `flush_size` answers in `unrecorded`
@@ -116,12 +140,15 @@ class BatchReleaser:
                 log.exception("recording %d batch answers on shutdown failed", len(self.unrecorded))
 
     async def signal_once(self, now: float | None = None) -> int:
-        """One round of signals: promoted requests first, then each endpoint's release by
-        its EMU. Returns how many requests were released."""
+        """One round of signals: the queue's deadlines read, requests whose slack ran out
+        released first, then each endpoint's release by its EMU. Returns how many requests
+        were released."""
         at = time.time() if now is None else now
-        released = await self._release_aged(at)
+        waiting = {w.model: w for w in await asyncio.to_thread(self.store.waiting_deadlines, at)}
+        released = await self._release_out_of_slack(at, waiting)
         depth = await asyncio.to_thread(self.store.depth, at)
         self.metrics.queue_depth(depth, self.fleet.models, at)
+        await self._deadlines(at, waiting)
         for served in sorted({d.model for d in depth if d.queued > 0}):
             model = self.fleet.models.get(served)
             if model is None:
@@ -141,27 +168,44 @@ class BatchReleaser:
                 released += len(claimed)
         return released
 
-    async def _release_aged(self, at: float) -> int:
+    def service_tps(self, model: ModelRoute) -> float:
+        """Tokens/s one request of `model` is served at: its perf profile's decode rate,
+        else the configured fallback (`ReleaseConfig.request_tps`)."""
+        return model.request_tps if model.request_tps > 0 else self.config.request_tps
+
+    async def _release_out_of_slack(
+        self, at: float, waiting: Mapping[str, WaitingDeadlines]
+    ) -> int:
+        """Release, regardless of load, the requests of served models whose promotion time
+        has passed (at most `promoted_per_signal` a round), each routed like an interactive
+        request to the region the router would choose for one. A model not served now
+        keeps its requests waiting (they expire if it never returns)."""
         released = 0
-        ages: dict[str | None, float | None] = {
-            name: t.promotion_age_s for name, t in self.fleet.batch_tiers().items()
-        } or {None: None}  # no tier known yet: every request ages by the paper's 10 h
-        for tier, age in ages.items():
-            promotion = DEFAULT_PROMOTION_AGE_S if age is None else age
+        budget = self.config.promoted_per_signal
+        margin = self.config.promotion_margin_s
+        for name in sorted(waiting):
+            model = self.fleet.models.get(name)
+            if model is None or budget <= 0:
+                continue
+            rate = self.service_tps(model)
+            until = waiting[name].due_until(at, rate, margin)
+            if until is None:
+                continue  # nothing due: no query
             claimed = await asyncio.to_thread(
-                self.store.claim_aged,
+                self.store.claim_out_of_slack,
+                name,
                 at,
-                promotion,
+                rate,
                 self.owner,
                 self.config.lease_s,
-                self.config.aged_per_signal,
-                tier,
-                list(self.fleet.models),  # a model not served now: its requests wait
+                budget,
+                margin,
+                until,
             )
+            budget -= len(claimed)
             for item in claimed:
-                model = self.fleet.models.get(item.model)
-                region = self.fleet.choose_region(model, None) if model else None
-                if model is None or region is None:  # no pod ready: back, not an attempt
+                region = self.fleet.choose_region(model, None)
+                if region is None:  # no pod ready: back, not an attempt
                     await asyncio.to_thread(
                         self.store.retry, item.id, self.owner, None, started=False
                     )
@@ -169,6 +213,45 @@ class BatchReleaser:
                 self._start(item, model, region)
             released += len(claimed)
         return released
+
+    async def _deadlines(self, at: float, waiting: Mapping[str, WaitingDeadlines]) -> None:
+        """Export each served model's deadline need, judge its deadlines against its
+        capacity at maxInstances, and say on the batches at risk that a miss is predicted
+        (a model whose capacity discovery does not know is never judged at risk)."""
+        need: dict[str, float] = {}
+        risks: dict[str, DeadlineRisk] = {}
+        for name, model in self.fleet.models.items():
+            queued = waiting.get(name)
+            if queued is None:
+                continue
+            need[name] = queued.required_tps(at)
+            if model.capacity_at_max_tps > 0:
+                risk = queued.risk(at, model.capacity_at_max_tps)
+                if risk is not None:
+                    risks[name] = risk
+        self.metrics.deadline_need(need, set(risks), self.fleet.models)
+        for name in sorted(set(risks) - self._at_risk):
+            risk, model = risks[name], self.fleet.models[name]
+            log.warning(
+                "batch deadlines of %s/%s (model %s) will be missed even at maxInstances: "
+                "%.0f tokens due by %s exceed %.1f tokens/s (need %.1f tokens/s); the "
+                "batches due by then say so in deadline_at_risk",
+                model.namespace,
+                model.name,
+                name,
+                risk.shortfall_tokens,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(risk.until_s)),
+                risk.capacity_tps,
+                risk.need_tps,
+            )
+        for name in sorted(self._at_risk - set(risks)):
+            log.info("batch deadlines of model %s can be met again at maxInstances", name)
+        self._at_risk = set(risks)
+        marks = {
+            name: (waiting[name].latest_at_risk(risk), risk.shortfall_tps)
+            for name, risk in risks.items()
+        }
+        await asyncio.to_thread(self.store.mark_deadline_risks, marks, at)
 
     async def accepted(self, batch: BatchObject, caller: Principal) -> None:
         """Count a new batch's tokens as batch load received, per model deployment and tier

@@ -24,6 +24,7 @@ from sageserve.pace.base import PacingStrategy
 from sageserve.pace.pressure import with_deadline_need
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
+from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
 from sageserve.route.anticipator import LoadAnticipator
 from sageserve.route.deadlines import capacity_at_max
 from sageserve.route.instance_picker import (
@@ -75,16 +76,10 @@ class ModelSetup:
 
 
 def request_decode_tps(model: ModelSetup) -> float:
-    """Tokens/s one request of `model` decodes at on a full instance (one token per decode
-    iteration with the KV cache full), the slowest variant's: the Queue Manager's estimate
-    of a batch request's service time (tokens ÷ this), which its promotion by slack keeps
-    ahead of the deadline. Conservative: prompt tokens prefill far faster."""
-    rates = [
-        1.0 / step
-        for _name, perf in model.variants
-        if (step := perf.decode(perf.kv_capacity_tokens)) > 0
-    ]
-    return min(rates, default=0.0)
+    """Tokens/s one request of `model` decodes at on a full instance, the slowest
+    variant's (`perf.model.request_decode_tps`, the router's rule too): the Queue Manager's
+    estimate of a batch request's service time (tokens ÷ this)."""
+    return perf_request_decode_tps(perf for _name, perf in model.variants)
 
 
 @dataclass(frozen=True)
