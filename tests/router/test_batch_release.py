@@ -232,7 +232,7 @@ def test_a_batch_whose_deadline_cannot_be_met_says_so_until_the_model_can_meet_i
         assert risk["shortfall_tokens_per_second"] > 0
         assert at_risk["created_at"] <= risk["detected_at"] <= at_risk["expires_at"]
         labels = dict(namespace="llm", model_deployment="llama")
-        assert sample(metrics, "sageserve_batch_deadline_at_risk", **labels) == 1
+        assert sample(metrics, "sageserve_router_batch_deadline_at_risk", **labels) == 1
         assert pod.got == []  # still busy: nothing released, nothing promoted
 
         fleet.set_models([replace(MODEL, capacity_at_max_tps=1000.0)])  # maxInstances raised
@@ -240,7 +240,7 @@ def test_a_batch_whose_deadline_cannot_be_met_says_so_until_the_model_can_meet_i
             client, url, batch["id"], lambda b: b["deadline_at_risk"] is None
         )
         assert cleared["status"] == "in_progress"
-        assert sample(metrics, "sageserve_batch_deadline_at_risk", **labels) == 0
+        assert sample(metrics, "sageserve_router_batch_deadline_at_risk", **labels) == 0
         assert sample(metrics, BATCH_DEADLINE_NEED, **labels) > 0
 
     # a thousandth of a token/s at maxInstances: a day of it is 86 tokens, less than the

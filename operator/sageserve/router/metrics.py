@@ -141,7 +141,7 @@ class RouterMetrics:
             registry=r,
         )
         self.deadline_at_risk = Gauge(
-            "sageserve_batch_deadline_at_risk",
+            "sageserve_router_batch_deadline_at_risk",
             "1 when the waiting Batch API requests would miss a deadline even at the "
             "model's maxInstances (capacityTokensPerSecond × maxInstances), else 0",
             ["namespace", "model_deployment"],

@@ -16,7 +16,7 @@ the rate its queue needs to meet every deadline
 (`sageserve_batch_deadline_need_tokens_per_second`, `route.deadlines.required_tps`; the
 operator's query is `metrics.queries.batch_deadline_need`), and whether even the model's
 capacity at maxInstances would miss one (`route.deadlines.deadline_risk`): then
-`sageserve_batch_deadline_at_risk` is 1, a warning is logged, and every unfinished batch
+`sageserve_router_batch_deadline_at_risk` is 1, a warning is logged, and every unfinished batch
 with work of the model due by then says so in its `deadline_at_risk` field (stored, so
 every replica answers the same).
 
