@@ -318,3 +318,26 @@ def test_a_batch_whose_deadline_cannot_be_met_says_so_until_it_can(store: BatchS
     store.mark_deadline_risks({MODEL: (until, risk.shortfall_tps)}, now + 4)
     assert store.cancel(ME, hour.id, now=now + 5).status == "cancelled"
     assert store.get_batch(ME, hour.id).to_openai()["deadline_at_risk"] is None
+
+
+def test_several_batches_at_risk_at_once_are_all_marked_and_all_cleared(
+    store: BatchStore,
+) -> None:
+    submit_all(
+        store,
+        [
+            Batch(0, "1h", (one("first", max_tokens=2000),)),
+            Batch(5, "1h", (one("second", max_tokens=2000),)),
+        ],
+    )
+    first, second = sorted(store.list_batches(ME)[0], key=lambda b: b.created_at)
+    now = T0 + 100
+    waiting = {w.model: w for w in store.waiting_deadlines(now)}[MODEL]
+    risk = waiting.risk(now, capacity_tps=0.5)
+    assert risk is not None
+    changes = store.mark_deadline_risks({MODEL: (waiting.latest_at_risk(risk), 1.0)}, now)
+    assert sorted(changes) == sorted([first.id, second.id])
+    for batch in (first, second):
+        assert store.get_batch(ME, batch.id).deadline_at_risk is not None
+    assert store.mark_deadline_risks({}, now + 1) == {first.id: None, second.id: None}
+    assert all(store.get_batch(ME, b.id).deadline_at_risk is None for b in (first, second))

@@ -154,11 +154,21 @@ def test_deadline_pressure_scales_out_a_batch_that_fits_and_reports_one_that_can
             "BatchDeadlinesAtRisk=True on the ModelDeployment",
         )
         assert MODEL in risk["message"]
-        marked = eventually(
-            lambda: batch_of(router, at_risk["id"]).get("deadline_at_risk"),
-            60,
-            "the at-risk batch says so",
-        )
+        try:
+            marked = eventually(
+                lambda: batch_of(router, at_risk["id"]).get("deadline_at_risk"),
+                60,
+                "the at-risk batch says so",
+            )
+        except AssertionError:
+            sys.__stderr__.write(
+                f"router metrics: need "
+                f"{router.metric('sageserve_batch_deadline_need_tokens_per_second')}, at risk "
+                f"{router.metric('sageserve_router_batch_deadline_at_risk')}; batch "
+                f"{batch_of(router, at_risk['id'])}\nrouter output:\n"
+                f"{router.command.output()[-4000:]}\n"
+            )
+            raise
         assert events(kubeconfig, namespace, "BatchDeadlinesAtRisk")
 
         # the team cancels B: the risk clears, and A, which fits, finishes before its deadline

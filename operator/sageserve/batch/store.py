@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection, Engine
 
 from sageserve.batch import db, finalize, queue, retention
@@ -585,18 +585,15 @@ class BatchStore:
             changes[batch_id] = DeadlineAtRisk(model, shortfall, since)
         if changes:
             with db.writing(self.engine) as conn:
-                conn.execute(
-                    batches.update()
-                    .where(
-                        batches.c.id == bindparam("b_id"),
-                        batches.c.status.in_(BATCH_UNFINISHED),
+                for batch_id, mark in sorted(changes.items()):  # a few batches per change
+                    conn.execute(
+                        batches.update()
+                        .where(
+                            batches.c.id == batch_id,
+                            batches.c.status.in_(BATCH_UNFINISHED),
+                        )
+                        .values(deadline_risk_json=None if mark is None else mark.to_json())
                     )
-                    .values(deadline_risk_json=bindparam("b_risk")),
-                    [
-                        {"b_id": batch_id, "b_risk": None if mark is None else mark.to_json()}
-                        for batch_id, mark in sorted(changes.items())
-                    ],
-                )
         return changes
 
     def state_counts(self) -> dict[str, int]:
