@@ -55,10 +55,10 @@ def queue_url(backend: str, tmp_path: Path) -> Iterator[str]:
         yield server.create_database("queue")
 
 
-def batch_lines(n: int, max_tokens: int = 16) -> bytes:
+def batch_lines(n: int, max_tokens: int = 16, prefix: str = "req") -> bytes:
     rows = [
         {
-            "custom_id": f"req-{i}",
+            "custom_id": f"{prefix}-{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
             "body": {

@@ -27,13 +27,14 @@ from kopf.testing import KopfRunner
 from operator_kit import RouterProcess, TwinProcess, apply, operator_args, operator_env
 from operator_kit import scaling_policy as policy_doc
 from test_e2e_batch import (
+    batch_lines,
     batch_of,
     finished,
     interactive_attainment,
     ready,
     submit,
 )
-from test_e2e_router import LOW, MODEL, SERVED, TRACE, bloom
+from test_e2e_router import LOW, MODEL, TRACE, bloom
 
 #: the variant's tokens/s per instance the operator sizes with
 THETA = 20.0
@@ -47,23 +48,6 @@ OUTPUT = 256
 N_FITS = 240
 #: batch B: ~45 tok/s on its own, above θ × maxInstances whatever A has left
 N_AT_RISK = 600
-
-
-def lines(n: int, prefix: str) -> bytes:
-    rows = [
-        {
-            "custom_id": f"{prefix}-{i}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {
-                "model": SERVED,
-                "messages": [{"role": "user", "content": f"question {i}"}],
-                "max_tokens": OUTPUT,
-            },
-        }
-        for i in range(n)
-    ]
-    return ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
 
 
 def model_condition(kubeconfig: Path, namespace: str, type_: str) -> dict[str, Any] | None:
@@ -120,7 +104,7 @@ def test_deadline_pressure_scales_out_a_batch_that_fits_and_reports_one_that_can
         alone = interactive_attainment(router, 10)
 
         # batch A: more than the trough release of one instance gives before its deadline
-        fits = submit(router, lines(N_FITS, "fits"), WINDOW)
+        fits = submit(router, batch_lines(N_FITS, OUTPUT, "fits"), WINDOW)
         need = eventually(
             lambda: router.metric(
                 "sageserve_batch_deadline_need_tokens_per_second", model_deployment=MODEL
@@ -143,7 +127,7 @@ def test_deadline_pressure_scales_out_a_batch_that_fits_and_reports_one_that_can
         assert model_condition(kubeconfig, namespace, "BatchDeadlinesAtRisk") is None
 
         # batch B on top: more than θ × maxInstances can serve before the deadlines
-        at_risk = submit(router, lines(N_AT_RISK, "risk"), WINDOW)
+        at_risk = submit(router, batch_lines(N_AT_RISK, OUTPUT, "risk"), WINDOW)
         risk = eventually(
             lambda: (
                 (c := model_condition(kubeconfig, namespace, "BatchDeadlinesAtRisk"))
