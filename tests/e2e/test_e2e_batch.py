@@ -152,6 +152,29 @@ def interactive_attainment(router: RouterProcess, n: int) -> float:
     return met / n
 
 
+@contextmanager
+def reactive_fleet(
+    md: dict[str, Any],
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[TwinProcess]:
+    """The operator pacing `md` with the reactive strategy, the twin answering for its
+    pods at a low interactive load."""
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
+    twin = TwinProcess(
+        kubeconfig, namespace, prometheus_targets_dir, "--trace", str(TRACE), "--scale", str(LOW)
+    )
+    try:
+        with KopfRunner(operator_args(namespace), timeout=600):
+            apply(kubeconfig, namespace, scaling_policy("reactive"), md)
+            yield twin
+    finally:
+        twin.close()
+
+
 @pytest.fixture
 def bloom_fleet(
     kubeconfig: Path,
@@ -162,16 +185,11 @@ def bloom_fleet(
 ) -> Iterator[TwinProcess]:
     """One bloom instance in us-east (never more or fewer), the twin answering for it at
     a low interactive load."""
-    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
-    twin = TwinProcess(
-        kubeconfig, namespace, prometheus_targets_dir, "--trace", str(TRACE), "--scale", str(LOW)
-    )
-    try:
-        with KopfRunner(operator_args(namespace), timeout=600):
-            apply(kubeconfig, namespace, scaling_policy("reactive"), bloom(["us-east"], 1, 1))
-            yield twin
-    finally:
-        twin.close()
+    md = bloom(["us-east"], 1, 1)
+    with reactive_fleet(
+        md, kubeconfig, namespace, prometheus_url, prometheus_targets_dir, monkeypatch
+    ) as twin:
+        yield twin
 
 
 def ready(router: RouterProcess) -> None:

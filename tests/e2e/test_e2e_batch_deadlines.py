@@ -23,18 +23,17 @@ import pytest
 import requests
 from e2e_helpers import eventually, kubectl
 from fault_kit import events
-from kopf.testing import KopfRunner
-from operator_kit import RouterProcess, TwinProcess, apply, operator_args, operator_env
-from operator_kit import scaling_policy as policy_doc
+from operator_kit import RouterProcess, TwinProcess
 from test_e2e_batch import (
     batch_lines,
     batch_of,
     finished,
     interactive_attainment,
+    reactive_fleet,
     ready,
     submit,
 )
-from test_e2e_router import LOW, MODEL, TRACE, bloom
+from test_e2e_router import MODEL, bloom
 
 #: the variant's tokens/s per instance the operator sizes with
 THETA = 20.0
@@ -73,19 +72,13 @@ def slow_theta_fleet(
     prometheus_targets_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[TwinProcess]:
-    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url)
-    twin = TwinProcess(
-        kubeconfig, namespace, prometheus_targets_dir, "--trace", str(TRACE), "--scale", str(LOW)
-    )
     md = bloom(["us-east"], 1, MAX_INSTANCES)
     for variant in md["spec"]["variants"]:
         variant["capacityTokensPerSecond"] = THETA
-    try:
-        with KopfRunner(operator_args(namespace), timeout=600):
-            apply(kubeconfig, namespace, policy_doc("reactive"), md)
-            yield twin
-    finally:
-        twin.close()
+    with reactive_fleet(
+        md, kubeconfig, namespace, prometheus_url, prometheus_targets_dir, monkeypatch
+    ) as twin:
+        yield twin
 
 
 @pytest.mark.usefixtures("restore_node_pools")
