@@ -14,7 +14,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# pytest-xdist starts its workers with COLUMNS=80 and LINES=24; the CLI's console reads
+# them once, when `sageserve.cli` is imported, and a test that sets COLUMNS for one command
+# would still get 80-column tables. Without them the worker behaves as a plain run.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 #: fixtures that start a real server or call a real binary
 INTEGRATION_FIXTURES = frozenset({"pg_server", "prometheus_url"})

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
-from sageserve.pace.pressure import with_deadline_need
+from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
@@ -99,6 +99,8 @@ class SimConfig:
     #: slack a batch request with a deadline keeps when promoted (`route.queue_manager`)
     promotion_margin_s: float | None = DEFAULT_PROMOTION_MARGIN_S
     pace_s: float = 15.0
+    #: `spec.intervals.scaleInStabilizationSeconds` (`pace.step.decide`)
+    scale_in_stabilization_s: float = SCALE_IN_STABILIZATION_S
     emu_refresh_s: float = 1.0
     inter_region_latency_s: float = 0.05
     delays: Delays = field(default_factory=Delays)
@@ -632,7 +634,14 @@ class Simulation(InstanceHooks):
             snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}
         if self._batch_need:
             snaps = {k: self._with_deadlines(s) for k, s in snaps.items()}
-        outcome = decide(t, Snapshot(t, snaps), None, self.step_state, self.strategy)
+        outcome = decide(
+            t,
+            Snapshot(t, snaps),
+            None,
+            self.step_state,
+            self.strategy,
+            scale_in_stabilization_s=self.cfg.scale_in_stabilization_s,
+        )
         self.step_state = outcome.state
         self._apply(outcome.decisions, t)
 

@@ -117,6 +117,7 @@ class Scenario:
                 route_threshold=sp.routing.region_emu_threshold,
                 release_rules=((br.two_below_emu, 2), (br.one_below_emu, 1)),
                 pace_s=float(sp.intervals.pace_seconds),
+                scale_in_stabilization_s=float(sp.intervals.scale_in_stabilization_seconds),
                 plan_s=float(sp.intervals.plan_seconds),
                 delays=Delays(
                     reclaim_same_model_median_s=float(sp.spot.reclaim_same_model_seconds),
