@@ -3,19 +3,27 @@
 Both call `route.region_router` (preference order, then the 70 % rule); this feeds one
 sequence of (client region, EMU per region) to the simulator's router
 (`Simulation._route_region`) and to `sageserve router`'s (`Fleet.choose_region`), without
-and with the plan's spill-over bounds.
+and with the plan's spill-over bounds, under the default policy's threshold and a lower
+one. One ScalingPolicy gives both worlds the same region threshold and batch release rules
+(`route.from_policy`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import IW_F, Request
 from sageserve.pace import make_strategy
 from sageserve.pace.step import StepState
+from sageserve.route.from_policy import route_threshold_of
+from sageserve.router.discovery import follow_policy, model_route, policy_specs
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.sim.engine import Simulation
+from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
 from tests.sim.helpers import config, flat_perf
 
 REGIONS = ("r1", "r2", "r3")
@@ -29,11 +37,14 @@ SEQUENCE = [
 ]
 
 
+@pytest.mark.parametrize("routing", [{}, {"regionEmuThreshold": 0.5}])
 @pytest.mark.parametrize(("home", "emus"), SEQUENCE)
-def test_simulator_and_router_choose_the_same_region(home: str, emus: tuple[float, ...]) -> None:
-    sim = Simulation(
-        config(flat_perf(), regions=REGIONS, initial=1), make_strategy("reactive"), iter(())
-    )
+def test_simulator_and_router_choose_the_same_region(
+    home: str, emus: tuple[float, ...], routing: dict[str, Any]
+) -> None:
+    spec = ScalingPolicySpec.model_validate({"routing": routing})
+    cfg = config(flat_perf(), regions=REGIONS, initial=1, route_threshold=route_threshold_of(spec))
+    sim = Simulation(cfg, make_strategy("reactive"), iter(()))
     for region, value in zip(REGIONS, emus, strict=True):
         ep = next(e for k, e in sim.cluster.endpoints.items() if k.region == region)
         ep._emu, ep._emu_t = value, 0.0  # what the last scrape read
@@ -42,11 +53,48 @@ def test_simulator_and_router_choose_the_same_region(home: str, emus: tuple[floa
     assert in_sim is not None
 
     fleet = Fleet()
-    model = ModelRoute("ns", "m", "m", REGIONS, ("iw-f",))
+    model = follow_policy(ModelRoute("ns", "m", "m", REGIONS, ("iw-f",), policy="p"), {"p": spec})
     fleet.set_models([model])
     fleet.set_backends(Backend("ns", f"p-{r}", "m", r, "v", "http://x") for r in REGIONS)
     fleet.set_load({("ns", "m", r): (v, 0.0) for r, v in zip(REGIONS, emus, strict=True)})
     assert fleet.choose_region(model, home) == in_sim.key.region
+
+
+@pytest.mark.parametrize(
+    ("settings", "threshold", "rules"),
+    [
+        ([], 0.7, ((0.5, 2), (0.6, 1))),
+        (
+            [
+                "routing.regionEmuThreshold=0.5",
+                "routing.batchRelease.oneBelowEmu=0.3",
+                "routing.batchRelease.twoBelowEmu=0.2",
+            ],
+            0.5,
+            ((0.2, 2), (0.3, 1)),
+        ),
+    ],
+)
+def test_one_policy_gives_the_simulator_and_the_router_the_same_routing_rules(
+    settings: list[str], threshold: float, rules: tuple[tuple[float, int], ...]
+) -> None:
+    """The scenario's policy, changed as `sageserve simulate --set` changes it: the
+    simulator's config and the router's route of every model (its ModelDeployment and
+    policy as discovery reads them from the cluster) hold the same threshold and rules."""
+    sc = with_policy_settings(load_scenario(default_scenario_dir()), settings)
+    assert sc.policy is not None
+    cfg = sc.sim_config()
+    assert (cfg.route_threshold, cfg.release_rules) == (threshold, rules)
+    policy = sc.policy.model_dump(by_alias=True, mode="json", exclude_none=True)
+    policy["metadata"]["namespace"] = "llm"
+    specs = policy_specs([policy])
+    for md in sc.models:
+        obj = md.model_dump(by_alias=True, mode="json", exclude_none=True)
+        obj["metadata"]["namespace"] = "llm"
+        route = model_route(obj)
+        assert route is not None and route.policy == sc.policy.metadata.name
+        served = follow_policy(route, specs)
+        assert (served.route_threshold, served.release_rules) == (threshold, rules)
 
 
 def test_both_worlds_keep_the_plans_spill_over_bounds_alike() -> None:

@@ -82,6 +82,21 @@ def test_compare_writes_every_point_and_each_frontier(tiny_run: tuple[Path, str]
 
 
 @pytest.mark.slow
+def test_a_log_gets_a_line_per_run_and_the_output_ends_with_the_pick(
+    tiny_run: tuple[Path, str],
+) -> None:
+    tmp_path, output = tiny_run
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    flat = " ".join(output.split())  # rich wraps at the terminal's width
+    assert "iw-f (TTFT ≤ 1 s) attainment, target 95.00%" in flat
+    for policy in doc["policies"].values():
+        for q in policy["points"]:
+            assert f"{q['label']}: done," in flat
+    assert [f"{i}/4 " in flat for i in range(1, 5)] == [True] * 4
+    assert flat.endswith(doc["recommendation"])
+
+
+@pytest.mark.slow
 def test_from_reads_the_same_points_at_another_target(
     tiny_run: tuple[Path, str], tmp_path: Path
 ) -> None:

@@ -18,7 +18,14 @@ BUNDLED = sorted(p.parent.name for p in ROOT.glob("*/scenario.yaml"))
 
 
 def test_the_documented_scenarios_are_bundled() -> None:
-    assert {"default", "peak-day", "servegen-week", "fleet-scale", "fleet-scale-6h"} <= set(BUNDLED)
+    assert {
+        "default",
+        "peak-day",
+        "servegen-week",
+        "fleet-scale",
+        "fleet-scale-6h",
+        "fleet-scale-1h",
+    } <= set(BUNDLED)
 
 
 @pytest.mark.slow

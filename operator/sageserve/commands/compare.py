@@ -16,6 +16,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -55,6 +56,13 @@ def slo_tier(sc: Scenario, tier: str | None) -> str:
     if not inter:
         raise ValueError("the scenario has no interactive tier with a TTFT SLO; pass --tier")
     return min(inter, key=lambda t: (t.ttft_slo_s or 0.0, t.name)).name
+
+
+def slo_text(sc: Scenario, tier: str) -> str:
+    """The compared tier with its TTFT SLO, e.g. `iw-f (TTFT ≤ 1 s)`: what attainment
+    counts, said before anything runs."""
+    slo = sc.tiers[tier].ttft_slo_s
+    return tier if slo is None else f"{tier} (TTFT ≤ {slo:g} s)"
 
 
 def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
@@ -104,7 +112,7 @@ def compare(
     console.print(
         f"scenario [bold]{sc.name}[/bold]: {len(jobs)} runs "
         f"({', '.join(f'{n} {sum(j.policy == n for j in jobs)}' for n in names)}) on "
-        f"{backend.description}; {the_tier} attainment, target {target:.2%}"
+        f"{backend.description}; {slo_text(sc, the_tier)} attainment, target {target:.2%}"
         + (f", settings {' '.join(settings)}" if settings else "")
     )
     t0 = time.perf_counter()
@@ -115,12 +123,14 @@ def compare(
         TimeElapsedColumn(),
         TextColumn("{task.fields[status]}"),
         console=console,
+        disable=not console.is_terminal,  # a log gets one line per finished run instead
     ) as prog:
         bars: dict[int, TaskID] = {
             t.index: prog.add_task(t.job.run_id, total=1.0, status="queued", start=False)
             for t in tasks
         }
         started: set[int] = set()
+        finished: list[int] = []
 
         def on_progress(index: int, fraction: float) -> None:
             if index not in started:
@@ -135,8 +145,13 @@ def compare(
                 status = f"done, {o.result['wall_s']:.0f} s"
                 prog.update(bars[o.task.index], completed=1.0, status=status)
             else:
-                prog.update(bars[o.task.index], status=f"[red]failed[/red]: {o.error}")
+                status = f"[red]failed[/red]: {escape(str(o.error))}"
+                prog.update(bars[o.task.index], status=status)
             prog.stop_task(bars[o.task.index])
+            finished.append(o.task.index)
+            if not console.is_terminal:
+                run = f"{len(finished)}/{len(tasks)} {escape(o.task.job.run_id)}"
+                console.print(f"{run}: {status}", highlight=False)
 
         extra = [(bounds_task, (str(root),))] if bounds else []
         try:
@@ -174,6 +189,7 @@ def compare(
     for o in failed:
         wide.print(f"[red]failed[/red] {o.task.job.run_id}: {o.error}")
     console.print(f"{len(tasks)} runs in {wall:.0f} s; wrote " + ", ".join(map(str, paths)))
+    console.print(escape(doc["recommendation"]), style="bold", highlight=False)
     return doc
 
 
@@ -219,4 +235,5 @@ def reread(
         paths.append(write_report(out, doc))
     print_tables(doc, console)
     console.print(f"read {summary} at {target:.2%}; wrote " + ", ".join(map(str, paths)))
+    console.print(escape(doc["recommendation"]), style="bold", highlight=False)
     return doc

@@ -21,7 +21,8 @@ Schema `sageserve.compare/v1` (fields are only added within v1):
         "frontier": [{"label", "gpu_hours", "attainment"}],   # cheapest first
         "at_target": {"status", "gpu_hours", "note",
                       "vs_baseline": {"ratio", "relation": "=" | "≤" | "≥"} | null,
-                      "below", "above", "best"}}}}
+                      "below", "above", "best"}}}},
+     "recommendation": "the one sentence the comparison ends with (compare.recommend)"}
 
 A point with `niw_missed` > 0 (batch deadlines inside its horizon served late or not
 served, `sim.deadlines`) is never `on_frontier`: `compare.frontier` keeps it off. Summaries
@@ -48,6 +49,7 @@ from sageserve.compare.frontier import (
     saving,
 )
 from sageserve.compare.grid import canonical
+from sageserve.compare.recommend import recommendation
 from sageserve.compare.runner import Outcome
 
 SCHEMA = "sageserve.compare/v1"
@@ -180,6 +182,7 @@ def retarget(doc: Mapping[str, Any], target: float) -> dict[str, Any]:
     for name, p in out["policies"].items():
         doc_at = at_target_doc(ats[name], base if name != out.get("baseline") else None)
         p["at_target"] = with_niw_note(doc_at, *excluded[name])
+    out["recommendation"] = recommendation(out)
     return out
 
 
@@ -193,7 +196,7 @@ def summary_doc(
     runs: Mapping[str, Any],
 ) -> dict[str, Any]:
     baseline = next(iter(results.values()), None)
-    return {
+    doc = {
         "schema": SCHEMA,
         "scenario": dict(scenario),
         "tier": tier,
@@ -204,6 +207,8 @@ def summary_doc(
         "runs": dict(runs),
         "policies": {n: policy_doc(r, baseline) for n, r in results.items()},
     }
+    doc["recommendation"] = recommendation(doc)
+    return doc
 
 
 def write_summary(path: Path, doc: Mapping[str, Any]) -> None:
@@ -429,6 +434,7 @@ settings: {html.escape(settings)}. {html.escape(str(doc["runs"].get("count")))} 
 {html.escape(str(doc["runs"].get("backend")))} in {doc["runs"].get("wall_s", 0):.0f} s.
 All figures: <a href="summary.json">summary.json</a>.</p>
 {bounds_p}
+<p><strong>{html.escape(str(doc.get("recommendation", "")))}</strong></p>
 <h2>At the target</h2>{_html_table(TARGET_HEAD, target_rows(doc))}
 <h2>Frontiers</h2><img src="frontier.png">
 <h2>Every point</h2>{_html_table(POINT_HEAD, point_rows(doc))}

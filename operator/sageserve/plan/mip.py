@@ -9,13 +9,20 @@ fallback, so both backends solve exactly the same model.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import highspy
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -142,6 +149,47 @@ def solve(
     return MipSolution(status="error", message=f"unknown solver {solver!r} (use highs or cbc)")
 
 
+_highs_constructed = False
+
+
+def _new_highs() -> highspy.Highs:
+    """A ``highspy.Highs``, without the licence banner HiGHS writes to the process's stdout
+    on its first construction.
+
+    Why: that banner comes from the C++ constructor before any option can be set
+    (``output_flag`` silences only what follows), once per process, so every process of a
+    `sageserve compare` pool printed it over the progress bars. Only file descriptor 1
+    redirected around the first construction hides it; later ones print nothing and are
+    not touched. Anything another thread writes to stdout during that construction is lost
+    with it.
+    """
+    global _highs_constructed
+    import highspy
+
+    if _highs_constructed:
+        return highspy.Highs()  # type: ignore[no-untyped-call]
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            try:
+                h = highspy.Highs()  # type: ignore[no-untyped-call]
+            finally:
+                _flush_c_stdout()  # what C buffered goes to /dev/null, not to the terminal
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)
+    _highs_constructed = True
+    return h
+
+
+def _flush_c_stdout() -> None:
+    """fflush(NULL): C's stdio buffers, which Python's flush does not reach."""
+    with contextlib.suppress(OSError, AttributeError):  # no C library: nothing buffered
+        ctypes.CDLL(None).fflush(None)
+
+
 def _solve_highs(
     model: MipModel,
     time_limit: float,
@@ -155,7 +203,7 @@ def _solve_highs(
     import highspy
 
     start = time.perf_counter()
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
+    h = _new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
     h.setOptionValue("mip_rel_gap", float(mip_gap))

@@ -49,7 +49,9 @@ T = TypeVar("T")
 Seconds = TypeVar("Seconds", float, "ColumnElement[float]")
 
 #: (EMU strictly below, requests released), most generous first.
-DEFAULT_RELEASE_RULES: tuple[tuple[float, int], ...] = ((0.50, 2), (0.60, 1))
+ReleaseRules = tuple[tuple[float, int], ...]
+#: The paper's rule; a ScalingPolicy sets its own (`route.from_policy.release_rules_of`).
+DEFAULT_RELEASE_RULES: ReleaseRules = ((0.50, 2), (0.60, 1))
 DEFAULT_PROMOTION_AGE_S = 10 * 3600.0
 #: Slack kept for queueing at the instance once promoted (at interactive priority a
 #: request waits behind the interactive queue of a loaded instance).

@@ -500,13 +500,14 @@ class Router:
     async def _until_trough(self, model: ModelRoute, region: str, tier: str) -> None:
         """A batch-tier request sent synchronously yields to interactive work: it waits
         (bounded by the hold time, then is served anyway, never dropped) until its region's
-        EMU is low enough for the Queue Manager to release batch work (SageServe §6.2)."""
+        EMU is low enough for the Queue Manager to release batch work (SageServe §6.2), by
+        the model's policy's release rules (`ModelRoute.release_rules`)."""
         endpoint = (model.namespace, model.name, region)
         deadline = time.monotonic() + self.config.hold_seconds
-        if release_count(self.fleet.estimated_emu(endpoint)) > 0:
+        if release_count(self.fleet.estimated_emu(endpoint), model.release_rules) > 0:
             return
         with self.metrics.deferring(model, region, tier):
-            while release_count(self.fleet.estimated_emu(endpoint)) == 0:
+            while release_count(self.fleet.estimated_emu(endpoint), model.release_rules) == 0:
                 waiter = self.fleet.changed
                 try:
                     await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())

@@ -1,5 +1,6 @@
-"""What the router learns from the cluster: ready pods, ModelDeployments, WorkloadTiers and
-the plans' spill-over weights and OServe layouts (ScalingPolicy status).
+"""What the router learns from the cluster: ready pods, ModelDeployments, WorkloadTiers, the
+routing rules of each model's ScalingPolicy (spec) and the plans' spill-over weights and
+OServe layouts (ScalingPolicy status).
 
 One thread per kind runs a Kubernetes list + watch (no polling loop) and hands the whole
 current set to the event loop after every change; an expired watch (410 Gone) or a broken
@@ -17,18 +18,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client, watch
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
-from sageserve.api.scaling_policy import LayoutWeights, layouts_from_status, spill_from_status
+from sageserve.api.scaling_policy import (
+    LayoutWeights,
+    ScalingPolicy,
+    ScalingPolicySpec,
+    layouts_from_status,
+    spill_from_status,
+)
 from sageserve.api.workload_tier import LimitScope, RateLimits, TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.perf.layout_check import profile_names
 from sageserve.perf.model import PerfCatalog, load_catalog, request_decode_tps
 from sageserve.route.deadlines import capacity_at_max
+from sageserve.route.from_policy import release_rules_of, route_threshold_of
 from sageserve.route.rate_limit import Limits
 from sageserve.route.tiers import TierMatch
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
@@ -106,6 +115,7 @@ def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> M
         served_name=spec.model.served_name or spec.model.name,
         regions=tuple(r.name for r in spec.regions),
         tiers=tuple(spec.tiers),
+        policy=spec.policy_ref.name,
         request_tps=request_rate(md, catalog or perf_catalog()),
         capacity_at_max_tps=capacity_at_max(
             model_theta_tps(md), (r.max_instances for r in spec.regions)
@@ -116,10 +126,11 @@ def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> M
 def policy_routing(
     objs: list[dict[str, Any]],
 ) -> tuple[dict[str, dict[str, dict[str, float]]], LayoutWeights]:
-    """What the router follows of a namespace's ScalingPolicies: the plans' spill-over
-    weights (`status.plan.spillover`, by model deployment) and OServe layouts
-    (`status.layouts`: per (model deployment, region) the request types and their weights
-    per variant, OServe §4.2). Policies' entries for one endpoint are put together."""
+    """What the router follows of a namespace's ScalingPolicies' status (of their specs,
+    the routing rules: `policy_specs`): the plans' spill-over weights
+    (`status.plan.spillover`, by model deployment) and OServe layouts (`status.layouts`:
+    per (model deployment, region) the request types and their weights per variant,
+    OServe §4.2). Policies' entries for one endpoint are put together."""
     spill: dict[str, dict[str, dict[str, float]]] = {}
     layouts: LayoutWeights = {}
     for obj in objs:
@@ -128,6 +139,33 @@ def policy_routing(
         for key, types in layouts_from_status(status).items():
             layouts.setdefault(key, []).extend(types)
     return spill, layouts
+
+
+def policy_specs(objs: list[dict[str, Any]]) -> dict[str, ScalingPolicySpec]:
+    """A namespace's ScalingPolicies' specs by name, those that validate; the routing rules
+    a model follows are its policy's (`follow_policy`)."""
+    out: dict[str, ScalingPolicySpec] = {}
+    for obj in objs:
+        try:
+            sp = ScalingPolicy.model_validate(
+                {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
+            )
+        except ValueError:
+            continue
+        out[sp.metadata.name] = sp.spec
+    return out
+
+
+def follow_policy(route: ModelRoute, specs: Mapping[str, ScalingPolicySpec]) -> ModelRoute:
+    """`route` with the region threshold (SageServe §6.1) and batch release rules (§6.2)
+    of the ScalingPolicy it names, mapped as the simulator maps them
+    (`route.from_policy`), so that the router and the simulator of one policy agree. A
+    policy missing from `specs` (not created yet, deleted, or not validating) counts as
+    the default policy: the paper's 70 % and 1 under 60 % / 2 under 50 %."""
+    spec = specs.get(route.policy) or ScalingPolicySpec()
+    return replace(
+        route, route_threshold=route_threshold_of(spec), release_rules=release_rules_of(spec)
+    )
 
 
 def tier_limits(limits: RateLimits | None) -> Limits | None:
@@ -163,6 +201,8 @@ class Discovery:
         self.pools = pools
         #: routes per namespace and source (ModelDeployments, ModelPools), merged into fleet
         self._routes: dict[str, dict[str, list[ModelRoute]]] = {}
+        #: ScalingPolicy specs per namespace, by name: the routes' routing rules
+        self._policies: dict[str, dict[str, ScalingPolicySpec]] = {}
         self.loop = loop
         self.namespaces = namespaces
         self.url_template = url_template
@@ -254,8 +294,17 @@ class Discovery:
         """This namespace's routes from one kind of object (on the event loop): the models
         of ModelDeployments and of ModelPools side by side."""
         self._routes.setdefault(ns, {})[source] = routes
+        self._publish_routes()
+
+    def _publish_routes(self) -> None:
+        """Every namespace's routes into the fleet, each with its policy's routing rules."""
         others = [m for m in self.fleet.models.values() if m.namespace not in self._routes]
-        mine = [r for per in self._routes.values() for rs in per.values() for r in rs]
+        mine = [
+            follow_policy(r, self._policies.get(ns, {}))
+            for ns, per in self._routes.items()
+            for rs in per.values()
+            for r in rs
+        ]
         self.fleet.set_models(others + mine)
 
     def _resync_keys(self) -> None:
@@ -293,10 +342,14 @@ class Discovery:
     def _policies_for(self, ns: str) -> Callable[[list[dict[str, Any]]], None]:
         def on_policies(objs: list[dict[str, Any]]) -> None:
             spill, layouts = policy_routing(objs)
+            specs = policy_specs(objs)
 
             def apply() -> None:
                 self.fleet.set_spill(ns, spill)
                 self.fleet.set_layouts(ns, layouts)
+                if self._policies.get(ns) != specs:
+                    self._policies[ns] = specs
+                    self._publish_routes()
 
             self.loop.call_soon_threadsafe(apply)
 

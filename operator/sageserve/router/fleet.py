@@ -3,7 +3,8 @@
 The discovery thread (Kubernetes watches) and the load refresher (Prometheus) write here;
 request handlers read it. Every choice is a call into `route/`, the functions the
 simulator calls: the tier (`route.tiers`), the region (`route.region_router`, SageServe
-§6.1's global router on EMU) and the instance (`route.instance_picker`: by default the
+§6.1's global router on EMU, under the threshold of the model's ScalingPolicy,
+`ModelRoute.route_threshold`) and the instance (`route.instance_picker`: by default the
 fewest remaining tokens, prompt + `max_tokens`; with a picker named, e.g. `preserve` or
 `least-request`, that picker over each pod's load anticipator, `router.anticipate`).
 The router corrects Prometheus' EMU, which is seconds old, with the tokens it sent since
@@ -45,6 +46,7 @@ from sageserve.route.layout_dispatch import (
     nearest_type,
     overflow,
 )
+from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, ReleaseRules
 from sageserve.route.region_router import (
     DEFAULT_ROUTE_THRESHOLD,
     SpillBounds,
@@ -87,7 +89,14 @@ class Backend:
 
 @dataclass(frozen=True)
 class ModelRoute:
-    """One ModelDeployment as the router serves it."""
+    """One ModelDeployment as the router serves it.
+
+    `route_threshold` and `release_rules` are its ScalingPolicy's `spec.routing`
+    (`regionEmuThreshold`, SageServe §6.1's region choice; `batchRelease`, §6.2's Queue
+    Manager), mapped by `route.from_policy` as the simulator maps them, so that a policy
+    routes and releases alike in both worlds. Discovery sets them from the policy
+    `policy` names (`router.discovery.follow_policy`); a policy missing or not validating
+    counts as the default policy, the paper's 70 % and 1 under 60 % / 2 under 50 %."""
 
     namespace: str
     name: str
@@ -95,6 +104,11 @@ class ModelRoute:
     regions: tuple[str, ...]
     tiers: tuple[str, ...]
     route_threshold: float = DEFAULT_ROUTE_THRESHOLD
+    #: (EMU strictly below, batch requests released), most generous first
+    #: (`route.queue_manager.release_count`)
+    release_rules: ReleaseRules = DEFAULT_RELEASE_RULES
+    #: the ScalingPolicy (same namespace) of its `spec.policyRef`; "": none known
+    policy: str = ""
     #: tokens/s one request decodes at on a full instance, the slowest variant's, from the
     #: perf profile the simulator reads (`perf.model.request_decode_tps`); 0: no profile.
     #: The Queue Manager's expected service time of a batch request (tokens ÷ this).

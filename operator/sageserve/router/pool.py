@@ -84,6 +84,7 @@ def pool_routes(obj: Mapping[str, Any]) -> tuple[PoolInfo, list[ModelRoute]] | N
             served_name=served_name(m),
             regions=tuple(r.name for r in spec.regions),
             tiers=tuple(spec.tiers),
+            policy=spec.policy_ref.name,
         )
         for m in spec.models
     ]

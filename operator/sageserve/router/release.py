@@ -1,8 +1,10 @@
 """The Queue Manager on the durable queue: batch work released into the troughs.
 
 SageServe §6.2: batch (NIW) requests wait in one global queue per model; an endpoint whose
-EMU is low *signals* and receives work: **1 request under 60 % EMU, 2 under 50 %**
-(`route.queue_manager.release_count`, the function the simulator calls), earliest deadline
+EMU is low *signals* and receives work: **1 request under 60 % EMU, 2 under 50 %**, or
+the thresholds the model's ScalingPolicy sets (`spec.routing.batchRelease`,
+`ModelRoute.release_rules`, mapped as the simulator maps them: `route.from_policy`), by
+`route.queue_manager.release_count`, the function the simulator calls; earliest deadline
 first. A request whose slack runs out (deadline − its tokens ÷ the model's per-request
 decode rate − 30 min, `route.queue_manager.promotion_time`) is released regardless of load,
 routed like an interactive request, so that it finishes by its deadline (§6.3: 24 h, or the
@@ -160,7 +162,7 @@ class BatchReleaser:
                 endpoint = (model.namespace, model.name, region)
                 if not self.fleet.backends.get(endpoint):
                     continue  # nothing ready to signal from
-                n = release_count(self.fleet.estimated_emu(endpoint))
+                n = release_count(self.fleet.estimated_emu(endpoint), model.release_rules)
                 if n == 0:
                     continue
                 claimed = await asyncio.to_thread(

@@ -40,6 +40,7 @@ from sageserve.core.types import EndpointKey, Request, Tier, TierKind
 from sageserve.pace.base import PacingStrategy, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems
 from sageserve.perf.model import PerfCatalog, load_catalog
+from sageserve.route.from_policy import release_rules_of, route_threshold_of
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
 from sageserve.sim.workload import (
@@ -111,11 +112,10 @@ class Scenario:
             region_order=tuple(self.workload.region_order),
         )
         if sp is not None:
-            br = sp.routing.batch_release
             cfg = replace(
                 cfg,
-                route_threshold=sp.routing.region_emu_threshold,
-                release_rules=((br.two_below_emu, 2), (br.one_below_emu, 1)),
+                route_threshold=route_threshold_of(sp),
+                release_rules=release_rules_of(sp),
                 pace_s=float(sp.intervals.pace_seconds),
                 scale_in_stabilization_s=float(sp.intervals.scale_in_stabilization_seconds),
                 plan_s=float(sp.intervals.plan_seconds),
