@@ -28,7 +28,6 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("LINES", None)
 
 
-
 def _encodable(value: Any) -> Any:
     """`value` with every string UTF-8 encodable (a lone surrogate written as `\\udcxx`)."""
     if isinstance(value, str):
