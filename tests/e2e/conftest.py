@@ -12,10 +12,12 @@ with the build error.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,20 @@ def _ensure_binaries() -> None:
         )
 
 
+@contextmanager
+def one_start_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Hold a lock shared by this run's pytest-xdist workers while a control plane starts:
+    kwokctl picks each component's port as free when it looks, so two clusters started
+    at once can pick the same one, and one of them never becomes ready."""
+    lock = tmp_path_factory.getbasetemp().parent / "e2e-cluster-start.lock"
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.ClusterState]:
     """A ready cluster (GPU nodes Ready) and Prometheus; torn down after the session."""
@@ -70,7 +86,8 @@ def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.Clus
         _ensure_binaries()
         started, failure = None, ""
         try:
-            started = lifecycle.up()
+            with one_start_at_a_time(tmp_path_factory):
+                started = lifecycle.up()
         except Exception as err:  # any failure to start is a test failure, never a skip
             failure = f"{type(err).__name__}: {err}"
         if started is None:
