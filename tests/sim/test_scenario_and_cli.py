@@ -117,6 +117,7 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
             "normalized_latency_s",
             "fleet",
             "scaling_events",
+            "batch_queue",
             "sim",
         }
         assert set(p["fleet"]["gpu_hours"]) == {
@@ -134,6 +135,17 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
         tiers = p["tiers"]
         assert sum(m["refused"] for t in tiers.values() for m in t.values()) == req["refused"]
         assert set(tiers["iw-f"]["llama-2-70b"]["ttft_s"]) == {"p50", "p95", "p99"}
+        # the unified pool's batch leaves the global queue in troughs or by promotion;
+        # the siloed pool sends batch straight to its own instances
+        queue = p["batch_queue"]
+        niw = sum(m["finished"] + m["unfinished"] for m in tiers["niw"].values())
+        if name == "siloed":
+            assert queue == {}
+        else:
+            [(model, q)] = queue.items()
+            assert model == "llama-2-70b" and q["released_in_troughs"] > 0
+            assert 0 < q["released_in_troughs"] + q["promoted"] <= niw
+            assert q["promoted_share"] == q["promoted"] / (q["released_in_troughs"] + q["promoted"])
         norm = p["normalized_latency_s"]
         assert set(norm) == {"p50", "p95", "p99", "peak_5min_mean"}
         assert 0 < norm["p50"] <= norm["p99"] and norm["peak_5min_mean"] > 0
