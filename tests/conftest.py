@@ -14,7 +14,42 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
+
+# pytest-xdist starts its workers with COLUMNS=80 and LINES=24; the CLI's console reads
+# them once, when `sageserve.cli` is imported, and a test that sets COLUMNS for one command
+# would still get 80-column tables. Without them the worker behaves as a plain run.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+
+def _encodable(value: Any) -> Any:
+    """`value` with every string UTF-8 encodable (a lone surrogate written as `\\udcxx`)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_encodable(v) for v in value)
+    return value
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_report_to_serializable(config: pytest.Config, report: Any) -> Iterator[None]:
+    """A report a worker sends back with its strings made UTF-8 encodable: a fuzz test's
+    captured log may hold a request path with a lone surrogate (undecodable bytes a hostile
+    client sent), and execnet refuses such a string, which would take the worker and every
+    test queued on it down with it."""
+    outcome = yield
+    data = outcome.get_result()  # type: ignore[attr-defined]
+    if data is not None:
+        outcome.force_result(_encodable(data))  # type: ignore[attr-defined]
+
 
 #: fixtures that start a real server or call a real binary
 INTEGRATION_FIXTURES = frozenset({"pg_server", "prometheus_url"})

@@ -12,9 +12,12 @@ with the build error.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,11 +30,18 @@ from e2e import gobuild, lifecycle, state, versions  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e is an e2e test."""
+    """Every test under tests/e2e is an e2e test. Under pytest-xdist (`-n 2 --dist
+    loadgroup`, as `scripts/test` runs) each e2e module is one group: its tests run in
+    order on one worker, and each worker starts the control plane once, when its first
+    e2e test needs it. With `SAGESERVE_E2E_REUSE=1` every worker would share the one
+    cluster, so all e2e tests form one group."""
     here = Path(__file__).parent
+    reuse = os.environ.get("SAGESERVE_E2E_REUSE") == "1"
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if here in path.parents:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group("e2e" if reuse else f"e2e-{path.stem}"))
 
 
 def _ensure_binaries() -> None:
@@ -51,6 +61,20 @@ def _ensure_binaries() -> None:
         )
 
 
+@contextmanager
+def one_start_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Hold a lock shared by this run's pytest-xdist workers while a control plane starts:
+    kwokctl picks each component's port as free when it looks, so two clusters started
+    at once can pick the same one, and one of them never becomes ready."""
+    lock = tmp_path_factory.getbasetemp().parent / "e2e-cluster-start.lock"
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.ClusterState]:
     """A ready cluster (GPU nodes Ready) and Prometheus; torn down after the session."""
@@ -62,7 +86,8 @@ def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.Clus
         _ensure_binaries()
         started, failure = None, ""
         try:
-            started = lifecycle.up()
+            with one_start_at_a_time(tmp_path_factory):
+                started = lifecycle.up()
         except Exception as err:  # any failure to start is a test failure, never a skip
             failure = f"{type(err).__name__}: {err}"
         if started is None:
@@ -115,13 +140,38 @@ POOL_ANNOTATIONS = (
 )
 
 
+def holds_gpus(pod) -> bool:  # type: ignore[no-untyped-def]
+    return any(
+        "nvidia.com/gpu" in ((c.resources and c.resources.requests) or {})
+        or "nvidia.com/gpu" in ((c.resources and c.resources.limits) or {})
+        for c in pod.spec.containers
+    )
+
+
+def pods_left_on_gpu_nodes(core) -> list[str]:  # type: ignore[no-untyped-def]
+    """Pods of earlier tests still holding GPUs: a namespace is deleted without waiting,
+    and its pods keep their GPUs while they terminate, which would push this test's pods
+    onto other nodes."""
+    return [
+        f"{p.metadata.namespace}/{p.metadata.name}"
+        for p in core.list_pod_for_all_namespaces().items
+        if p.spec.node_name and p.status.phase not in ("Succeeded", "Failed") and holds_gpus(p)
+    ]
+
+
 @pytest.fixture
 def restore_node_pools(api_client):  # type: ignore[no-untyped-def]
-    """Put every node back in the pool it was in (and drop donation annotations) after a
-    test whose operator donates or reclaims nodes, so later tests see the inventory."""
+    """Start once the GPU nodes are free of earlier tests' pods; afterwards put every node
+    back in the pool it was in (and drop donation annotations), so later tests see the
+    inventory."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
+    deadline = time.monotonic() + 180
+    while left := pods_left_on_gpu_nodes(core):
+        if time.monotonic() > deadline:
+            pytest.fail(f"earlier tests' pods still on the GPU nodes after 180 s: {left}")
+        time.sleep(1.0)
     before = {
         n.metadata.name: (n.metadata.labels or {}).get(POOL_LABEL) for n in core.list_node().items
     }

@@ -180,7 +180,10 @@ def test_load_from_the_twin_drives_scale_out_reclaim_scale_in_donation_and_recla
     )
     try:
         with KopfRunner(operator_args(namespace), timeout=600) as runner, explained(cluster, twin):
-            apply(kubeconfig, namespace, scaling_policy("reactive"), bloom())
+            # a scale-in waits one minute after a backlog (the policy's stabilization window)
+            intervals = {"paceSeconds": 2, "cooldownSeconds": 2, "scaleInStabilizationSeconds": 60}
+            policy = scaling_policy("reactive", intervals=intervals)
+            apply(kubeconfig, namespace, policy, bloom())
 
             # The pod set lands on the region's serving A100 node; the twin serves it and
             # Prometheus has its KV-cache usage under the operator's query.
@@ -219,8 +222,8 @@ def test_load_from_the_twin_drives_scale_out_reclaim_scale_in_donation_and_recla
 
             # Falling load: back to one instance; the idle node is donated and the spot
             # workload runs there again.
-            # (scale-in waits out the queue signal's 300 s stabilization, pace/pressure.py:
-            # the saturated endpoint had a backlog just before)
+            # (scale-in waits out the queue signal's stabilization window: the saturated
+            # endpoint had a backlog just before)
             twin.load(1)
             eventually(lambda: cluster.replicas() == 1, 480, "scale-in to one instance")
             kept = eventually(

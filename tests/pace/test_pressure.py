@@ -189,6 +189,40 @@ def test_decide_holds_the_scale_in_for_5_minutes_after_a_backlog() -> None:
     assert [d.kind for d in out.decisions] == [ActionKind.SCALE_IN]
 
 
+@pytest.mark.parametrize(("window", "first_scale_in"), [(60.0, 60.0), (0.0, 15.0), (600.0, 600.0)])
+def test_the_policy_sets_how_long_a_scale_in_waits_after_a_backlog(
+    window: float, first_scale_in: float
+) -> None:
+    """`spec.intervals.scaleInStabilizationSeconds`: the same backlog at t=0, quiet after;
+    the first scale-in comes when the policy's window has passed, not at a fixed 300 s."""
+    reactive = make_strategy("reactive")
+    state = decide(
+        0.0,
+        Snapshot(0.0, {KEY: snapshot(40, serving=3)}),
+        None,
+        StepState(),
+        reactive,
+        scale_in_stabilization_s=window,
+    ).state
+    quiet = snapshot(0, emu=0.1, serving=4)
+    first = None
+    for t in range(15, 900, 15):
+        out = decide(
+            float(t),
+            Snapshot(float(t), {KEY: quiet}),
+            None,
+            state,
+            reactive,
+            scale_in_stabilization_s=window,
+        )
+        state = out.state
+        if out.decisions:
+            assert [d.kind for d in out.decisions] == [ActionKind.SCALE_IN]
+            first = float(t)
+            break
+    assert first == first_scale_in
+
+
 # ---- batch deadline pressure --------------------------------------------------------------
 
 

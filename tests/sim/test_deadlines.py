@@ -301,3 +301,32 @@ def test_simulate_reports_the_batch_classes_and_they_add_up(tmp_path: Path) -> N
     assert niw["deadline_attainment"] == 1.0 > niw["slo_attainment"]
     for tier in ("iw-f", "iw-n"):  # interactive tiers keep today's fields
         assert "served_by_deadline" not in p["tiers"][tier]["llama-2-70b"]
+
+
+@pytest.mark.parametrize(
+    ("released", "want"),
+    [
+        ({}, {}),
+        (
+            {"m": {"trough": 3, "promoted": 1}},
+            {"m": {"released_in_troughs": 3, "promoted": 1, "promoted_share": 0.25}},
+        ),
+        (
+            {"b": {"trough": 0, "promoted": 2}, "a": {"trough": 5, "promoted": 0}},
+            {
+                "a": {"released_in_troughs": 5, "promoted": 0, "promoted_share": 0.0},
+                "b": {"released_in_troughs": 0, "promoted": 2, "promoted_share": 1.0},
+            },
+        ),
+        (
+            {"m": {"trough": 0, "promoted": 0}},
+            {"m": {"released_in_troughs": 0, "promoted": 0, "promoted_share": None}},
+        ),
+    ],
+)
+def test_the_summary_says_how_batch_left_the_queue(
+    released: dict[str, dict[str, int]], want: dict[str, dict[str, object]]
+) -> None:
+    p = policy_summary(_result(batch_released=released), 1.0)
+    assert p["batch_queue"] == want
+    assert list(p["batch_queue"]) == sorted(want)

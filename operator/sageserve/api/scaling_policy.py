@@ -115,6 +115,15 @@ class Intervals(ApiModel):
         le=3600,
         description="Minimum time between two scaling events of one pod set (SageServe: 15 s).",
     )
+    scale_in_stabilization_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description="How long a scale-in waits after the queue-side signal (requests "
+        "waiting, TTFT, batch deadline pressure) was last at its level: prefill-bound "
+        "capacity shows no KV use, so a backlog just drained is no reason to shrink. The "
+        "HPA's scale-down stabilization window (default 300 s).",
+    )
 
 
 THRESHOLD_RULES = cel(

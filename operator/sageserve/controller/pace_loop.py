@@ -303,6 +303,9 @@ class PacePass:
             self.state.step,
             strategy,
             report_partial_after_s=report_after_s(),
+            scale_in_stabilization_s=float(
+                self.policy.spec.intervals.scale_in_stabilization_seconds
+            ),
         )
         self.state.step = outcome.state
         work = [(*owner[d.key], d) for d in outcome.decisions if guard.may_send(d)]

@@ -33,8 +33,10 @@ unchanged:
   release more; interactive load is not subtracted (EMU shows it, and the strategies read
   the largest signal, not a sum), so the signal errs late, never early.
 
-A queue-side signal at its level also holds scale-in for `SCALE_IN_STABILIZATION_S` (300 s,
-the HPA's default scale-down stabilization window): prefill-bound capacity shows no EMU,
+A queue-side signal at its level also holds scale-in for the policy's
+`spec.intervals.scaleInStabilizationSeconds` (`SCALE_IN_STABILIZATION_S`, 300 s, by
+default: the HPA's default scale-down stabilization window): prefill-bound capacity shows
+no EMU,
 so without it the instance a queue brought is removed as soon as the queue is gone (EMU
 under 30 %) and the queue forms again, an instance started and drained every few minutes.
 EMU-driven decisions are unchanged.

@@ -47,7 +47,7 @@ from sageserve.core.snapshot import (
 )
 from sageserve.core.types import ActionKind, EndpointKey, ScalingAction
 from sageserve.pace.base import PacingStrategy
-from sageserve.pace.pressure import endpoint_pressure, holds_scale_in
+from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, endpoint_pressure, holds_scale_in
 
 
 @dataclass(frozen=True)
@@ -253,6 +253,7 @@ def _strategy_action(
     saturated: dict[EndpointKey, float],
     last_event: float | None,
     last_scale_in: float | None,
+    stabilization_s: float,
 ) -> ScalingAction | None:
     """The strategy's action on one endpoint with the step's signals added (queue pressure,
     the endpoint's last events), a scale-in held during the pressure's stabilization."""
@@ -268,7 +269,7 @@ def _strategy_action(
     if (
         action is not None
         and action.kind is ActionKind.SCALE_IN
-        and holds_scale_in(now, saturated.get(key))
+        and holds_scale_in(now, saturated.get(key), stabilization_s)
     ):
         return None
     return action
@@ -282,11 +283,14 @@ def _paced(
     saturated: dict[EndpointKey, float],
     since: float | None,
     last_scale_in: float | None,
+    stabilization_s: float,
 ) -> Decision | None:
     """The floor's or the strategy's decision on one endpoint (None: nothing to do)."""
     action = _floor_action(ep)
     if action is None and ep.serving + ep.provisioning > 0:
-        action = _strategy_action(now, ep, state, strategy, saturated, since, last_scale_in)
+        action = _strategy_action(
+            now, ep, state, strategy, saturated, since, last_scale_in, stabilization_s
+        )
     if action is not None and action.kind is ActionKind.SCALE_IN and ep.partial_data:
         action = None  # a silent instance may be the full one
     if action is None:
@@ -302,11 +306,14 @@ def decide(
     state: StepState,
     strategy: PacingStrategy,
     report_partial_after_s: float = 0.0,
+    scale_in_stabilization_s: float = SCALE_IN_STABILIZATION_S,
 ) -> StepOutcome:
     """Decisions for the endpoints of `snapshot`, in key order, and the state after them.
 
     Endpoints with partial data are in `held` once it has lasted `report_partial_after_s`
-    (their scale-in is held from the first step)."""
+    (their scale-in is held from the first step). A scale-in waits
+    `scale_in_stabilization_s` after the endpoint's queue-side pressure was last at its
+    level (`spec.intervals.scaleInStabilizationSeconds`)."""
     state = adopt(state, plan)
     last = dict(state.last_event)
     saturated = dict(state.saturated_at)
@@ -326,7 +333,16 @@ def decide(
             continue
         decision, owned = _layout_step(ep, state.plan)
         if decision is None and not owned:  # else the layout sizes every variant
-            decision = _paced(now, ep, state, strategy, saturated, since, scaled_in.get(key))
+            decision = _paced(
+                now,
+                ep,
+                state,
+                strategy,
+                saturated,
+                since,
+                scaled_in.get(key),
+                scale_in_stabilization_s,
+            )
         if decision is None:
             continue
         decisions.append(decision)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
-from sageserve.pace.pressure import with_deadline_need
+from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
@@ -99,6 +99,8 @@ class SimConfig:
     #: slack a batch request with a deadline keeps when promoted (`route.queue_manager`)
     promotion_margin_s: float | None = DEFAULT_PROMOTION_MARGIN_S
     pace_s: float = 15.0
+    #: `spec.intervals.scaleInStabilizationSeconds` (`pace.step.decide`)
+    scale_in_stabilization_s: float = SCALE_IN_STABILIZATION_S
     emu_refresh_s: float = 1.0
     inter_region_latency_s: float = 0.05
     delays: Delays = field(default_factory=Delays)
@@ -219,6 +221,10 @@ class RunResult:
     capacity_at_max_tps: dict[str, float] = field(default_factory=dict)
     #: the last instant the run observed (end of the window + drain); None: `end_s`
     horizon_s: float | None = None
+    #: model -> batch requests the Queue Manager let go, by how: "trough" (an endpoint
+    #: below the release EMU took it, SageServe §6.2) or "promoted" (its slack ran out, or
+    #: its age without a deadline); what is left queued at the end is in `pending`
+    batch_released: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class _Clock:
@@ -327,6 +333,7 @@ class Simulation(InstanceHooks):
         self.refused = 0
         #: batch tier -> its deadline, for the deadline accounting (`sim.deadlines`)
         self._batch_deadlines: dict[str, float] = {}
+        self._batch_released: dict[str, dict[str, int]] = {}
         #: model -> its context length (requests beyond it are refused at arrival)
         self._context = {m.name: m.context_length for m in config.models if m.context_length}
         self.sim_events = 0
@@ -632,7 +639,14 @@ class Simulation(InstanceHooks):
             snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}
         if self._batch_need:
             snaps = {k: self._with_deadlines(s) for k, s in snaps.items()}
-        outcome = decide(t, Snapshot(t, snaps), None, self.step_state, self.strategy)
+        outcome = decide(
+            t,
+            Snapshot(t, snaps),
+            None,
+            self.step_state,
+            self.strategy,
+            scale_in_stabilization_s=self.cfg.scale_in_stabilization_s,
+        )
         self.step_state = outcome.state
         self._apply(outcome.decisions, t)
 
@@ -714,8 +728,15 @@ class Simulation(InstanceHooks):
         for ep in sorted(sig, key=lambda e: e.key) if len(sig) > 1 else sig:
             if not self.qm.pending(ep.key.model) or not ep.serving:
                 continue
-            for job in self._released(self.qm.on_signal(ep.key.model, ep.emu(now)), now):
+            released = self._released(self.qm.on_signal(ep.key.model, ep.emu(now)), now)
+            self._count_release(ep.key.model, "trough", len(released))
+            for job in released:
                 self._dispatch(job, ep, now, check_scaling=True)
+
+    def _count_release(self, model: str, how: str, n: int) -> None:
+        if n:
+            counts = self._batch_released.setdefault(model, {"trough": 0, "promoted": 0})
+            counts[how] += n
 
     def _promote_at(self, job: Job) -> float:
         """When a released batch request waiting at an instance goes to interactive
@@ -743,7 +764,8 @@ class Simulation(InstanceHooks):
                 m: need for m in qm.models() if (need := qm.required_tps(m, now)) > 0
             }
         if self.qm_active and self.qm.pending():
-            for _model, job in self.qm.pop_aged(now):
+            for model, job in self.qm.pop_aged(now):
+                self._count_release(model, "promoted", 1)
                 job.prio = 0
                 pool = self.strategy.layout.pool_for(job.req.tier)
                 ep = self._route_region(job.req, pool, now)
@@ -921,6 +943,7 @@ class Simulation(InstanceHooks):
                 if m.capacity_tps > 0
             },
             horizon_s=self.cfg.end_s + self.cfg.drain_s,
+            batch_released={m: dict(c) for m, c in sorted(self._batch_released.items())},
         )
 
 

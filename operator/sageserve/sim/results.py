@@ -24,6 +24,7 @@ added, never renamed or removed, within v1):
             "by_model": {"<model>": {"instance_hours", "gpu_hours": {...}}},
             "by_model_region": {"<model>/<region>": {"instance_hours", "gpu_hours": {...}}}},
           "scaling_events": {"<kind>": count},
+          "batch_queue": {"<model>": {"released_in_troughs", "promoted", "promoted_share"}},
           "sim": {"events", "preemptions", "wall_s", "requests_per_wall_s"}}}}
 
 `internal` GPU-hours exclude donated (spot) time, as the paper's instance-hours do;
@@ -185,6 +186,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             },
         },
         "scaling_events": dict(sorted(r.events.items())),
+        "batch_queue": batch_queue(r.batch_released),
         "sim": {
             "events": r.sim_events,
             "preemptions": r.preemptions,
@@ -203,6 +205,23 @@ def interactive_ttft_p95(r: RunResult, interactive_tiers: Sequence[str]) -> floa
     if not arrs:
         return None
     return float(np.percentile(np.concatenate(arrs), 95))
+
+
+def batch_queue(released: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, Any]]:
+    """Per model, how the Queue Manager's requests left the queue: in a trough (an
+    endpoint below the release EMU, SageServe §6.2) or promoted (slack run out, or aged),
+    and the promoted share. A high share says the troughs did not carry the batch work:
+    it ran at interactive priority, as it would have in its own pool."""
+    out: dict[str, dict[str, Any]] = {}
+    for model, counts in sorted(released.items()):
+        trough, promoted = counts.get("trough", 0), counts.get("promoted", 0)
+        total = trough + promoted
+        out[model] = {
+            "released_in_troughs": trough,
+            "promoted": promoted,
+            "promoted_share": promoted / total if total else None,
+        }
+    return out
 
 
 def summary(

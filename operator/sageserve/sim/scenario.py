@@ -117,6 +117,7 @@ class Scenario:
                 route_threshold=route_threshold_of(sp),
                 release_rules=release_rules_of(sp),
                 pace_s=float(sp.intervals.pace_seconds),
+                scale_in_stabilization_s=float(sp.intervals.scale_in_stabilization_seconds),
                 plan_s=float(sp.intervals.plan_seconds),
                 delays=Delays(
                     reclaim_same_model_median_s=float(sp.spot.reclaim_same_model_seconds),
