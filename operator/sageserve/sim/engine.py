@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -333,7 +333,8 @@ class Simulation(InstanceHooks):
         self.refused = 0
         #: batch tier -> its deadline, for the deadline accounting (`sim.deadlines`)
         self._batch_deadlines: dict[str, float] = {}
-        self._batch_released: dict[str, dict[str, int]] = {}
+        #: (model, "trough" | "promoted") -> batch requests that left the Queue Manager so
+        self._batch_released: Counter[tuple[str, str]] = Counter()
         #: model -> its context length (requests beyond it are refused at arrival)
         self._context = {m.name: m.context_length for m in config.models if m.context_length}
         self.sim_events = 0
@@ -729,14 +730,17 @@ class Simulation(InstanceHooks):
             if not self.qm.pending(ep.key.model) or not ep.serving:
                 continue
             released = self._released(self.qm.on_signal(ep.key.model, ep.emu(now)), now)
-            self._count_release(ep.key.model, "trough", len(released))
+            if released:
+                self._batch_released[ep.key.model, "trough"] += len(released)
             for job in released:
                 self._dispatch(job, ep, now, check_scaling=True)
 
-    def _count_release(self, model: str, how: str, n: int) -> None:
-        if n:
-            counts = self._batch_released.setdefault(model, {"trough": 0, "promoted": 0})
-            counts[how] += n
+    def _released_by_model(self) -> dict[str, dict[str, int]]:
+        """`RunResult.batch_released`: per model, its trough and promoted counts."""
+        out: dict[str, dict[str, int]] = {}
+        for (model, how), n in sorted(self._batch_released.items()):
+            out.setdefault(model, {"trough": 0, "promoted": 0})[how] = n
+        return out
 
     def _promote_at(self, job: Job) -> float:
         """When a released batch request waiting at an instance goes to interactive
@@ -765,7 +769,7 @@ class Simulation(InstanceHooks):
             }
         if self.qm_active and self.qm.pending():
             for model, job in self.qm.pop_aged(now):
-                self._count_release(model, "promoted", 1)
+                self._batch_released[model, "promoted"] += 1
                 job.prio = 0
                 pool = self.strategy.layout.pool_for(job.req.tier)
                 ep = self._route_region(job.req, pool, now)
@@ -943,7 +947,7 @@ class Simulation(InstanceHooks):
                 if m.capacity_tps > 0
             },
             horizon_s=self.cfg.end_s + self.cfg.drain_s,
-            batch_released={m: dict(c) for m, c in sorted(self._batch_released.items())},
+            batch_released=self._released_by_model(),
         )
 
 
