@@ -365,3 +365,45 @@ def test_the_planner_sees_each_models_batch_deadline_need_when_deadlines_drive_s
     need, queue_says = seen[0]
     assert queue_says > 0  # 300 requests held, each due 24 h after its arrival
     assert need == ({"m": queue_says} if pressure else {})
+
+
+def test_attainment_is_split_by_day_of_arrival_and_adds_up_to_the_whole_run() -> None:
+    """A two-day run: day 1's requests are all served in time; of day 2's, the three that
+    arrive in the last second are still unfinished at the end (no drain), so they count
+    against day 2 only, as a one-day run of day 2 would count them."""
+    day = 86_400.0
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, initial=1, lo=1, hi=1, end_s=2 * day, drain_s=0.0)
+    early = [Request(i, 3600.0 * (i + 1), "m", IW_F, "r1", 100, 20) for i in range(10)]
+    late = [Request(10 + i, day + 3600.0 * (i + 1), "m", IW_F, "r1", 100, 20) for i in range(7)]
+    last = [Request(17 + i, 2 * day - 0.5, "m", IW_F, "r1", 100, 200) for i in range(3)]
+    r = Simulation(cfg, make_strategy("static"), early + late + last).run()
+    p = policy_summary(r, 1.0)
+    by_day = p["tiers"]["IW-F"]["m"]["slo_attainment_by_day"]
+    assert [(d["day"], d["start_s"], d["requests"]) for d in by_day] == [
+        (0, 0.0, 10),
+        (1, day, 10),
+    ]
+    assert [d["slo_attainment"] for d in by_day] == [1.0, 0.7]
+    assert p["tiers"]["IW-F"]["m"]["slo_attainment"] == pytest.approx(17 / 20)
+    assert p["slo_attainment_by_day"]["IW-F"] == by_day  # one model: the tier is the model
+
+
+def test_simulate_prints_attainment_by_day_only_for_a_window_of_several_days() -> None:
+    from rich.console import Console
+
+    from sageserve.commands.sim import attainment_by_day_table
+    from sageserve.sim.run import Comparison
+
+    def cmp(days: list[float | None]) -> Comparison:
+        row = {"policy": "reactive", "slo_by_day": {"IW-F": days, "NIW": days}}
+        return Comparison(summary={}, table=[row], runs={})
+
+    assert attainment_by_day_table(cmp([0.99])) is None
+    table = attainment_by_day_table(cmp([0.9775, None]))
+    assert table is not None
+    console = Console(width=120, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "day 1" in text and "day 2" in text and "97.75%" in text
+    assert text.count("reactive") == 2  # one row per tier

@@ -62,6 +62,25 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
     return table
 
 
+def attainment_by_day_table(cmp: Comparison) -> Table | None:
+    """SLO attainment per tier by day of arrival, when the window spans more than one day:
+    a day of a long run read like a one-day run of the same traffic."""
+    days = max((len(v) for r in cmp.table for v in r["slo_by_day"].values()), default=0)
+    if days < 2:
+        return None
+    table = Table(title="SLO attainment by day of arrival", box=box.SIMPLE_HEAD)
+    table.add_column("policy", no_wrap=True)
+    table.add_column("tier", no_wrap=True)
+    for d in range(days):
+        table.add_column(f"day {d + 1}", justify="right", no_wrap=True)
+    for r in cmp.table:
+        for tier, values in sorted(r["slo_by_day"].items()):
+            table.add_row(
+                r["policy"], tier, *[f"{v:.2%}" if v is not None else "-" for v in values]
+            )
+    return table
+
+
 def simulate(
     scenario: Path | None,
     policies: list[str] | None,
@@ -103,6 +122,9 @@ def simulate(
     paths = write_outputs(out, cmp, report)
     wide = console if console.is_terminal else Console(width=240)
     wide.print(comparison_table(cmp, f"{sc.name}: {len(names)} policies"))
+    by_day = attainment_by_day_table(cmp)
+    if by_day is not None:
+        wide.print(by_day)
     wide.print(
         f"bounds: floor {bounds.floor_gpu_hours:,.1f} GPU-h (every endpoint at minInstances), "
         f"oracle {bounds.oracle_gpu_hours:,.1f} GPU-h (perfect foresight at θ, no start-up); "

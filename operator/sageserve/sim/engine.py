@@ -143,12 +143,15 @@ Planner = Callable[
 
 #: PreServe §5's aggregation interval for the mean normalized latency.
 NORM_BUCKET_S = 300.0
+#: the unit of `TierModelStats.by_day`
+DAY_S = 86_400.0
 
 
 class TierModelStats:
     """Latencies of finished requests of one (tier, model), in compact arrays."""
 
     __slots__ = (
+        "by_day",
         "deadline_miss",
         "dropped",
         "e2e",
@@ -175,6 +178,17 @@ class TierModelStats:
         self.deadline_miss = 0
         #: refused at arrival: prompt + output beyond the model's context (vLLM's HTTP 400)
         self.refused = 0
+        #: day of arrival (whole days since the window's start) -> [finished, SLO met,
+        #: unfinished]: a long window's attainment day by day, so one day of a multi-day
+        #: run compares with a one-day run of the same traffic
+        self.by_day: dict[int, list[int]] = {}
+
+    def day(self, day: int) -> list[int]:
+        """The [finished, SLO met, unfinished] counters of one day of arrival."""
+        c = self.by_day.get(day)
+        if c is None:
+            c = self.by_day[day] = [0, 0, 0]
+        return c
 
 
 @dataclass
@@ -398,6 +412,7 @@ class Simulation(InstanceHooks):
         st = self.stats[(req.tier.name, req.model)]
         if now < 0:  # dropped: could never fit in KV
             st.dropped += 1
+            st.day(int((req.arrival - self.cfg.start_s) // DAY_S))[2] += 1
             return
         predictor = self._predictors.get(req.model)
         if predictor is not None:  # what a router learns when a response ends
@@ -426,8 +441,11 @@ class Simulation(InstanceHooks):
         if tier.deadline_s is not None and e2e > tier.deadline_s:
             ok = False
             st.deadline_miss += 1
+        day = st.day(int((req.arrival - self.cfg.start_s) // DAY_S))
+        day[0] += 1
         if ok:
             st.slo_met += 1
+            day[1] += 1
         self.preemptions += job.preemptions
         ep = job.ep
         if ep is not None:
@@ -719,7 +737,9 @@ class Simulation(InstanceHooks):
         )
 
     def _lost(self, job: Job) -> None:
-        self.stats[(job.req.tier.name, job.req.model)].dropped += 1
+        st = self.stats[(job.req.tier.name, job.req.model)]
+        st.dropped += 1
+        st.day(int((job.req.arrival - self.cfg.start_s) // DAY_S))[2] += 1
 
     # ---- batch queue ---------------------------------------------------------------------
 
@@ -919,6 +939,7 @@ class Simulation(InstanceHooks):
         for job in left:
             key = (job.req.tier.name, job.req.model)
             unfinished[key] += 1
+            self.stats[key].day(int((job.req.arrival - self.cfg.start_s) // DAY_S))[2] += 1
             if key[0] in self._batch_deadlines:
                 pending[key].append(PendingWork(job.deadline, job.prompt_left + job.out_left))
         for key, st in self.stats.items():

@@ -13,11 +13,13 @@ added, never renamed or removed, within v1):
               "finished", "unfinished", "refused", "slo_attainment", "deadline_misses",
               "ttft_s": {"p50", "p95", "p99"}, "tbt_s": {...}, "e2e_s": {...},
               "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"},
+              "slo_attainment_by_day": [{"day", "start_s", "requests", "slo_attainment"}],
               # batch tiers with a deadline only (sim.deadlines):
               "served_by_deadline", "served_late", "missed", "queued_beyond_horizon",
               "earliest_pending_deadline_s", "feasible_at_max", "deadline_attainment",
               "horizon_s", "capacity_at_max_tps"}}},
           "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"},  # all tiers
+          "slo_attainment_by_day": {"<tier>": [{"day", "start_s", "requests", "slo_attainment"}]},
           "fleet": {
             "instance_hours": float,            # serving + provisioning + draining
             "gpu_hours": {"serving", "provisioning", "draining", "donated", "internal"},
@@ -34,6 +36,9 @@ end within the deadline. Unfinished requests count against attainment. Refused r
 (prompt + output beyond the model's context length, vLLM's HTTP 400 at arrival) are neither
 served nor lost: they are counted apart and left out of attainment, as a client error is
 left out of an availability SLO; arrived = finished + unfinished + refused.
+`slo_attainment_by_day` splits the same attainment by the day of arrival (whole days from
+the window's start, `start_s` the day's first second), so one day of a multi-day run reads
+like a one-day run of the same traffic; the policy-level entry sums a tier's models.
 
 Batch deadline accounting (`sim.deadlines`, SageServe §6.3's 24-hour deadline): each batch
 request that was not refused is served by its deadline, served late, missed (unfinished
@@ -61,7 +66,7 @@ import numpy as np
 
 from sageserve.core.types import InstanceState
 from sageserve.sim.deadlines import BatchAccount, account, totals
-from sageserve.sim.engine import RunResult, TierModelStats
+from sageserve.sim.engine import DAY_S, RunResult, TierModelStats
 
 SCHEMA = "sageserve.sim.summary/v1"
 _STATE_KEYS = {
@@ -127,6 +132,28 @@ def batch_account(r: RunResult, key: tuple[str, str]) -> BatchAccount | None:
     )
 
 
+def attainment_by_day(stats: Iterable[TierModelStats], start_s: float) -> list[dict[str, Any]]:
+    """SLO attainment of the requests that arrived on each day of the window, over one or
+    more (tier, model) stats: met / (finished + unfinished), as `slo_attainment`."""
+    days: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for st in stats:
+        for d, counts in st.by_day.items():
+            acc = days[d]
+            for i, c in enumerate(counts):
+                acc[i] += c
+    out = []
+    for d, (fin, met, unf) in sorted(days.items()):
+        out.append(
+            {
+                "day": d,
+                "start_s": start_s + d * DAY_S,
+                "requests": fin + unf,
+                "slo_attainment": round(met / (fin + unf), 5) if fin + unf else None,
+            }
+        )
+    return out
+
+
 def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
     tiers: dict[str, dict[str, Any]] = defaultdict(dict)
     keys = sorted(set(r.stats) | set(r.unfinished_by_key))
@@ -148,6 +175,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "tbt_s": _pct(st.tbt if st else np.empty(0)),
             "e2e_s": _pct(st.e2e if st else np.empty(0)),
             "normalized_latency_s": normalized_latency([st] if st else []),
+            "slo_attainment_by_day": attainment_by_day([st] if st else [], r.start_s),
         }
         acct = batch_account(r, key)
         if acct is not None:
@@ -173,6 +201,12 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
         },
         "tiers": dict(tiers),
         "normalized_latency_s": normalized_latency(r.stats.values()),
+        "slo_attainment_by_day": {
+            tier: attainment_by_day(
+                (st for (t, _), st in sorted(r.stats.items()) if t == tier), r.start_s
+            )
+            for tier in sorted({t for t, _ in r.stats})
+        },
         "fleet": {
             "instance_hours": _inst_hours(all_inst),
             "gpu_hours": _gpu_hours(all_gpu),
@@ -320,6 +354,10 @@ def comparison_rows(
                 "norm_latency_p99_s": p["normalized_latency_s"]["p99"],
                 "norm_latency_peak_5min_s": p["normalized_latency_s"]["peak_5min_mean"],
                 "slo": dict(att),
+                "slo_by_day": {
+                    tier: [d["slo_attainment"] for d in days]
+                    for tier, days in p.get("slo_attainment_by_day", {}).items()
+                },
                 "niw": batch_totals(p),
                 "unfinished": p["requests"]["unfinished"],
                 "refused": p["requests"].get("refused", 0),
