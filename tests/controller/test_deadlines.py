@@ -319,7 +319,7 @@ def test_a_deadline_need_read_from_prometheus_scales_out_and_says_why(
     scaled = [m for kind, t, r, m in kube.events if r == "ScaledOut"]
     assert len(scaled) == 1  # one Event per ModelDeployment and reason
     assert "r1/h100=3" in scaled[0] and "r2/h100=2" in scaled[0]
-    assert "batch deadline pressure: 1600 tok/s needed (1.3x batch capacity)" in scaled[0]
+    assert "batch deadline pressure: 1600 tok/s needed, 1.3x batch capacity" in scaled[0]
     assert "batch deadline pressure: 800 tok/s needed" in scaled[0]
     # within what maxInstances serve: scaling is the answer, no miss is predicted
     assert kube.condition() is None and kube.model_events() == [("Normal", "ScaledOut", scaled[0])]

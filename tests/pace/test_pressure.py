@@ -249,7 +249,7 @@ def test_deadline_pressure_is_the_needed_rate_over_the_batch_capacity_below_60_p
 def test_endpoint_pressure_names_the_batch_deadline_pressure() -> None:
     p = endpoint_pressure(snapshot(0, batch_need_tps=1800.0, batch_capacity_tps=1200.0))
     assert p.deadline == pytest.approx(1.5) and p.ratio == pytest.approx(1.5)
-    assert p.describe() == "batch deadline pressure: 1800 tok/s needed (1.5x batch capacity)"
+    assert p.describe() == "batch deadline pressure: 1800 tok/s needed, 1.5x batch capacity"
     # a larger backlog signal dominates the description
     p = endpoint_pressure(snapshot(30, batch_need_tps=600.0, batch_capacity_tps=1200.0))
     assert p.ratio == pytest.approx(3.0) and "30 waiting" in p.describe()

@@ -89,12 +89,12 @@ class Pressure:
         """Which signal dominates, for Events and logs."""
         if self.deadline > 0 and self.deadline >= max(self.queue, self.ttft):
             return (
-                f"batch deadline pressure: {self.need_tps:.0f} tok/s needed "
-                f"({self.deadline:.1f}x batch capacity)"
+                f"batch deadline pressure: {self.need_tps:.0f} tok/s needed, "
+                f"{self.deadline:.1f}x batch capacity"
             )
         if self.ttft >= self.queue and self.ttft > 0:
             return f"{self.tier} TTFT P95 {self.ttft:.1f}x its SLO"
-        return f"{self.waiting} waiting ({self.queue * QUEUE_SATURATION:.1f} per instance)"
+        return f"{self.waiting} waiting, {self.queue * QUEUE_SATURATION:.1f} per instance"
 
 
 def queue_pressure(waiting: int, serving: int, saturation: float = QUEUE_SATURATION) -> float:
