@@ -255,8 +255,14 @@ def _solve_highs(
     objective = float(info.objective_function_value) if has_solution else math.nan
     nodes = int(info.mip_node_count) if info.mip_node_count > 0 else 0
     text = h.modelStatusToString(status)
-    if status == highspy.HighsModelStatus.kOptimal:
+    if status == highspy.HighsModelStatus.kOptimal and has_solution:
         return MipSolution("optimal", x, objective, gap, seconds, "highs", text, nodes)
+    if status == highspy.HighsModelStatus.kOptimal:
+        # seen on near-degenerate LPs (a rate of 1e-6 beside 16): HiGHS reports optimal
+        # but hands back no feasible primal solution; callers must not read an empty x
+        return MipSolution(
+            "no_solution", x, objective, gap, seconds, "highs", f"{text} without a primal solution"
+        )
     if status in (highspy.HighsModelStatus.kInfeasible,):
         return MipSolution("infeasible", seconds=seconds, solver="highs", message=text)
     if status == highspy.HighsModelStatus.kTimeLimit:
