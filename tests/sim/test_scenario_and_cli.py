@@ -115,6 +115,7 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
             "requests",
             "tiers",
             "normalized_latency_s",
+            "slo_attainment_by_day",
             "fleet",
             "scaling_events",
             "batch_queue",
@@ -135,6 +136,11 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
         tiers = p["tiers"]
         assert sum(m["refused"] for t in tiers.values() for m in t.values()) == req["refused"]
         assert set(tiers["iw-f"]["llama-2-70b"]["ttft_s"]) == {"p50", "p95", "p99"}
+        # a 20-minute window is one day of arrival, with the tier's whole attainment
+        [day] = p["slo_attainment_by_day"]["iw-f"]
+        iwf = tiers["iw-f"]["llama-2-70b"]
+        assert day["day"] == 0 and day["requests"] == iwf["finished"] + iwf["unfinished"]
+        assert day["slo_attainment"] == iwf["slo_attainment"]
         # the unified pool's batch leaves the global queue in troughs or by promotion;
         # the siloed pool sends batch straight to its own instances
         queue = p["batch_queue"]
