@@ -35,6 +35,7 @@ from sageserve.compare.output import (
 )
 from sageserve.compare.runner import Outcome, Task, bounds_task, make_backend, run_all
 from sageserve.pace.base import make_strategy
+from sageserve.sim.bounds import describe_bounds
 from sageserve.sim.scenario import (
     Scenario,
     default_scenario_dir,
@@ -207,11 +208,7 @@ def print_tables(doc: dict[str, Any], console: Console) -> Console:
         )
     )
     if doc["bounds"]:
-        b = doc["bounds"]
-        wide.print(
-            f"bounds: floor {b['floor_gpu_hours']:,.1f} GPU-h, oracle "
-            f"{b['oracle_gpu_hours']:,.1f} GPU-h (perfect foresight at θ, no start-up)"
-        )
+        wide.print(f"bounds: {describe_bounds(doc['bounds'])}")
     return wide
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sageserve.sim.bounds import gpu_hour_bounds
+from sageserve.sim.bounds import bounds_dict, describe_bounds, gpu_hour_bounds
 from sageserve.sim.deadlines import describe
 from sageserve.sim.run import Comparison, run_policies, write_outputs
 from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
@@ -114,10 +114,7 @@ def simulate(
         bounds_task = prog.add_task("bounds", total=None)
         bounds = gpu_hour_bounds(sc)
         prog.update(bounds_task, total=1.0, completed=1.0)
-    cmp.summary["bounds"] = {
-        "floor_gpu_hours": round(bounds.floor_gpu_hours, 3),
-        "oracle_gpu_hours": round(bounds.oracle_gpu_hours, 3),
-    }
+    cmp.summary["bounds"] = bounds_dict(bounds)
     cmp.summary["policy_settings"] = list(settings or [])
     paths = write_outputs(out, cmp, report)
     wide = console if console.is_terminal else Console(width=240)
@@ -125,13 +122,16 @@ def simulate(
     by_day = attainment_by_day_table(cmp)
     if by_day is not None:
         wide.print(by_day)
+    lower = bounds.lower_bound_gpu_hours
     wide.print(
-        f"bounds: floor {bounds.floor_gpu_hours:,.1f} GPU-h (every endpoint at minInstances), "
-        f"oracle {bounds.oracle_gpu_hours:,.1f} GPU-h (perfect foresight at θ, no start-up); "
-        + ", ".join(
-            f"{r['policy']} {r['gpu_hours'] / bounds.oracle_gpu_hours - 1:+.1%}" for r in cmp.table
+        f"bounds: {describe_bounds(cmp.summary['bounds'])}"
+        + (
+            "; "
+            + ", ".join(f"{r['policy']} {r['gpu_hours'] / lower:.2f}x" for r in cmp.table)
+            + " the lower bound"
+            if lower > 0
+            else ""
         )
-        + " vs the oracle"
     )
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return cmp

@@ -6,7 +6,7 @@ Schema `sageserve.compare/v1` (fields are only added within v1):
     {"schema": "sageserve.compare/v1",
      "scenario": {"name", "path", "window": {"start_s", "end_s"}, "seed"},
      "tier": "iw-f", "target": 0.95, "settings": [common --set], "baseline": "<policy>",
-     "bounds": {"floor_gpu_hours", "oracle_gpu_hours"} | null,
+     "bounds": {"floor_gpu_hours", "lower_bound_gpu_hours", "oracle_gpu_hours"} | null,
      "runs": {"backend", "count", "failed", "wall_s"},
      "policies": {"<policy>": {
         "strategy", "knobs": [PATH, ...],
@@ -51,6 +51,7 @@ from sageserve.compare.frontier import (
 from sageserve.compare.grid import canonical
 from sageserve.compare.recommend import recommendation
 from sageserve.compare.runner import Outcome
+from sageserve.sim.bounds import describe_bounds
 
 SCHEMA = "sageserve.compare/v1"
 
@@ -289,8 +290,16 @@ def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
             color="k",
             linestyle=":",
             linewidth=1,
-            label="oracle (perfect foresight)",
+            label="θ-sized estimate (perfect foresight at θ)",
         )
+        if "lower_bound_gpu_hours" in bounds:
+            ax.axhline(
+                bounds["lower_bound_gpu_hours"],
+                color="k",
+                linestyle="-",
+                linewidth=1,
+                label="lower bound (fluid LP)",
+            )
     ax.set_xlabel(f"{doc['tier']} SLO attainment (%)")
     ax.set_ylabel("GPU-hours")
     ax.set_title(
@@ -412,13 +421,7 @@ def write_report(out: Path, doc: Mapping[str, Any]) -> Path:
     plot_frontiers(out / "frontier.png", doc)
     sc = doc["scenario"]
     bounds = doc.get("bounds")
-    bounds_p = (
-        f"<p>Bounds: floor {bounds['floor_gpu_hours']:,.1f} GPU-h (every endpoint at "
-        f"minInstances), oracle {bounds['oracle_gpu_hours']:,.1f} GPU-h (perfect foresight "
-        "at θ, no start-up).</p>"
-        if bounds
-        else ""
-    )
+    bounds_p = f"<p>Bounds: {html.escape(describe_bounds(bounds))}.</p>" if bounds else ""
     settings = " ".join(doc["settings"]) or "none"
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>sageserve compare: {html.escape(str(sc.get("name")))}</title>

@@ -126,15 +126,12 @@ def run_task(task: Task, sink: Any = None) -> dict[str, Any]:
 
 
 def bounds_task(scenario: str) -> dict[str, float]:
-    """Floor and oracle GPU-hours of the scenario (`sim.bounds`): how much there was to save."""
-    from sageserve.sim.bounds import gpu_hour_bounds
+    """Floor, lower bound and θ-sized estimate of the scenario's GPU-hours (`sim.bounds`):
+    how much there was to save."""
+    from sageserve.sim.bounds import bounds_dict, gpu_hour_bounds
     from sageserve.sim.scenario import load_scenario
 
-    b = gpu_hour_bounds(load_scenario(Path(scenario)))
-    return {
-        "floor_gpu_hours": round(b.floor_gpu_hours, 3),
-        "oracle_gpu_hours": round(b.oracle_gpu_hours, 3),
-    }
+    return bounds_dict(gpu_hour_bounds(load_scenario(Path(scenario))))
 
 
 class Future(Protocol):
