@@ -231,7 +231,9 @@ def compare(
     tier: Annotated[
         str | None, typer.Option(help="Tier compared (default: the tightest interactive).")
     ] = None,
-    bounds: Annotated[bool, typer.Option(help="Compute the floor, the lower bound and the θ-sized estimate.")] = True,
+    bounds: Annotated[
+        bool, typer.Option(help="Compute the floor, the lower bound and the θ-sized estimate.")
+    ] = True,
     report: Annotated[bool, typer.Option(help="Write frontier.png and report.html.")] = True,
     from_summary: Annotated[
         Path | None,
