@@ -282,7 +282,7 @@ def pod_set_name(deployment: str, region: str, variant: str) -> str:
 
 def model_theta_tps(md: ModelDeployment) -> float:
     """θ of the model for its batch deadlines: the capacityTokensPerSecond of its fastest
-    variant (SageServe §6.3's per-instance capacity).
+    variant (SageServe §5's per-instance capacity).
 
     Why the fastest: the deadline signal and the at-risk check ask whether the model's
     instances *can* serve its batch queue in time; the largest θ errs toward "they can", so
