@@ -407,3 +407,21 @@ def test_simulate_prints_attainment_by_day_only_for_a_window_of_several_days() -
     text = console.export_text()
     assert "day 1" in text and "day 2" in text and "97.75%" in text
     assert text.count("reactive") == 2  # one row per tier
+
+
+def test_gpu_time_after_the_window_is_counted_apart_until_the_last_request_finishes() -> None:
+    """One instance of 8 GPUs for a 10-minute window: its GPU-hours are the window's; a
+    request arriving 10 s before the end needs ~40 s more, which the fleet holds in the
+    drain and the summary reports apart; without it, nothing is held after the window."""
+    perf = flat_perf(prefill_s=0.05, decode_s=0.02)
+    cfg = config(perf, initial=1, lo=1, hi=1, end_s=600.0, drain_s=3600.0)
+    early = Request(0, 100.0, "m", IW_F, "r1", 100, 10)
+    late = Request(1, 590.0, "m", IW_F, "r1", 100, 2000)  # 0.05 + 1999 × 0.02 ≈ 40 s
+    with_late = policy_summary(Simulation(cfg, make_strategy("static"), [early, late]).run(), 1)
+    without = policy_summary(Simulation(cfg, make_strategy("static"), [early]).run(), 1)
+    for p in (with_late, without):
+        assert p["fleet"]["gpu_hours"]["internal"] == pytest.approx(8 * 600 / 3600, abs=1e-3)
+    # held from 600 s until the run's next pace tick after the request finished (~630 s)
+    assert 8 * 30 / 3600 <= with_late["fleet"]["after_window_gpu_hours"] <= 8 * 60 / 3600
+    assert with_late["requests"]["unfinished"] == 0
+    assert without["fleet"]["after_window_gpu_hours"] == 0.0

@@ -30,12 +30,22 @@ NIW_COLUMNS = (
 def comparison_table(cmp: Comparison, title: str) -> Table:
     """The printed table: cost, IW TTFT, SLO attainment per tier and, next to it, the batch
     deadline accounting (SageServe §6.3: NIW work is judged on its 24 h deadline, so work
-    queued past the window with a later deadline is shown apart, not as a miss)."""
+    queued past the window with a later deadline is shown apart, not as a miss). GPU-hours
+    cover the window; "drain GPU-h" is what the fleet held after it until the run stopped."""
     tiers = sorted({t for r in cmp.table for t in r["slo"]})
     end_s = float(cmp.summary["scenario"]["window"]["end_s"])
     batch = any(r.get("niw", {}).get("entries") for r in cmp.table)
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for col in ("policy", "inst-h", "vs 1st", "GPU-h", "prov GPU-h", "spot GPU-h", "IW TTFT p95 s"):
+    for col in (
+        "policy",
+        "inst-h",
+        "vs 1st",
+        "GPU-h",
+        "prov GPU-h",
+        "spot GPU-h",
+        "drain GPU-h",
+        "IW TTFT p95 s",
+    ):
         table.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
     for t in tiers:
         table.add_column(f"SLO {t}", justify="right", no_wrap=True)
@@ -53,6 +63,7 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
             f"{r['gpu_hours']:.1f}",
             f"{r['provisioning_gpu_hours']:.1f}",
             f"{r['donated_gpu_hours']:.1f}",
+            f"{r['after_window_gpu_hours']:.1f}",
             f"{p95:.3f}" if p95 is not None else "-",
             *[f"{r['slo'].get(t, float('nan')):.2%}" for t in tiers],
             *[cells[key] for _, key in (NIW_COLUMNS if batch else ())],

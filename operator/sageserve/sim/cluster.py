@@ -270,6 +270,11 @@ class Accounting:
         default_factory=lambda: defaultdict(float)
     )
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: GPU-seconds after the window (the drain), donated time apart: what finishing the
+    #: window's work cost beyond it, kept out of `gpu_seconds`
+    after_window_gpu_seconds: dict[tuple[str, str, InstanceState], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )
 
 
 class Cluster:
@@ -361,15 +366,20 @@ class Cluster:
     # ---- accounting ----------------------------------------------------------------------
 
     def _account(self, inst: Instance, until: float) -> None:
-        if self.closed_at is not None:
-            until = min(until, self.closed_at)
-        dt = until - inst.state_since
+        since, closed, window_until = inst.state_since, self.closed_at, until
+        if closed is not None and until > closed:
+            window_until = closed
+            after = until - max(since, closed)
+            if after > 0 and inst.state is not InstanceState.SPOT:
+                key = (inst.model, inst.region, inst.state)
+                self.acct.after_window_gpu_seconds[key] += after * inst.gpus
+        dt = window_until - since
         if dt > 0:
             model = inst.model if inst.state is not InstanceState.SPOT else (inst.last_model or "")
             k = (model, inst.region, inst.state)
             self.acct.gpu_seconds[k] += dt * inst.gpus
             self.acct.instance_seconds[k] += dt
-        inst.state_since = max(inst.state_since, until)
+        inst.state_since = max(since, until)
 
     def set_state(self, inst: Instance, state: InstanceState, now: float) -> None:
         self._account(inst, now)
@@ -377,11 +387,16 @@ class Cluster:
         inst.state_since = now
 
     def close_accounting(self, now: float) -> None:
-        """Stop the GPU-hour clock at `now` (end of the measured window)."""
+        """Stop the GPU-hour clock at `now` (end of the measured window); what instances
+        hold after it is counted apart, in `after_window_gpu_seconds`."""
+        self.account_all(now)
+        self.closed_at = now
+
+    def account_all(self, now: float) -> None:
+        """Bring every placed instance's GPU-time up to `now`."""
         for inst in self.all_instances:
             if inst.node is not None:
                 self._account(inst, now)
-        self.closed_at = now
 
     # ---- scaling executor ----------------------------------------------------------------
 

@@ -239,6 +239,11 @@ class RunResult:
     #: below the release EMU took it, SageServe §6.2) or "promoted" (its slack ran out, or
     #: its age without a deadline); what is left queued at the end is in `pending`
     batch_released: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: (model, region, state) -> GPU-seconds after the window until the run stopped (its
+    #: last request finished, or the drain ended), donated time apart
+    after_window_gpu_seconds: dict[tuple[str, str, InstanceState], float] = field(
+        default_factory=dict
+    )
 
 
 class _Clock:
@@ -554,6 +559,7 @@ class Simulation(InstanceHooks):
         self.sim_events = n_ev
         if not closed:
             self.cluster.close_accounting(end)
+        self.cluster.account_all(min(max(t_next, end), hard_end))  # the run's last instant
         return self._result()
 
     # ---- arrivals and routing ------------------------------------------------------------
@@ -955,6 +961,7 @@ class Simulation(InstanceHooks):
             stats=dict(self.stats),
             gpu_seconds=dict(self.cluster.acct.gpu_seconds),
             instance_seconds=dict(self.cluster.acct.instance_seconds),
+            after_window_gpu_seconds=dict(self.cluster.acct.after_window_gpu_seconds),
             events=dict(self.cluster.acct.events),
             minutes=self.minutes,
             sim_events=self.sim_events,

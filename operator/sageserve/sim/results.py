@@ -23,6 +23,7 @@ added, never renamed or removed, within v1):
           "fleet": {
             "instance_hours": float,            # serving + provisioning + draining
             "gpu_hours": {"serving", "provisioning", "draining", "donated", "internal"},
+            "after_window_gpu_hours": float,    # the drain, until the run stopped
             "by_model": {"<model>": {"instance_hours", "gpu_hours": {...}}},
             "by_model_region": {"<model>/<region>": {"instance_hours", "gpu_hours": {...}}}},
           "scaling_events": {"<kind>": count},
@@ -30,7 +31,10 @@ added, never renamed or removed, within v1):
           "sim": {"events", "preemptions", "wall_s", "requests_per_wall_s"}}}}
 
 `internal` GPU-hours exclude donated (spot) time, as the paper's instance-hours do;
-`provisioning` is the scaling waste (GPUs paid for while an instance comes up). SLO
+`provisioning` is the scaling waste (GPUs paid for while an instance comes up). They cover
+the window; `after_window_gpu_hours` (donated time apart) is what the fleet held after it,
+in the drain, until the run stopped: work a policy left for after the window is served
+there, so a comparison reads both. SLO
 attainment: interactive tiers - TTFT within the tier's `ttftP95Seconds`; batch tiers - end to
 end within the deadline. Unfinished requests count against attainment. Refused requests
 (prompt + output beyond the model's context length, vLLM's HTTP 400 at arrival) are neither
@@ -210,6 +214,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
         "fleet": {
             "instance_hours": _inst_hours(all_inst),
             "gpu_hours": _gpu_hours(all_gpu),
+            "after_window_gpu_hours": round(sum(r.after_window_gpu_seconds.values()) / 3600.0, 3),
             "by_model": {
                 m: {"instance_hours": _inst_hours(by_m_i[m]), "gpu_hours": _gpu_hours(by_m[m])}
                 for m in sorted(by_m)
@@ -350,6 +355,7 @@ def comparison_rows(
                 "gpu_hours": p["fleet"]["gpu_hours"]["internal"],
                 "provisioning_gpu_hours": p["fleet"]["gpu_hours"]["provisioning"],
                 "donated_gpu_hours": p["fleet"]["gpu_hours"]["donated"],
+                "after_window_gpu_hours": p["fleet"].get("after_window_gpu_hours", 0.0),
                 "iw_ttft_p95_s": interactive_ttft_p95(r, interactive_tiers),
                 "norm_latency_p99_s": p["normalized_latency_s"]["p99"],
                 "norm_latency_peak_5min_s": p["normalized_latency_s"]["peak_5min_mean"],
