@@ -201,3 +201,17 @@ def test_siloed_uses_more_instance_hours_than_unified_reactive_on_the_bundled_sc
     # "similar interactive P95 TTFT": both within the IW-F SLO of 1 s
     assert rows["reactive"]["iw_ttft_p95_s"] < 1.0
     assert rows["siloed"]["iw_ttft_p95_s"] < 1.0
+
+
+def test_a_seed_redraws_the_workload_and_the_default_is_the_scenarios() -> None:
+    """`--seed` draws another request stream from the same traces (arrivals, and each
+    client's model, region and tier), not only the simulation's own draws."""
+    sc = load_scenario(TINY)
+    own = [(r.arrival, r.tier.name, r.region) for r in sc.requests()]
+    assert [(r.arrival, r.tier.name, r.region) for r in sc.with_seed(None).requests()] == own
+    assert sc.with_seed(sc.workload.seed) is sc
+    other = [(r.arrival, r.tier.name, r.region) for r in sc.with_seed(12345).requests()]
+    assert other != own
+    cmp = run_policies(sc, ["reactive"], seed=12345)
+    assert cmp.summary["scenario"]["seed"] == 12345
+    assert cmp.runs["reactive"][0].arrived == len(other)

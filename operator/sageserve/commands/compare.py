@@ -154,7 +154,7 @@ def compare(
                 run = f"{len(finished)}/{len(tasks)} {escape(o.task.job.run_id)}"
                 console.print(f"{run}: {status}", highlight=False)
 
-        extra = [(bounds_task, (str(root),))] if bounds else []
+        extra = [(bounds_task, (str(root), seed))] if bounds else []
         try:
             outcomes, extra_results = run_all(backend, order, on_progress, on_done, extra)
         finally:

@@ -101,7 +101,9 @@ def simulate(
     console: Console,
     settings: list[str] | None = None,
 ) -> Comparison:
-    sc = with_policy_settings(load_scenario(scenario or default_scenario_dir()), settings or [])
+    sc = with_policy_settings(
+        load_scenario(scenario or default_scenario_dir()), settings or []
+    ).with_seed(seed)
     names = policies or sc.policies
     console.print(
         f"scenario [bold]{sc.name}[/bold]: {len(sc.models)} models, {len(sc.nodes)} nodes, "

@@ -125,13 +125,13 @@ def run_task(task: Task, sink: Any = None) -> dict[str, Any]:
     return out
 
 
-def bounds_task(scenario: str) -> dict[str, float]:
+def bounds_task(scenario: str, seed: int | None = None) -> dict[str, float]:
     """Floor, lower bound and θ-sized estimate of the scenario's GPU-hours (`sim.bounds`):
     how much there was to save."""
     from sageserve.sim.bounds import bounds_dict, gpu_hour_bounds
     from sageserve.sim.scenario import load_scenario
 
-    return bounds_dict(gpu_hour_bounds(load_scenario(Path(scenario))))
+    return bounds_dict(gpu_hour_bounds(load_scenario(Path(scenario)).with_seed(seed)))
 
 
 class Future(Protocol):

@@ -47,7 +47,8 @@ def run_policies(
     on_progress: Callable[[str, float], None] | None = None,
 ) -> Comparison:
     """Simulate `policies` one after the other; progress is reported as a 0..1 fraction."""
-    cfg = scenario.sim_config(seed)
+    scenario = scenario.with_seed(seed)
+    cfg = scenario.sim_config()
     span = max(1e-9, cfg.end_s - cfg.start_s)
     runs: dict[str, tuple[RunResult, float]] = {}
     history: tuple[PerKeySeries, PerKeySeries] | None = None  # read once, for every LT run

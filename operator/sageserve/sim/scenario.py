@@ -170,6 +170,14 @@ class Scenario:
     def requests(self) -> Iterator[Request]:
         return requests(self.workload, self.tiers, self.contexts())
 
+    def with_seed(self, seed: int | None) -> Scenario:
+        """The scenario with its workload drawn from `seed` (arrivals, and the model, region
+        and tier of each client); the simulation's own draws follow the same seed
+        (`sim_config`). None: the scenario's seed."""
+        if seed is None or seed == self.workload.seed:
+            return self
+        return replace(self, workload=replace(self.workload, seed=seed))
+
     def history(self, minutes: int) -> tuple[PerKeySeries, PerKeySeries]:
         """The planner's history before the window: (interactive, batch) tokens/s per minute."""
         return tokens_per_minute(self.workload, self.tiers, minutes, self.contexts())
