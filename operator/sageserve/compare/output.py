@@ -283,23 +283,14 @@ def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
                 label=f"{name} at the target" + (" (at most: every point above)" if bound else ""),
             )
     ax.axvline(100 * target, color="grey", linestyle="--", linewidth=1, label="target")
-    bounds = doc.get("bounds")
-    if bounds:
-        ax.axhline(
-            bounds["oracle_gpu_hours"],
-            color="k",
-            linestyle=":",
-            linewidth=1,
-            label="θ-sized estimate (perfect foresight at θ)",
-        )
-        if "lower_bound_gpu_hours" in bounds:
-            ax.axhline(
-                bounds["lower_bound_gpu_hours"],
-                color="k",
-                linestyle="-",
-                linewidth=1,
-                label="lower bound (fluid LP)",
-            )
+    bounds = doc.get("bounds") or {}
+    lines = (
+        ("oracle_gpu_hours", ":", "θ-sized estimate (perfect foresight at θ)"),
+        ("lower_bound_gpu_hours", "-", "lower bound (fluid LP)"),
+    )
+    for key, style, label in lines:
+        if key in bounds:
+            ax.axhline(bounds[key], color="k", linestyle=style, linewidth=1, label=label)
     ax.set_xlabel(f"{doc['tier']} SLO attainment (%)")
     ax.set_ylabel("GPU-hours")
     ax.set_title(

@@ -183,8 +183,10 @@ class TierModelStats:
         #: run compares with a one-day run of the same traffic
         self.by_day: dict[int, list[int]] = {}
 
-    def day(self, day: int) -> list[int]:
-        """The [finished, SLO met, unfinished] counters of one day of arrival."""
+    def day(self, since_start_s: float) -> list[int]:
+        """The [finished, SLO met, unfinished] counters of the day a request arrived in,
+        `since_start_s` seconds after the window's start."""
+        day = int(since_start_s // DAY_S)
         c = self.by_day.get(day)
         if c is None:
             c = self.by_day[day] = [0, 0, 0]
@@ -417,7 +419,7 @@ class Simulation(InstanceHooks):
         st = self.stats[(req.tier.name, req.model)]
         if now < 0:  # dropped: could never fit in KV
             st.dropped += 1
-            st.day(int((req.arrival - self.cfg.start_s) // DAY_S))[2] += 1
+            st.day(req.arrival - self.cfg.start_s)[2] += 1
             return
         predictor = self._predictors.get(req.model)
         if predictor is not None:  # what a router learns when a response ends
@@ -446,7 +448,7 @@ class Simulation(InstanceHooks):
         if tier.deadline_s is not None and e2e > tier.deadline_s:
             ok = False
             st.deadline_miss += 1
-        day = st.day(int((req.arrival - self.cfg.start_s) // DAY_S))
+        day = st.day(req.arrival - self.cfg.start_s)
         day[0] += 1
         if ok:
             st.slo_met += 1
@@ -745,7 +747,7 @@ class Simulation(InstanceHooks):
     def _lost(self, job: Job) -> None:
         st = self.stats[(job.req.tier.name, job.req.model)]
         st.dropped += 1
-        st.day(int((job.req.arrival - self.cfg.start_s) // DAY_S))[2] += 1
+        st.day(job.req.arrival - self.cfg.start_s)[2] += 1
 
     # ---- batch queue ---------------------------------------------------------------------
 
@@ -945,7 +947,7 @@ class Simulation(InstanceHooks):
         for job in left:
             key = (job.req.tier.name, job.req.model)
             unfinished[key] += 1
-            self.stats[key].day(int((job.req.arrival - self.cfg.start_s) // DAY_S))[2] += 1
+            self.stats[key].day(job.req.arrival - self.cfg.start_s)[2] += 1
             if key[0] in self._batch_deadlines:
                 pending[key].append(PendingWork(job.deadline, job.prompt_left + job.out_left))
         for key, st in self.stats.items():
