@@ -16,7 +16,9 @@ The hourly plan (SageServe §5, §6.3) is made by the operator's plan loop from 
 Prometheus and the API server hold (`controller.plan_loop.PlanPass`, in process:
 `tests.controller.plan_fakes`) and by the simulator's planner from its own counters
 (`sim.scenario.Scenario.planner`): the same history, batch, current sizes, GPUs and batch
-deadline need must give the same plan.
+deadline need must give the same plan. And both plan at the same moments: the strategy's
+cadence (`pace.cadence.plan_step`) through the operator's plan loop and the simulator's
+minute tick, over two hours of looks.
 """
 
 from __future__ import annotations
@@ -405,3 +407,95 @@ def test_both_worlds_plan_alike_from_the_same_hour(
     grown = [k for k, n in operator.targets.items() if n > paper.targets[k]]
     assert bool(grown) == grows
     assert all(n >= paper.targets[k] for k, n in operator.targets.items())
+
+
+# ---- when each world plans ------------------------------------------------------------------
+
+#: Two hours of looks, one a minute (the simulator's minute tick; the operator looks more often
+#: but plans only when due).
+LOOKS = [60.0 * m for m in range(121)]
+
+
+def cadence_policy(strategy: str) -> ScalingPolicy:
+    return ScalingPolicy.model_validate(
+        {
+            "apiVersion": "sageserve.io/v1alpha1",
+            "kind": "ScalingPolicy",
+            "metadata": {"name": "p", "namespace": NS},
+            "spec": {
+                "strategy": strategy,
+                "intervals": {"planSeconds": 1800},
+                "preserve": {"windowSeconds": 300},
+            },
+        }
+    )
+
+
+def operator_plan_times(
+    policy: ScalingPolicy, start: float, monkeypatch: pytest.MonkeyPatch
+) -> list[float]:
+    """The moments `Loops.plan_if_due` runs a plan pass when it looks at `LOOKS` (its
+    plan passes recorded, not run: this is about when, not what)."""
+    from sageserve.controller import pace_loop
+
+    clock = SimpleNamespace(now=start)
+    ran: list[float] = []
+
+    class Pass:
+        def __init__(self, *_args: Any) -> None:
+            pass
+
+        def run(self, *_args: Any) -> Any:
+            ran.append(clock.now)
+            return SimpleNamespace(in_force=lambda wall: Plan(wall, {}))
+
+        run_window = run
+
+    monkeypatch.setattr(pace_loop.time, "time", lambda: clock.now)
+    monkeypatch.setattr(pace_loop, "PlanPass", Pass)
+    monkeypatch.setattr(pace_loop, "WindowPass", Pass)
+    monkeypatch.setattr(pace_loop, "prometheus_reader", lambda **_kw: None)
+    loops = pace_loop.Loops([NS], lambda _: None, 3600.0, logging.getLogger("parity"))
+    state = pace_loop.PaceState()
+    body = policy.model_dump(by_alias=True, mode="json")
+    for t in LOOKS:
+        clock.now = start + t
+        loops.plan_if_due(None, body, state)  # type: ignore[arg-type]
+    return [t - start for t in ran]
+
+
+def simulator_plan_times(policy: ScalingPolicy) -> list[float]:
+    """The moments the simulator calls its planner over the same two hours, with load
+    history before the window (as Prometheus holds it for the operator)."""
+    from sageserve.pace.from_policy import strategy_for
+    from tests.sim.helpers import config
+
+    ran: list[float] = []
+
+    def planner(now: float, *_args: Any) -> Plan:
+        ran.append(now)
+        return Plan(now, {})
+
+    cfg = config(flat_perf(), end_s=LOOKS[-1] + 1.0)
+    history = ({("m", "r1"): [1.0]}, {})
+    Simulation(cfg, strategy_for(policy.spec), iter([]), None, planner, history).run()
+    return ran
+
+
+@pytest.mark.parametrize(
+    ("strategy", "every_s"),
+    [("lt-utilization-arima", 1800.0), ("lt-immediate", 1800.0), ("preserve", 300.0)],
+)
+def test_both_worlds_plan_at_the_same_moments(
+    strategy: str, every_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = cadence_policy(strategy)
+    expected = [t for t in LOOKS if t % every_s == 0]
+    assert simulator_plan_times(policy) == expected
+    assert operator_plan_times(policy, 1.8e9, monkeypatch) == expected
+
+
+def test_neither_world_plans_for_the_baselines(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = cadence_policy("reactive")
+    assert simulator_plan_times(policy) == []
+    assert operator_plan_times(policy, 1.8e9, monkeypatch) == []

@@ -144,7 +144,7 @@ def test_no_plan_means_no_action() -> None:
 def test_only_lt_immediate_is_evaluated_every_pace_period() -> None:
     assert make_strategy("lt-immediate").periodic
     assert not make_strategy("lt-u").periodic
-    assert all(make_strategy(n).uses_plan for n in ("lt-i", "lt-u", "lt-ua"))
+    assert all(make_strategy(n).plan_cadence.plans for n in ("lt-i", "lt-u", "lt-ua"))
 
 
 def test_strategies_are_built_by_their_policy_names_with_paper_parameters() -> None:

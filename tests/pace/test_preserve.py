@@ -9,6 +9,7 @@ from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.pace import make_strategy
+from sageserve.pace.base import PlanCadence, PlanSource
 from sageserve.pace.from_policy import strategy_for
 from sageserve.pace.preserve import (
     Preserve,
@@ -234,7 +235,7 @@ def test_the_policy_fields_reach_the_strategy() -> None:
     assert strategy.params == PreserveParams(
         window_s=300.0, lookahead=50, overload_kv=0.9, overload_share=0.2, scale_down_kv=0.25
     )
-    assert strategy.plan_interval_s == 300.0
+    assert strategy.plan_cadence == PlanCadence(PlanSource.WINDOW, 300.0)
     default = ScalingPolicySpec().preserve
     assert (default.window_seconds, default.lookahead_iterations) == (600, 100)
     assert (default.overload_kv_usage, default.overload_iteration_share) == (0.95, 0.1)

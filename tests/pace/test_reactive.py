@@ -78,7 +78,7 @@ def test_strategies_are_chosen_by_name_behind_one_interface() -> None:
         s = make_strategy(name, {"scale_out_above": 0.8})
         assert isinstance(s, PacingStrategy)
         assert s.name == name
-        assert not s.uses_plan and not s.periodic
+        assert not s.plan_cadence.plans and not s.periodic
     with pytest.raises(KeyError, match="unknown scaling strategy"):
         make_strategy("nope")
 

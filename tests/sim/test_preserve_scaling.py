@@ -3,7 +3,6 @@ it, and the in-window scale-up from the instances' projected KV usage (PreServe 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from sageserve.core.types import (
 )
 from sageserve.pace import make_strategy
 from sageserve.sim.engine import Simulation
-from sageserve.sim.run import plan_interval
 from sageserve.sim.scenario import load_scenario
 from tests.sim.helpers import config, flat_perf, poisson
 
@@ -45,9 +43,7 @@ def test_preserve_plans_each_window_and_moves_the_fleet_to_it() -> None:
     sc = load_scenario(TINY)
     strategy = Recording(sc.strategy("preserve"))
     cfg = sc.sim_config()
-    span = cfg.end_s - cfg.start_s
-    cfg = replace(cfg, plan_s=plan_interval(strategy, cfg.plan_s, span))
-    assert cfg.plan_s == 600.0  # the policy's preserve.windowSeconds default
+    assert strategy.plan_cadence.interval_s == 600.0  # preserve.windowSeconds' default
     inner = sc.planner_for(strategy, cfg.history_minutes)
     plans: list[Plan] = []
 
@@ -73,7 +69,6 @@ def test_static_holds_one_size_per_endpoint_from_the_first_minute() -> None:
     sc = load_scenario(TINY)
     strategy = sc.strategy("static")
     cfg = sc.sim_config()
-    cfg = replace(cfg, plan_s=plan_interval(strategy, cfg.plan_s, cfg.end_s - cfg.start_s))
     planner = sc.planner_for(strategy, cfg.history_minutes)
     result = Simulation(cfg, strategy, sc.requests(), None, planner, None).run()
     later = [m for m in result.minutes if 2 <= m.minute <= 20]
@@ -87,7 +82,7 @@ def test_in_window_an_instance_projected_to_overflow_brings_one_more() -> None:
     projection (the simulator's anticipators, as a router's would be) adds instances within
     the window, which no reactive rule does here (the plan is in force)."""
     perf = flat_perf(prefill_s=0.01, decode_s=0.02, kv=40_000, gpus=8)
-    cfg = config(perf, initial=1, lo=1, hi=3, end_s=900.0, plan_s=600.0)
+    cfg = config(perf, initial=1, lo=1, hi=3, end_s=900.0)
     key = EndpointKey("m", "r1")
 
     def planner(now, *_):  # type: ignore[no-untyped-def]

@@ -107,7 +107,9 @@ def compare(
     the_tier = slo_tier(sc, tier)
     tasks = [Task(i, str(root), job, seed) for i, job in enumerate(jobs)]
     # plan-using strategies run longest (hourly forecast + ILP): start them first
-    order = sorted(tasks, key=lambda t: (not make_strategy(t.job.policy).uses_plan, t.index))
+    order = sorted(
+        tasks, key=lambda t: (not make_strategy(t.job.policy).plan_cadence.plans, t.index)
+    )
 
     backend = make_backend(workers, address)
     console.print(

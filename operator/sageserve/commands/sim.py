@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sageserve.core.types import Request
 from sageserve.sim.bounds import bounds_dict, describe_bounds, gpu_hour_bounds
 from sageserve.sim.deadlines import describe
 from sageserve.sim.run import Comparison, run_policies, write_outputs
@@ -179,7 +181,14 @@ def bench_sim(
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     strat = sc.strategy(policy)
-    res = Simulation(cfg, strat, reqs, None, sc.planner()).run()
+    # a plan-following strategy plans from the history before the window, as in `simulate`
+    history = sc.history(cfg.history_minutes) if strat.plan_cadence.plans else None
+
+    def simulation(requests: Iterable[Request]) -> Simulation:
+        planner = sc.planner_for(strat, cfg.history_minutes) if history is not None else None
+        return Simulation(cfg, strat, requests, None, planner, history)
+
+    res = simulation(reqs).run()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     figures = {
@@ -195,7 +204,7 @@ def bench_sim(
         held = list(sc.requests())
         t0 = time.perf_counter()
         cpu0 = time.process_time()
-        res2 = Simulation(sc.sim_config(), sc.strategy(policy), held, None, sc.planner()).run()
+        res2 = simulation(held).run()
         wall2 = time.perf_counter() - t0
         cpu2 = time.process_time() - cpu0
         del held

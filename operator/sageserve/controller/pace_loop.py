@@ -60,6 +60,8 @@ from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsTooSlow, MetricsUnavailable
+from sageserve.pace.base import PacingStrategy, PlanSource
+from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.from_policy import strategy_for
 from sageserve.pace.step import Held, StepState, decide
 from sageserve.plan.oserve_layouts import with_layouts
@@ -107,7 +109,8 @@ class PaceState:
     conditions: list[dict[str, Any]] = field(default_factory=list)
     #: The newest plan (made here or restored from status); `decide` adopts it.
     plan: Plan | None = None
-    next_plan: float = 0.0
+    #: when the next plan is due (`pace.cadence.plan_step`, as in the simulator)
+    plan_clock: PlanClock = field(default_factory=PlanClock)
     donated_nodes: int | None = None
     #: faults already posted as Events (`controller.guard.FaultReport`)
     faults_seen: set[str] = field(default_factory=set)
@@ -240,11 +243,7 @@ class PacePass:
             loads = reader.pod_loads(self.namespace)
             held_requests = reader.held_requests(self.namespace)
             deadline_needs = reader.batch_deadline_needs(self.namespace)
-            projections = (
-                reader.pod_projections(self.namespace)
-                if getattr(strategy, "uses_projection", False)
-                else {}
-            )
+            projections = reader.pod_projections(self.namespace) if strategy.uses_projection else {}
         except MetricsTooSlow as exc:
             message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
             self.condition("Degraded", True, "PrometheusSlow", f"{message}: {exc}")
@@ -535,23 +534,14 @@ class PacePass:
         return reason, f"{prefix}{sizes}{drained} ({decision.reason})"
 
 
-def plans(policy: dict[str, Any]) -> bool:
-    """Whether the policy's strategy follows a plan (its `uses_plan`): the hourly cycle's,
-    or for `preserve` the window plan's."""
+def policy_strategy(policy: dict[str, Any]) -> PacingStrategy | None:
+    """The strategy a ScalingPolicy asks for, configured from its spec; None for a spec
+    that does not validate (the pace pass reports it)."""
     try:
         spec = ScalingPolicy.model_validate(essence(policy)).spec
     except ValueError:
-        return False
-    return strategy_for(spec).uses_plan
-
-
-def plan_interval_s(policy: dict[str, Any]) -> float:
-    """Seconds between plans: `spec.preserve.windowSeconds` for `preserve` (PreServe §4.1,
-    Alg. 2: one plan per window), else `spec.intervals.planSeconds`."""
-    spec = ScalingPolicy.model_validate(essence(policy)).spec
-    if spec.strategy is Strategy.PRESERVE:
-        return float(spec.preserve.window_seconds)
-    return float(spec.intervals.plan_seconds)
+        return None
+    return strategy_for(spec)
 
 
 class Loops(threading.Thread):
@@ -604,25 +594,31 @@ class Loops(threading.Thread):
         return self.is_leader
 
     def plan_if_due(self, k: Kube, policy: dict[str, Any], state: PaceState) -> bool:
-        """Adopt the plan recorded in status if it is fresh, else plan now: the hourly
-        cycle (`PlanPass`) for the LT strategies, the window plan (`WindowPass`, every
-        `spec.preserve.windowSeconds`) instead of it for `preserve` (see `window_loop` for
-        why it replaces rather than overrides the hourly plan).
+        """Plan when the strategy's cadence says so (`pace.cadence.plan_step`, the rule the
+        simulator follows too), after a restart adopting the plan recorded in status while
+        it is fresh: the hourly cycle (`PlanPass`) for the LT strategies, the window plan
+        (`WindowPass`, every `spec.preserve.windowSeconds`) instead of it for `preserve`
+        (see `window_loop` for why it replaces rather than overrides the hourly plan).
+        `static`'s peak-sized fleet is a simulation baseline (the pace pass says so).
 
         Returns whether a plan pass ran."""
-        if not plans(policy):
+        strategy = policy_strategy(policy)
+        if strategy is None or strategy.plan_cadence.source is PlanSource.PEAK:
             return False
+        cadence = strategy.plan_cadence
+        recorded = recorded_plan(policy) if state.plan_clock.due_at is None else None
         wall = time.time()
-        if wall < state.next_plan:
-            return False
-        interval = plan_interval_s(policy)
-        recorded = recorded_plan(policy)
-        if state.plan is None and recorded is not None and wall - recorded.computed_at < interval:
+        move, state.plan_clock = plan_step(
+            wall,
+            state.plan_clock,
+            cadence,
+            recorded_at=recorded.computed_at if recorded is not None else None,
+        )
+        if move is PlanMove.ADOPT:
             state.plan = recorded  # restart: the plan in status is still in force
-            state.next_plan = recorded.computed_at + interval
+        if move is not PlanMove.PLAN:
             return False
-        state.next_plan = wall + interval
-        if (policy.get("spec") or {}).get("strategy") == Strategy.PRESERVE.value:
+        if cadence.source is PlanSource.WINDOW:
             window = WindowPass(k, policy, state.conditions, self.logger).run_window(
                 prometheus_reader(deadline=time.monotonic() + PLAN_READ_SECONDS)
             )

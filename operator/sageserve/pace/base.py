@@ -6,13 +6,18 @@ Each is a stateless rule from one endpoint observation to an action; `pace.step.
 calls it for every endpoint it observes and owns what is shared (cooldowns, plan adoption,
 hold rules, the split over variants). A strategy also declares
 its pool layout (unified or siloed) and whether batch work goes through the Queue Manager,
-because the siloed baseline is defined by exactly that.
+because the siloed baseline is defined by exactly that, and what every world needs to drive
+it: which plan it follows and how often (`PlanCadence`, stepped by `pace.cadence`), and
+whether its observations carry the routers' look-ahead projections. Nothing a world asks of
+a strategy is read by name or by `getattr`; `register_strategy` refuses a strategy that
+lacks a member of the interface.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, is_dataclass, replace
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from sageserve.core.snapshot import EndpointPlan
@@ -55,6 +60,40 @@ class PoolLayout:
         return {POOL_INTERACTIVE: inter, POOL_BATCH: batch}
 
 
+class PlanSource(StrEnum):
+    """Which plan a strategy follows, so a world knows which planner to run for it."""
+
+    #: none: the baselines ignore forecasts (reactive, siloed)
+    NONE = "none"
+    #: the forecast + ILP cycle every `spec.intervals.planSeconds` (SageServe §5)
+    CYCLE = "cycle"
+    #: PreServe's window plan, once per `spec.preserve.windowSeconds` (PreServe §4.1, Alg. 2)
+    WINDOW = "window"
+    #: a fleet sized once for the window's peak (PreServe §5's static baseline)
+    PEAK = "peak"
+
+
+@dataclass(frozen=True)
+class PlanCadence:
+    """Which plan a strategy follows and how often it is made (`pace.cadence.plan_step`)."""
+
+    source: PlanSource = PlanSource.NONE
+    #: seconds between two plans
+    interval_s: float = 3600.0
+    #: whether the first plan waits for load history (a forecast needs some; a peak-sized
+    #: fleet is known from the start): without history it comes one interval in
+    needs_history: bool = True
+
+    @property
+    def plans(self) -> bool:
+        """Whether any plan is made for the strategy (executors run no planner otherwise)."""
+        return self.source is not PlanSource.NONE
+
+
+#: A strategy that follows no plan.
+NO_PLAN = PlanCadence()
+
+
 @runtime_checkable
 class PacingStrategy(Protocol):
     """What the decision step calls: a stateless, deterministic rule for one endpoint.
@@ -76,8 +115,14 @@ class PacingStrategy(Protocol):
         ...
 
     @property
-    def uses_plan(self) -> bool:
-        """Whether the strategy follows the hourly plan (executors plan only then)."""
+    def plan_cadence(self) -> PlanCadence:
+        """Which plan the strategy follows and how often (no plan for the baselines)."""
+        ...
+
+    @property
+    def uses_projection(self) -> bool:
+        """Whether each instance's look-ahead KV projection (the routers' PreServe §4.2
+        anticipator) must be attached to its observation."""
         ...
 
     @property
@@ -101,10 +146,29 @@ StrategyFactory = Callable[[Mapping[str, Any]], PacingStrategy]
 _REGISTRY: dict[str, StrategyFactory] = {}
 
 
+#: What every world may ask of a strategy: the members `PacingStrategy` declares.
+INTERFACE = tuple(sorted(n for n in vars(PacingStrategy) if not n.startswith("_")))
+
+
+def missing_members(strategy: object) -> list[str]:
+    """The members of `PacingStrategy` that `strategy` lacks (none for a complete one)."""
+    return [m for m in INTERFACE if not hasattr(strategy, m)]
+
+
 def register_strategy(name: str) -> Callable[[StrategyFactory], StrategyFactory]:
-    """Decorator: make a strategy constructible by `make_strategy(name, params)`."""
+    """Decorator: make a strategy constructible by `make_strategy(name, params)`.
+
+    The factory is called once with no parameters and its strategy checked against the
+    interface, so a strategy that lacks a capability fails where it is registered, naming
+    the members, not in the middle of a simulation or a pace pass."""
 
     def deco(factory: StrategyFactory) -> StrategyFactory:
+        missing = missing_members(factory({}))
+        if missing:
+            raise TypeError(
+                f"strategy {name!r} lacks {', '.join(missing)} of the PacingStrategy "
+                "interface (pace/base.py); declare them on its class"
+            )
         _REGISTRY[name] = factory
         return factory
 

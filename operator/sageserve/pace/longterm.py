@@ -38,7 +38,7 @@ from typing import Any
 
 from sageserve.core.snapshot import EndpointPlan
 from sageserve.core.types import ActionKind, EndpointObservation, ScalingAction
-from sageserve.pace.base import PoolLayout, register_strategy
+from sageserve.pace.base import PlanCadence, PlanSource, PoolLayout, register_strategy
 from sageserve.pace.pressure import load, load_reason
 
 
@@ -165,7 +165,12 @@ class LongTerm:
     name: str = "lt-utilization-arima"
     layout: PoolLayout = field(default_factory=PoolLayout)
     batch_via_queue_manager: bool = True
-    uses_plan: bool = True
+    uses_projection: bool = False
+
+    @property
+    def plan_cadence(self) -> PlanCadence:
+        """The forecast + ILP cycle every `spec.intervals.planSeconds` (SageServe §5)."""
+        return PlanCadence(PlanSource.CYCLE, self.params.plan_interval_s)
 
     @property
     def periodic(self) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 
 from sageserve.core.snapshot import EndpointPlan
 from sageserve.core.types import ActionKind, EndpointObservation, ScalingAction
-from sageserve.pace.base import PoolLayout, register_strategy
+from sageserve.pace.base import PlanCadence, PlanSource, PoolLayout, register_strategy
 from sageserve.pace.longterm import clamp, immediate_step
 from sageserve.pace.reactive import ReactiveParams, reactive_decision
 
@@ -164,7 +164,6 @@ class Preserve:
     name: str = "preserve"
     layout: PoolLayout = field(default_factory=PoolLayout)
     batch_via_queue_manager: bool = True
-    uses_plan: bool = True
     #: in-window rules read projections, which change without arrivals: every pace period
     periodic: bool = True
     #: executors attach each instance's look-ahead projection to the snapshot
@@ -175,12 +174,17 @@ class Preserve:
         return self.params.cooldown_s
 
     @property
-    def plan_interval_s(self) -> float:
+    def plan_cadence(self) -> PlanCadence:
         """The window: executors plan (forecast + N) once per window, not hourly."""
-        return self.params.window_s
+        return PlanCadence(PlanSource.WINDOW, self.params.window_s)
 
     def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:
         return preserve_step(obs, plan, self.params)
+
+
+#: `static`'s fleet is sized from the whole window's peak, known from the start (no history
+#: needed), and re-asserted every minute, so an instance lost to a fault is replaced within one.
+STATIC_CADENCE = PlanCadence(PlanSource.PEAK, 60.0, needs_history=False)
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,8 @@ class Static:
     name: str = "static"
     layout: PoolLayout = field(default_factory=PoolLayout)
     batch_via_queue_manager: bool = True
-    uses_plan: bool = True
+    plan_cadence: PlanCadence = STATIC_CADENCE
+    uses_projection: bool = False
     periodic: bool = True
 
     def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from sageserve.core.snapshot import EndpointPlan
 from sageserve.core.types import ActionKind, EndpointObservation, ScalingAction
-from sageserve.pace.base import PoolLayout, register_strategy
+from sageserve.pace.base import NO_PLAN, PlanCadence, PoolLayout, register_strategy
 from sageserve.pace.pressure import load, load_reason
 
 
@@ -68,7 +68,8 @@ class UnifiedReactive:
     layout: PoolLayout = field(default_factory=PoolLayout)
     batch_via_queue_manager: bool = True
     #: baselines ignore forecasts: executors need not run the planner for them
-    uses_plan: bool = False
+    plan_cadence: PlanCadence = NO_PLAN
+    uses_projection: bool = False
     periodic: bool = False
 
     @property

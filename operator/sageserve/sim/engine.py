@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.pace.base import PacingStrategy
+from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
@@ -105,7 +106,6 @@ class SimConfig:
     inter_region_latency_s: float = 0.05
     delays: Delays = field(default_factory=Delays)
     max_batched_tokens: int = 16384
-    plan_s: float = 3600.0
     history_minutes: int = 180
     #: in-region instance picker (`route.instance_picker`), by name
     picker: str = DEFAULT_PICKER
@@ -306,8 +306,10 @@ class Simulation(InstanceHooks):
         #: seen by the picker through a view read at the routing time `_clock`
         self._clock = _Clock()
         self._views: dict[Instance, _LiveLoad] = {}
-        self.planner = planner if strategy.uses_plan else None
+        self.planner = planner if strategy.plan_cadence.plans else None
         self.plans = 0
+        #: when the next plan is due (`pace.cadence.plan_step`, as the operator's plan loop)
+        self.plan_clock = PlanClock()
         #: the decision step's state (plan in force, cooldowns), as the operator keeps it
         self.step_state = StepState()
         #: what each home region sent where, checked against the plan's spill-over bounds
@@ -512,8 +514,7 @@ class Simulation(InstanceHooks):
         prog_next = start
         prog_step = max(60.0, (end - start) / 200.0)
         n_ev = 0
-        if self.planner is not None and self._iw_hist:  # history before the window: plan now
-            self._plan(start)
+        self._plan_if_due(start)
         while True:
             t_arr = nxt.arrival if nxt is not None else _INF
             if t_arr >= end:
@@ -662,7 +663,7 @@ class Simulation(InstanceHooks):
     def _decide(self, eps: Iterable[Endpoint], t: float) -> None:
         """`pace.step.decide` on these endpoints' snapshots; its decisions applied."""
         snaps = {ep.key: ep.snapshot(t) for ep in eps}
-        if getattr(self.strategy, "uses_projection", False):
+        if self.strategy.uses_projection:
             snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}
         if self._batch_need:
             snaps = {k: self._with_deadlines(s) for k, s in snaps.items()}
@@ -835,8 +836,7 @@ class Simulation(InstanceHooks):
             received = {(k.model, k.region) for k in self.cluster.endpoints}
             for hk in received | set(self._rcv_tok):
                 self._rcv_hist[hk].append(self._rcv_tok.pop(hk, 0) / 60.0)
-            if round(minute * 60.0) % round(self.cfg.plan_s) == 0:
-                self._plan(now)
+            self._plan_if_due(now)
         for key, ep in self.cluster.endpoints.items():
             ep.tokens_per_s = ep.tokens_minute / 60.0
             donated = (
@@ -872,8 +872,19 @@ class Simulation(InstanceHooks):
 
     # ---- planning ------------------------------------------------------------------------
 
+    def _plan_if_due(self, now: float) -> None:
+        """Plan when the strategy's cadence says so (`pace.cadence.plan_step`); the history
+        is the minutes counted so far, with the scenario's history before the window."""
+        if self.planner is None:
+            return
+        move, self.plan_clock = plan_step(
+            now, self.plan_clock, self.strategy.plan_cadence, has_history=bool(self._iw_hist)
+        )
+        if move is PlanMove.PLAN:
+            self._plan(now)
+
     def _plan(self, now: float) -> None:
-        """Hourly: forecast + ILP through the scenario's planner, targets to the strategy."""
+        """Forecast + plan through the scenario's planner, the targets to the strategy."""
         assert self.planner is not None
         current: dict[tuple[str, str, str], int] = defaultdict(int)
         for key, ep in self.cluster.endpoints.items():

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sageserve.pace.base import PacingStrategy
 from sageserve.sim.engine import PerKeySeries, RunResult, Simulation
 from sageserve.sim.results import (
     comparison_rows,
@@ -28,16 +27,6 @@ class Comparison:
     summary: dict[str, Any]
     table: list[dict[str, Any]]
     runs: dict[str, tuple[RunResult, float]]
-
-
-def plan_interval(strategy: PacingStrategy, default_s: float, span_s: float) -> float:
-    """How often the simulator plans for `strategy`: PreServe once per window, the static
-    fleet every minute (its plan never changes: from the first minute on, with or without
-    history before the window, it holds that size), the others at the policy's interval."""
-    if strategy.name == "static":
-        return 60.0
-    window = getattr(strategy, "plan_interval_s", None)
-    return float(window) if window else default_s
 
 
 def run_policies(
@@ -62,14 +51,12 @@ def run_policies(
 
         t0 = time.perf_counter()
         planner = None
-        run_cfg = cfg
-        if strategy.uses_plan:
+        if strategy.plan_cadence.plans:
             planner = scenario.planner_for(strategy, cfg.history_minutes)
             if history is None:
                 history = scenario.history(cfg.history_minutes)
-            run_cfg = replace(cfg, plan_s=plan_interval(strategy, cfg.plan_s, span))
         result = Simulation(
-            run_cfg, strategy, scenario.requests(), cb, planner, history if planner else None
+            cfg, strategy, scenario.requests(), cb, planner, history if planner else None
         ).run()
         runs[name] = (result, time.perf_counter() - t0)
         if on_progress is not None:

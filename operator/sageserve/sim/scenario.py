@@ -37,7 +37,7 @@ from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey, Request, Tier, TierKind
-from sageserve.pace.base import PacingStrategy, make_strategy
+from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems
 from sageserve.perf.model import PerfCatalog, load_catalog
 from sageserve.route.from_policy import release_rules_of, route_threshold_of
@@ -118,7 +118,6 @@ class Scenario:
                 release_rules=release_rules_of(sp),
                 pace_s=float(sp.intervals.pace_seconds),
                 scale_in_stabilization_s=float(sp.intervals.scale_in_stabilization_seconds),
-                plan_s=float(sp.intervals.plan_seconds),
                 delays=Delays(
                     reclaim_same_model_median_s=float(sp.spot.reclaim_same_model_seconds),
                     reclaim_same_model_max_s=float(sp.spot.reclaim_same_model_max_seconds),
@@ -183,11 +182,13 @@ class Scenario:
         return tokens_per_minute(self.workload, self.tiers, minutes, self.contexts())
 
     def planner_for(self, strategy: PacingStrategy, history_minutes: int) -> Planner:
-        """The planner `strategy` follows: PreServe's window plan (`plan.preserve`) for
-        `preserve`, the peak-sized fleet for `static`, else the hourly cycle (`planner`)."""
-        if strategy.name == "preserve":
+        """The planner of the plan `strategy` follows (`PlanCadence.source`): PreServe's
+        window plan (`plan.preserve`), the peak-sized fleet, else the hourly cycle
+        (`planner`)."""
+        source = strategy.plan_cadence.source
+        if source is PlanSource.WINDOW:
             return self.window_planner(history_minutes)
-        if strategy.name == "static":
+        if source is PlanSource.PEAK:
             return self.static_planner()
         return self.planner()
 
