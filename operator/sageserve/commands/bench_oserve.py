@@ -72,8 +72,15 @@ from sageserve.plan.layout_search import (
     packs,
     search_layout,
 )
-from sageserve.plan.layout_switch import SwitchGate, Window, plan_switch, replan
+from sageserve.plan.layout_step import (
+    LayoutMemory,
+    LayoutSettings,
+    ReplanObservation,
+    replan_layout,
+)
+from sageserve.plan.layout_switch import Window, plan_switch
 from sageserve.plan.oserve_assign import layout_weights
+from sageserve.plan.oserve_layouts import Mix
 from sageserve.route.length_predictor import make_predictor
 from sageserve.sim.oserve_fleet import (
     DISPATCH_STRATEGIES,
@@ -332,11 +339,14 @@ def _observed_rates(fleet: Fleet, ctl: Any, now: float) -> tuple[float, ...] | N
 
 
 class _Hetero:
-    """sageserve's re-plan: layout search + switch gate + assignment weights (module doc)."""
+    """sageserve's re-plan: the layout loop's step (`plan.layout_step.replan_layout`, the rule
+    the operator runs) on the fleet, then the assignment weights (module doc)."""
 
     def __init__(self, setup: _Setup) -> None:
         self.s = setup
-        self.gate = SwitchGate()
+        self.memory = LayoutMemory()
+        self.settings = LayoutSettings(confirmations=setup.cfg.confirmations, seed=setup.cfg.seed)
+        self.centroids = tuple(setup.types.centroid_tokens(j) for j in range(setup.types.k))
         self.last_count = [0] * setup.types.k
         self.last_t = 0.0
         self.replans = 0
@@ -351,28 +361,39 @@ class _Hetero:
         fleet.set_weights(dict(enumerate(layout_weights(cap, serving, rates))), can_serve)
 
     def tick(self, fleet: Fleet, now: float) -> None:
-        cfg = self.s.cfg
+        """Observe the fleet (the layout it holds, the last interval's per-type rates as the
+        next hour's forecast, the fixed budget, no GPU beyond it), step, apply."""
+        cfg, space = self.s.cfg, self.s.space
         observed = _observed_rates(fleet, self, now)
         rates = observed or self.s.tuning_rates
         if observed is not None and not fleet.switching:
             self.replans += 1
-            d = replan(
-                self.s.space,
-                fleet.held(),
-                [Window(HOUR_S, tuple(rates))],
+            obs = ReplanObservation(
+                now,
+                canonical(fleet.held()),
                 cfg.gpus,
+                "the benchmark's budget",
+                0,
                 cfg.startup_s,
-                self.gate,
-                seed=cfg.seed,
-                confirmations=cfg.confirmations,
+                tuple(space.capacity),
+                space=space,
+                mix=Mix(self.centroids, tuple(rates)),
+                windows=(Window(HOUR_S, tuple(rates)),),
+                history_s=cfg.replan_s,
             )
-            self.gate = d.gate
-            target = d.plan.target if d.plan is not None else fleet.held()
+            out = replan_layout(obs, self.memory, self.settings)
+            self.memory = out.memory
+            target = out.switch.target if out.switch is not None else fleet.held()
             self.decisions.append(
-                {"t": now, "switch": d.switch, "target": describe(target), "reason": d.reason}
+                {
+                    "t": now,
+                    "switch": out.switch is not None,
+                    "target": describe(target),
+                    "reason": out.message,
+                }
             )
-            if d.switch and d.plan is not None:
-                fleet.execute(d.plan, now)
+            if out.switch is not None:
+                fleet.execute(out.switch, now)
         self.weights(fleet, rates)
 
 

@@ -40,7 +40,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,18 +64,19 @@ from sageserve.plan.layout_search import (
     Strategy,
     canonical,
     describe,
-    packs,
-    search_layout,
+)
+from sageserve.plan.layout_step import (
+    LayoutMemory,
+    LayoutSettings,
+    ReplanObservation,
+    gated,
+    memory_after_abandon,
+    replan_layout,
+    step_switch,
 )
 from sageserve.plan.layout_switch import (
-    SwitchGate,
     SwitchPlan,
     Window,
-    abandon_switch,
-    plan_switch,
-    replan,
-    stuck_after_s,
-    switch_targets,
 )
 from sageserve.plan.oserve_layouts import (
     TYPE_CAPACITY_ANNOTATION,
@@ -102,8 +103,11 @@ GroupKey = tuple[str, str, str]
 _CATALOG: list[PerfCatalog] = []
 
 
-#: How long an abandoned switch's target is not proposed again (`LayoutPass.abandon`).
-ABANDONED_HOLD_S = 3600.0
+def layout_settings(spec: Layouts) -> LayoutSettings:
+    """The re-plan's knobs from `spec.layouts`."""
+    return LayoutSettings(
+        confirmations=spec.confirmations, min_relative_gain=spec.min_gain_fraction
+    )
 
 
 def catalog() -> PerfCatalog:
@@ -118,14 +122,12 @@ class GroupState:
     """One (model, region, GPU type)'s layout in force and what the loop keeps for it."""
 
     layout: Layout = ()
-    gate: SwitchGate = field(default_factory=SwitchGate)
+    #: the re-plan's gate and abandoned target (`plan.layout_step`)
+    memory: LayoutMemory = field(default_factory=LayoutMemory)
     switch: SwitchPlan | None = None
     done: int = 0
     #: when the switch in progress began (the loop's clock), to find it stuck
     switch_since: float = 0.0
-    #: the target of the last abandoned switch and until when it is not proposed again
-    abandoned: Layout = ()
-    abandoned_until: float = 0.0
     targets: dict[str, int] = field(default_factory=dict)
     message: str = ""
     computed_at: float = 0.0
@@ -416,7 +418,7 @@ class LayoutPass:
         replicas: Mapping[str, int],
         measured: MeasuredCapacity | None,
     ) -> None:
-        """One re-plan of one (model, region, GPU type) (OServe §4.3 then §5.2)."""
+        """One re-plan of one (model, region, GPU type): observe, `replan_layout`, apply."""
         reader, settings, plan, now = self.reader, self.settings, self.plan, self.now
         assert reader is not None
         labels = NodeLabels.from_env(os.environ)
@@ -436,89 +438,35 @@ class LayoutPass:
         # pace pass behind a switch's last step)
         budget, source = budget_gpus(group, region, plan, g.targets or replicas)
         g.computed_at = now
-        if mix is None:
-            first = group.strategy(group.variants[0])
-            held = sum(s.gpus for s in g.layout)
-            if abs(budget - held) >= min(group.strategy(v).gpus for v in group.variants):
-                # no mix to choose by, but the size moved (a new plan): the first variant,
-                # as the ILP planned it, fills the budget
-                target = canonical([first] * (budget // first.gpus))
-                space = LayoutSpace({group.strategy(v): (1.0,) for v in group.variants})
-                why = (
-                    f"budget {budget} GPUs ({source}) where {describe(g.layout)} holds {held}, "
-                    f"no request counted in the last {history} s: {describe(target)}"
-                )
-                room = max(budget, held) + spare
-                self.begin(
-                    raw, space, group, region, g, target, room, Mix(((1.0, 1.0),), (1.0,)), why
-                )
-                return
-            g.message = (
-                f"layout {describe(g.layout)} kept: no request counted in the last {history} s"
-            )
-            return
-        rows = self.capacity(md, group, table, mix.centroids, node_gpus)
-        g.mix, g.capacity = mix, rows
-        space = LayoutSpace(rows, node_gpus=node_gpus)
-        current = canonical(g.layout)
-        held = sum(s.gpus for s in current)
-        smallest = min(s.gpus for s in rows)
-        if budget < smallest:
-            g.message = f"layout {describe(current)} kept: a budget of {budget} GPUs ({source})"
-            return
-        if not current or held > budget or budget - held >= smallest:
-            start = current if current and packs(current, budget, node_gpus) else None
-            target = search_layout(space, mix.rates, budget, initial=start).layout
-            why = (
-                f"budget {budget} GPUs ({source}) where {describe(current)} holds {held}: "
-                f"{describe(current)} → {describe(target)} without the gate (the size is "
-                "the plan's or the pod sets')"
-            )
-            self.begin(raw, space, group, region, g, target, max(budget, held) + spare, mix, why)
-            return
-        windows, outlook = self.windows(md, region, mix)
-        decision = replan(
-            space,
-            current,
-            windows,
+        obs = ReplanObservation(
+            now,
+            g.layout,
             budget,
+            source,
+            spare,
             group.startup_seconds(),
-            g.gate,
-            confirmations=settings.confirmations,
-            min_relative_gain=settings.min_gain_fraction,
+            tuple(group.strategy(v) for v in group.variants),
+            history_s=float(history),
         )
-        g.gate = decision.gate
-        ev = decision.evaluation
-        figures = (
-            f" (gain {ev.gain_requests:.1f} requests, cost {ev.cost_requests:.1f})"
-            if ev is not None
-            else ""
-        ) + (f"; {outlook}" if outlook else "")
-        if (
-            decision.switch
-            and decision.plan is not None
-            and canonical(decision.plan.target) == g.abandoned
-            and now < g.abandoned_until
-        ):
-            g.message = (
-                f"layout {describe(current)} kept: {describe(decision.plan.target)} was "
-                f"abandoned (its pods did not become Ready); not proposed again for "
-                f"{g.abandoned_until - now:.0f} s{figures}"
-            )
+        if mix is not None:
+            rows = self.capacity(md, group, table, mix.centroids, node_gpus)
+            g.mix, g.capacity = mix, rows
+            space = LayoutSpace(rows, node_gpus=node_gpus)
+            obs = replace(obs, space=space, mix=mix)
+            if gated(canonical(g.layout), budget, space):  # only the gate reads the horizon
+                windows, outlook = self.windows(md, region, mix)
+                obs = replace(obs, windows=tuple(windows), outlook=outlook)
+        outcome = replan_layout(obs, g.memory, layout_settings(settings))
+        g.memory, g.message = outcome.memory, outcome.message
+        if outcome.switch is None:
             return
-        if decision.switch and decision.plan is not None:
-            why = f"switching {describe(current)} → {describe(decision.plan.target)}{figures}"
-            target = decision.plan.target
-            planned = Mix(mix.centroids, windows[0].rates)  # the mix `decide` planned at
-            self.begin(raw, space, group, region, g, target, budget + spare, planned, why)
-            return
-        proposed = (
-            f"; proposed {describe(decision.plan.target)}" if decision.plan is not None else ""
-        )
-        g.message = (
-            f"layout {describe(current)} kept on {budget} GPUs ({source}): "
-            f"{decision.reason}{proposed}{figures}"
-        )
+        g.switch, g.done, g.switch_since = outcome.switch, 0, now
+        g.layout = canonical(outcome.switch.target)
+        self.kube.event(raw, "Normal", "LayoutSwitch", g.message)
+        OPERATOR_METRICS.layout_switches.labels(
+            self.namespace, group.model, region, group.gpu_type
+        ).inc()
+        self.logger.info("%s: %s", group.model, g.message)
 
     def windows(
         self,
@@ -557,95 +505,49 @@ class LayoutPass:
         )
         return list(fc.windows), fc.summary(mix.rates)
 
-    def begin(
-        self,
-        raw: dict[str, Any],
-        space: LayoutSpace,
-        group: LayoutGroup,
-        region: str,
-        g: GroupState,
-        target: Layout,
-        room: int,
-        mix: Mix,
-        why: str,
-    ) -> None:
-        """Start executing a switch to `target` inside `room` GPUs (the budget plus the
-        GPUs free now: make-before-break whenever they allow; OServe §5.2)."""
-        current = canonical(g.layout)
-        if canonical(target) == current:
-            g.message = f"layout {describe(current)} kept: {why}"
-            return
-        room = max(room, sum(s.gpus for s in current), sum(s.gpus for s in target))
-        plan = plan_switch(
-            space, current, target, room, mix.rates, group.startup_seconds(), space.node_gpus
-        )
-        g.switch, g.done, g.layout, g.switch_since = plan, 0, canonical(target), self.now
-        order = "make-before-break" if plan.make_before_break else "break-before-make"
-        g.message = f"{why}; {order}, {len(plan.actions)} steps"
-        self.kube.event(raw, "Normal", "LayoutSwitch", g.message)
-        OPERATOR_METRICS.layout_switches.labels(
-            self.namespace, group.model, region, group.gpu_type
-        ).inc()
-        self.logger.info("%s: %s", group.model, g.message)
-
     def step(
         self, raw: dict[str, Any], group: LayoutGroup, g: GroupState, ready: Mapping[str, int]
     ) -> None:
-        """Advance a switch in progress as its started pods become Ready."""
+        """Advance a switch in progress as its started pods become Ready (`step_switch`);
+        a switch whose new pods did not serve in time is abandoned: what serves is kept, a
+        Warning names the variants that did not come up and where to look, and the target
+        is not proposed again for an hour."""
         if g.switch is None:
             return
-        by = group.by_strategy
+        plan, by = g.switch, group.by_strategy
         serving = {s: ready.get(v.name, 0) for s, v in by.items()}
-        if self.now - g.switch_since > stuck_after_s(g.switch, group.startup_seconds()):
-            self.abandon(raw, group, g, serving)
-            return
-        progress = switch_targets(g.switch, serving, g.done)
-        g.done = progress.done
-        g.targets = {by[s].name: n for s, n in progress.targets.items() if s in by}
+        step = step_switch(self.now, plan, g.done, g.switch_since, serving, group.startup_seconds())
+        g.done = step.done
+        g.targets = {by[s].name: n for s, n in step.targets.items() if s in by}
         for v in group.variants:
             g.targets.setdefault(v.name, 0)
-        if progress.finished:
+        if step.abandoned:
+            g.layout = group.layout(g.targets)
+            g.memory = memory_after_abandon(
+                g.memory, plan, self.now, layout_settings(self.settings)
+            )
+            g.switch = None
+            waited = ", ".join(
+                f"{n} pod(s) of variant {by[s].name}"
+                for s, n in sorted(step.missing.items(), key=lambda kv: by[kv[0]].name)
+                if s in by
+            )
+            g.message = (
+                f"switch {describe(plan.current)} → {describe(plan.target)} abandoned after "
+                f"{self.now - g.switch_since:.0f} s: {waited or 'started pods'} not Ready "
+                f"(see the pods' events: image pull, scheduling, crash loop); layout kept at "
+                f"{describe(g.layout)}"
+            )
+            self.kube.event(raw, "Warning", "LayoutSwitchAbandoned", g.message)
+            self.logger.warning("%s: %s", group.model, g.message)
+            return
+        if step.finished:
             waiting = sum(max(0, n - ready.get(v, 0)) for v, n in g.targets.items())
-            g.message = f"switched {describe(g.switch.current)} → {describe(g.switch.target)}" + (
+            g.message = f"switched {describe(plan.current)} → {describe(plan.target)}" + (
                 f" ({waiting} pod(s) of the last starts not Ready yet)" if waiting else ""
             )
             g.switch = None
             self.kube.event(raw, "Normal", "LayoutSwitched", g.message)
-
-    def abandon(
-        self,
-        raw: dict[str, Any],
-        group: LayoutGroup,
-        g: GroupState,
-        serving: Mapping[Strategy, int],
-    ) -> None:
-        """Give up a switch whose new pods did not serve in time (`stuck_after_s`): keep
-        what serves (`abandon_switch`), post a Warning naming the variants that did not come
-        up and where to look, and do not propose the same target again for an hour, so a
-        variant that cannot start does not replace pods every other re-plan."""
-        assert g.switch is not None
-        plan, by = g.switch, group.by_strategy
-        kept = abandon_switch(plan, serving, g.done)
-        missing = {
-            by[s].name: n - serving.get(s, 0)
-            for s, n in switch_targets(plan, serving, g.done).targets.items()
-            if s in by and n > serving.get(s, 0)
-        }
-        g.targets = {by[s].name: n for s, n in kept.items() if s in by}
-        for v in group.variants:
-            g.targets.setdefault(v.name, 0)
-        g.layout = group.layout(g.targets)
-        g.abandoned, g.abandoned_until = canonical(plan.target), self.now + ABANDONED_HOLD_S
-        g.switch, g.gate = None, SwitchGate()
-        waited = ", ".join(f"{n} pod(s) of variant {v}" for v, n in sorted(missing.items()))
-        g.message = (
-            f"switch {describe(plan.current)} → {describe(plan.target)} abandoned after "
-            f"{self.now - g.switch_since:.0f} s: {waited or 'started pods'} not Ready (see "
-            f"the pods' events: image pull, scheduling, crash loop); layout kept at "
-            f"{describe(g.layout)}"
-        )
-        self.kube.event(raw, "Warning", "LayoutSwitchAbandoned", g.message)
-        self.logger.warning("%s: %s", group.model, g.message)
 
     # ---- output ---------------------------------------------------------------------------
 
