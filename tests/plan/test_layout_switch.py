@@ -1,5 +1,5 @@
 """Switching between OServe layouts (plan/layout_switch.py, OServe §5.2 plus the gain/cost
-rule and hysteresis of issue 18 item 5): hand-solved plans and decisions, and properties of
+rule and its hysteresis): hand-solved plans and decisions, and properties of
 the plan (the target is reached, the budget is held, make-before-break never drops below
 min(old, new) when the spare GPUs suffice)."""
 
