@@ -1,4 +1,4 @@
-"""The API server restarts mid-run (issue 19, item 2): the test cluster's kube-apiserver is
+"""The API server restarts mid-run: the test cluster's kube-apiserver is
 stopped in the middle of a scale-out and started again, as a kubelet restarts its static
 pod; the operator runs in-process throughout.
 

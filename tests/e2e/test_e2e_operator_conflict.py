@@ -1,4 +1,4 @@
-"""Someone else writes replicas (issue 19, item 4): a person with `kubectl scale`, then an
+"""Someone else writes replicas: a person with `kubectl scale`, then an
 HPA, on a pod set the operator sizes, against the real API server and controller-manager.
 
 What the platform team sees: the operator notices within a pace interval or two, never

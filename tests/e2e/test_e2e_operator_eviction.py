@@ -1,4 +1,4 @@
-"""Eviction blocked (issue 19, item 5): a spot workload whose PodDisruptionBudget forbids
+"""Eviction blocked: a spot workload whose PodDisruptionBudget forbids
 its eviction sits on the spot node a scale-out reclaims first, on the real API server
 (its Eviction API answers 429), controller-manager (the budget's status) and scheduler.
 

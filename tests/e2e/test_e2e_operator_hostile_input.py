@@ -1,4 +1,4 @@
-"""Hostile or broken input to the operator (issue 19, item 9), on the real API server and
+"""Hostile or broken input to the operator, on the real API server and
 Prometheus: a ModelDeployment edited 1,000 times in under a minute, KV readings of NaN,
 +Inf, below 0 and above 100 %, a minInstances no node can hold and a ScalingPolicy pricing a
 GPU type no node has.

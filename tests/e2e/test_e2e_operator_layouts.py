@@ -1,4 +1,4 @@
-"""OServe layouts on the real control plane (issue 18; OServe §4.2, §4.3, §5.2).
+"""OServe layouts on the real control plane (OServe §4.2, §4.3, §5.2).
 
 Llama-2-70B on H100 with two variants of one GPU type, `tp4` (4 GPUs) and `tp4pp2`
 (TP4 × PP2, 8 GPUs): two layouts of the region's 8 held GPUs, 2 × TP4 or one TP4xPP2. A

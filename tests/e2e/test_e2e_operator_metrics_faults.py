@@ -1,4 +1,4 @@
-"""Metrics faults (issue 19, items 1 and 3) on the real API server and Prometheus: a third of
+"""Metrics faults on the real API server and Prometheus: a third of
 a model's pods no longer scraped, a Prometheus slower than the pace interval, a Prometheus
 restart.
 

@@ -1,4 +1,4 @@
-"""No GPU anywhere (issue 19, item 6): a scale-out with the inventory exhausted (the
+"""No GPU anywhere: a scale-out with the inventory exhausted (the
 region's one serving node full, its spot node taken out of the pools), on the real
 scheduler.
 

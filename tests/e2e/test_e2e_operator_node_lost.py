@@ -1,4 +1,4 @@
-"""Node lost (issue 19, item 8): the serving node of a model goes NotReady, on the real API
+"""Node lost: the serving node of a model goes NotReady, on the real API
 server, controller-manager (its node lifecycle controller taints the node) and scheduler.
 
 KWOK keeps the nodes it manages Ready (its node stages rewrite the Ready condition and

@@ -1,4 +1,4 @@
-"""Scale-down stuck (issue 19, item 7): a pod that never finishes terminating, on the real
+"""Scale-down stuck: a pod that never finishes terminating, on the real
 API server with KWOK's kubelet stand-in (it deletes a pod at once unless a finalizer holds
 it, as an unresponsive kubelet or a storage finalizer would in a real cluster).
 

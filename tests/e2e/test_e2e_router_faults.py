@@ -1,4 +1,4 @@
-"""Hostile input to the router (issue 19, item 10), on the real control plane: the router
+"""Hostile input to the router, on the real control plane: the router
 process in front of the twin's pods (through a small fault proxy that can make one pod
 hang), discovering them from the real API server.
 

@@ -1,4 +1,4 @@
-"""The chart's security posture on the real API server (issue 19, item 11).
+"""The chart's security posture on the real API server.
 
 A release namespace labelled for the `restricted` Pod Security Standard (enforce, audit,
 warn): the API server's PodSecurity admission admits the operator's and the router's pods

@@ -4,7 +4,7 @@ The twin (`sageserve twin`, its own process) watches the pods of the pod sets, r
 Azure conversation trace on exactly the pods that run (the simulator's instance model) and
 registers each serving pod with Prometheus; the operator reads what Prometheus scraped.
 Nothing here sets a metric by hand: the test only turns the trace's rate up and down
-(issue 6, item 6), and checks what a user sees in the cluster. Waits are `eventually`,
+and checks what a user sees in the cluster. Waits are `eventually`,
 never sleeps, so the assertions are about behaviour, not timing.
 """
 

@@ -1,4 +1,4 @@
-"""Gaps are missing data, never demand (issue 15, item 4): detection, the forecaster's use of
+"""Gaps are missing data, never demand: detection, the forecaster's use of
 it, the floor, and the backtest's skipping of gap hours."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_the_bursts_of_a_sparse_series_are_real() -> None:
 
 
 def test_not_finite_negative_and_absurd_rates_are_not_demand() -> None:
-    """Issue 19, item 9: a Prometheus answer with NaN, +Inf, a negative or an absurd rate
+    """Impossible readings: a Prometheus answer with NaN, +Inf, a negative or an absurd rate
     is ignored and reported (``Forecast.gaps``, ``status.plan.forecasts[].ignoredPoints``),
     never provisioned for."""
     clean = diurnal(6, noise=0.05)

@@ -1,4 +1,4 @@
-"""Out-of-sample protocol (issue 15, item 3): choose on some days, report on others and on
+"""Out-of-sample protocol: choose on some days, report on others and on
 another trace; the choice never sees a reported hour."""
 
 from __future__ import annotations

@@ -431,7 +431,7 @@ def test_switch_targets_steps_exactly_as_the_harness_executes(seed: int) -> None
     assert progress.finished
 
 
-# ---- per-type forecasts (issue 18 item 2: types and their share forecast per window) ----
+# ---- per-type forecasts (the request types and their share forecast per window) ----
 
 NAN = float("nan")
 SHORT, LONG = (shape_bucket(100), shape_bucket(100)), (shape_bucket(2000), shape_bucket(20))

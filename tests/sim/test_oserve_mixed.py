@@ -1,4 +1,4 @@
-"""The oserve-mixed scenario (issue 18): it loads, its mix follows the phases, and the bundled
+"""The oserve-mixed scenario: it loads, its mix follows the phases, and the bundled
 traces are what the documented transformation of the Azure 2023 traces gives.
 
 Why: the benchmark's claims rest on this day; a file edited by hand or a transformation that

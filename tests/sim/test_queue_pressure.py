@@ -1,4 +1,4 @@
-"""The stall of issue 15, reproduced on a synthetic trace, and its fix (pace.pressure).
+"""A backlog stall at low KV usage, reproduced on a synthetic trace, and its fix (pace.pressure).
 
 Long prompts make an instance prefill-bound: 20,000-token prompts are prefilled in chunks of
 16,384 tokens at 4,096 tokens/s, about 5 s each, so two instances serve 0.4 request/s and
