@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -156,3 +157,45 @@ def test_pooled_scheduler_starves_no_model_and_keeps_turns_within_quota(
     # no turn is longer than Q_MAX (Eqs. 2-3 cap the quota there)
     assert out.longest_turn_s <= setup.q_max_s + 1e-9
     assert 0 <= out.tokens_on_time <= out.tokens
+
+
+# ---- the router's request-level rule (route.pool_switch), simulated -------------------------
+
+
+def _router(reqs: list[PoolRequest], pods: int = 1, **kw: float) -> tuple[PoolSetup, Any]:
+    setup = _setup()
+    out = simulate_pool("router", reqs, setup, start_s=0, end_s=600, instances=pods, **kw)
+    return setup, out
+
+
+def test_the_router_rule_holds_a_request_until_the_busy_model_is_idle_then_swaps_it() -> None:
+    # one pod, one model awake at a time: b waits for a to finish, then a sleeps, b wakes
+    alone = [PoolRequest(0.0, "a", 500, 300)]
+    setup, a = _router(alone, awake_per_instance=1)
+    assert a.switches == 1 and setup.load_s < a.ttft_p95_s < 2 * setup.load_s  # wake, prefill
+    both = [*alone, PoolRequest(1.0, "b", 500, 10)]
+    _, out = _router(both, awake_per_instance=1)
+    assert out.finished == 2 and out.switches == 2
+    # b's first token (the larger of the two) after a's 300 tokens, a's sleep and b's wake
+    assert out.ttft_p95_s > 5.0 + 2 * setup.load_s
+
+
+def test_the_router_rule_wakes_a_second_model_beside_a_busy_one_when_the_quota_allows() -> None:
+    reqs = [PoolRequest(0.0, "a", 500, 300), PoolRequest(1.0, "b", 500, 10)]
+    setup, out = _router(reqs, awake_per_instance=2)
+    assert out.finished == 2 and out.switches == 2
+    assert out.ttft_p95_s < 2 * setup.load_s  # b woke at once, nothing put to sleep
+
+
+def test_the_router_rule_sends_a_model_to_the_pod_where_it_is_awake() -> None:
+    # the second request finds a awake (and busy) on one pod: no wake on the idle pod
+    reqs = [PoolRequest(0.0, "a", 500, 300), PoolRequest(30.0, "a", 500, 300)]
+    _, out = _router(reqs, pods=2, awake_per_instance=1)
+    assert out.finished == 2 and out.switches == 1
+
+
+@pytest.mark.parametrize(("idle_sleep_s", "wakes"), [(60.0, 2), (1000.0, 1)])
+def test_the_router_rule_puts_an_idle_model_to_sleep(idle_sleep_s: float, wakes: int) -> None:
+    reqs = [PoolRequest(0.0, "a", 500, 20), PoolRequest(300.0, "a", 500, 20)]
+    _, out = _router(reqs, awake_per_instance=1, idle_sleep_s=idle_sleep_s)
+    assert out.finished == 2 and out.switches == wakes

@@ -8,7 +8,11 @@ fine-tuned model) it measures, with ``sim.pool``:
    scale-to-zero, request-level switching (ServerlessLLM-like; the fewest instances that
    reach the target), static multiplexing of ≤ 2 models per instance (MuxServe-like) and the
    pool: first as ``plan.pool.size_pool`` sizes it from the window's rates, then the fewest
-   decode instances that reach the target. Fixed pools are paid for the whole window.
+   decode instances that reach the target, and what ``sageserve router`` runs on
+   Kubernetes: request-level switching on vLLM sleep mode (``route.pool_switch``, the
+   ModelPool's default two models awake per pod; the fewest pods that reach the target).
+   ``pooled`` is the research variant (token-level switching, which stock vLLM cannot do).
+   Fixed pools are paid for the whole window.
 2. **Goodput at 0.1 requests/s per model** (Aegaeon §7.2, Fig. 11a): on a fixed number of
    GPUs, the most models (Poisson arrivals, request sizes drawn from the scenario) each
    strategy serves at the target, times 0.1 requests/s.
@@ -30,11 +34,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sageserve.api.model_pool import ModelPoolSpec
 from sageserve.plan.pool import PoolPlan, PoolShape, size_pool, theta_at_tbt
 from sageserve.sim.longtail import LongTail, load_long_tail
 from sageserve.sim.pool import PoolOutcome, PoolRequest, simulate_pool
 
 GOODPUT_RATE = 0.1  # requests/s per model (Aegaeon Fig. 11a)
+#: models awake per pod in the router's rule: a ModelPool's default `awakePerInstance`
+ROUTER_AWAKE = int(ModelPoolSpec.model_fields["awake_per_instance"].default)
 
 
 def tail_attainment(o: PoolOutcome, models: Sequence[str]) -> float:
@@ -201,6 +208,21 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
         found[1] if found else None,
         f"{found[0]} instances, fewest at target" if found else "target not reached",
     )
+
+    def router_run(n: int) -> PoolOutcome:
+        return simulate_pool(
+            "router", reqs, s, instances=n, awake_per_instance=ROUTER_AWAKE, **common
+        )
+
+    with console.status("router (request-level on vLLM sleep mode): fewest pods"):
+        found_router = smallest_meeting(router_run, 1, max(1, len(cold)), target, tail)
+    row(
+        f"router (sleep mode, {ROUTER_AWAKE} awake per pod)",
+        found_router[1] if found_router else None,
+        f"{found_router[0]} pods, fewest at target; what sageserve router runs"
+        if found_router
+        else "target not reached",
+    )
     with console.status("pooled: the sized plan"):
         sized = simulate_pool(
             "pooled",
@@ -292,16 +314,31 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
         synth = _synthetic(lt, m, seconds, 7)
         return simulate_pool("request", synth, s, start_s=0.0, end_s=seconds, instances=n_inst)
 
+    def good_router(m: int) -> PoolOutcome:
+        synth = _synthetic(lt, m, seconds, 7)
+        return simulate_pool(
+            "router",
+            synth,
+            s,
+            start_s=0.0,
+            end_s=seconds,
+            instances=n_inst,
+            awake_per_instance=ROUTER_AWAKE,
+        )
+
     with console.status("goodput: pooled"):
         gp_m, _ = largest_meeting(good_pooled, 1, hi, target)
     with console.status("goodput: request-level"):
         gr_m, _ = largest_meeting(good_request, 1, hi, target)
+    with console.status("goodput: router"):
+        gro_m, _ = largest_meeting(good_router, 1, hi, target)
     console.print(
         f"goodput at {GOODPUT_RATE} requests/s per model on {n_inst * lt.perf.gpus} GPUs "
         f"({n_inst} instances, {goodput_minutes:g} min): pooled {gp_m} models "
         f"({gp_m * GOODPUT_RATE:.1f} requests/s), request-level {gr_m} models "
         f"({gr_m * GOODPUT_RATE:.1f} requests/s)"
         + (f": {gp_m / gr_m:.2f}x (goal >= 2x)" if gr_m else "")
+        + f"; router (sleep mode, {ROUTER_AWAKE} awake per pod) {gro_m} models"
     )
     speed = sized.requests_per_wall_s
     console.print(
@@ -328,6 +365,7 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
             "rate_per_model": GOODPUT_RATE,
             "pooled_models": gp_m,
             "request_level_models": gr_m,
+            "router_models": gro_m,
         },
         "sim_requests_per_wall_s": speed,
     }

@@ -23,6 +23,16 @@ attainment (Aegaeon §2.1, Fig. 3) and the GPUs and GPU-hours spent.
   the KV cache and, optimistically, the whole instance's compute (no interference).
 - ``dedicated``: one instance per model, started when a request comes (weights from host
   memory) and stopped after ``keep_alive_s`` idle: scale-to-zero.
+- ``router``: what ``sageserve router`` does with a ModelPool (``router/pool.py``), its
+  rules called, not rewritten (``route.pool_switch``): each pod keeps at most
+  ``awake_per_instance`` models awake; a request goes to the pod ``choose_pod`` picks (its
+  model awake there, else waking, else a free slot, else an idle model to put to sleep,
+  else the least-loaded pod, where it waits) and waits there, in arrival order, until
+  ``plan_wake`` finds it a slot; a wake puts the least recently used idle models to sleep
+  first (vLLM sleep level 1: weights over the host link, then the model's weights back);
+  every second the models idle for ``idle_sleep_s`` go to sleep (``idle_models``). ``pooled``
+  is the research variant (token-level switching inside one engine, which stock vLLM cannot
+  do); ``router`` is the request-level rule that runs on Kubernetes.
 
 Models the planner serves dedicated (``hot``) get that many always-on instances in every
 strategy, so the strategies differ only in how the long tail is served.
@@ -36,7 +46,10 @@ unfinished at the end count as missed.
 Approximations (documented in docs/aegaeon.md): the decode step time is evaluated at the
 start of each turn; a request dispatched to a batch joins it at the batch's next turn; the
 Instance-based strategies' tokens after the first are taken as evenly spaced between the
-first and the last (their decode pace is piecewise constant anyway).
+first and the last (their decode pace is piecewise constant anyway); ``router``'s engines
+awake on one pod split its KV cache evenly and each gets the whole pod's compute (as
+``mux2``'s, optimistic where two decode at once), and a held request waits without the
+router's hold-time bound (so it is late, not refused).
 """
 
 from __future__ import annotations
@@ -60,9 +73,10 @@ from sageserve.perf.switch import (
     switch_seconds,
 )
 from sageserve.plan.pool import Q_MAX_S, decode_quotas
+from sageserve.route.pool_switch import EngineState, choose_pod, idle_models, plan_wake
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
-STRATEGIES = ("pooled", "request", "mux2", "dedicated")
+STRATEGIES = ("pooled", "request", "mux2", "dedicated", "router")
 #: Aegaeon §4.2: the largest prefill group (MAX_GPSIZE, chosen by grid search).
 MAX_GROUP = 8
 _INF = float("inf")
@@ -725,6 +739,150 @@ class _RequestLevel(_Base):
             self._switch(sl, model, jobs, now)
 
 
+# ---- the router's request-level rule (route.pool_switch) -------------------------------------
+
+
+class _Engine:
+    """One model's engine on one pooled pod: its instance and the state the router keeps."""
+
+    __slots__ = ("awake", "inst", "last_used", "switching")
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+        self.awake = False
+        self.switching = False
+        self.last_used = 0.0
+
+    def state(self) -> EngineState:
+        busy = 0 if self.inst.idle else self.inst.running + self.inst.waiting
+        return EngineState(self.awake, busy, self.last_used, self.switching)
+
+
+class _Pod:
+    __slots__ = ("engines", "name", "waiting")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.engines: dict[str, _Engine] = {}
+        #: requests held on this pod until `plan_wake` finds their model a slot
+        self.waiting: deque[_R] = deque()
+
+
+_WOKEN, _SLEPT, _SWEEP = 2, 3, 4
+#: how often the router puts idle models to sleep (`router.pool.SWEEP_SECONDS`)
+_SWEEP_S = 1.0
+
+
+class _RouterRule(_Base):
+    def __init__(
+        self,
+        setup: PoolSetup,
+        hot: Mapping[str, int],
+        start_s: float,
+        end_s: float,
+        n: int,
+        quota: int,
+        idle_sleep_s: float,
+    ) -> None:
+        super().__init__(setup, hot, start_s, end_s)
+        if n < 1:
+            raise ValueError(f"router: needs >= 1 pod, got {n}")
+        if quota < 1:
+            raise ValueError(f"router: awake_per_instance must be >= 1, got {quota}")
+        self.pods = [_Pod(f"pod-{i:04d}") for i in range(n)]
+        self.quota = quota
+        self.idle_sleep_s = idle_sleep_s
+        self.engine_perf = dataclasses.replace(
+            setup.perf, kv_capacity_tokens=setup.perf.kv_capacity_tokens // quota
+        )
+        self.of_inst: dict[int, _Pod] = {}
+        self.push(start_s + _SWEEP_S, _SWEEP, None)
+
+    def gpus(self) -> int:
+        return len(self.pods) * self.s.perf.gpus + self.hot_gpus
+
+    def _engine(self, pod: _Pod, model: str) -> _Engine:
+        e = pod.engines.get(model)
+        if e is None:
+            e = pod.engines[model] = _Engine(
+                self._instance(f"{pod.name}-{model}", self.engine_perf)
+            )
+            self.of_inst[id(e.inst)] = pod
+        return e
+
+    @staticmethod
+    def _view(pod: _Pod) -> dict[str, EngineState]:
+        return {m: e.state() for m, e in pod.engines.items()}
+
+    def arrive(self, r: _R, now: float) -> None:
+        """`PoolSwitcher.prefer`: the pod by `choose_pod`, least tokens left first."""
+        views = [(p.name, self._view(p)) for p in self.pods]
+        load = {
+            p.name: sum(e.inst.remaining_tokens_at(now) for e in p.engines.values())
+            for p in self.pods
+        }
+        name = choose_pod(views, r.model, self.quota, load)
+        pod = next(p for p in self.pods if p.name == name)
+        pod.waiting.append(r)
+        self._serve(pod, now)
+
+    def _serve(self, pod: _Pod, now: float) -> None:
+        """`PoolSwitcher.acquire` for each request held on the pod, in arrival order: wait
+        while `plan_wake` says so; otherwise put its victims to sleep and wake its model
+        (the request waits for that), or, awake, forward it."""
+        held: deque[_R] = deque()
+        for r in pod.waiting:
+            plan = plan_wake(self._view(pod), r.model, self.quota)
+            if plan.wait:
+                held.append(r)
+                continue
+            e = self._engine(pod, r.model)
+            if plan.wake:
+                for victim in plan.sleep:
+                    pod.engines[victim].switching = True
+                e.switching = True
+                self.switches += 1
+                # the sleeps run together, then the wake: each moves one model's weights
+                delay = (self.s.load_s if plan.sleep else 0.0) + self.s.load_s
+                self.push(now + delay, _WOKEN, (pod, r.model, plan.sleep))
+                held.append(r)
+                continue
+            e.last_used = now
+            e.inst.enqueue(self._job(r), now)
+        pod.waiting = held
+
+    def event(self, kind: int, obj: object, when: float) -> None:
+        if kind == _SWEEP:
+            for pod in self.pods:
+                for model in idle_models(self._view(pod), when, self.idle_sleep_s):
+                    pod.engines[model].switching = True
+                    self.push(when + self.s.load_s, _SLEPT, (pod, model, ()))
+            if when + _SWEEP_S <= self.end_s:
+                self.push(when + _SWEEP_S, _SWEEP, None)
+            return
+        assert isinstance(obj, tuple)
+        pod, model, victims = obj
+        for victim in victims:
+            v = pod.engines[victim]
+            v.awake = v.switching = False
+        e = pod.engines[model]
+        e.switching = False
+        e.awake = kind == _WOKEN
+        e.last_used = when
+        self._serve(pod, when)
+
+    def after_update(self, inst: Instance, now: float) -> None:
+        pod = self.of_inst.get(id(inst))
+        if pod is None or not inst.idle:
+            return
+        for e in pod.engines.values():  # the lease released: last used now
+            if e.inst is inst:
+                e.last_used = now
+                break
+        if pod.waiting:
+            self._serve(pod, now)
+
+
 # ---- static multiplexing, <= 2 models per instance (MuxServe-like) --------------------------
 
 
@@ -853,13 +1011,17 @@ def simulate_pool(
     models: Sequence[str] = (),
     hot: Mapping[str, int] | None = None,
     drain_s: float = 600.0,
+    awake_per_instance: int = 1,
+    idle_sleep_s: float = 60.0,
 ) -> PoolOutcome:
     """Replay ``requests`` (sorted by time) under one strategy; see the module doc.
 
     ``pooled`` takes ``prefill`` and ``decode`` instances, ``request`` ``instances``,
     ``mux2`` the ``models`` it must place (two per instance), ``dedicated`` nothing: it
-    starts what the requests ask for. ``hot`` models are served by that many always-on
-    instances of their own in every strategy.
+    starts what the requests ask for; ``router`` ``instances`` pods, each keeping
+    ``awake_per_instance`` models awake and putting one to sleep after ``idle_sleep_s``
+    (a ModelPool's `awakePerInstance` and `idleSleepSeconds`). ``hot`` models are served
+    by that many always-on instances of their own in every strategy.
     """
     if end_s <= start_s:
         raise ValueError(f"end_s: must be after start_s ({start_s}), got {end_s}")
@@ -873,6 +1035,8 @@ def simulate_pool(
         sim = _Mux2(setup, hot, start_s, end_s, models)
     elif strategy == "dedicated":
         sim = _Dedicated(setup, hot, start_s, end_s)
+    elif strategy == "router":
+        sim = _RouterRule(setup, hot, start_s, end_s, instances, awake_per_instance, idle_sleep_s)
     else:
         raise ValueError(f"strategy: unknown {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     t0, c0 = time.perf_counter(), time.process_time()
