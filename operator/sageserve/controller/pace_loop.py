@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -59,7 +59,7 @@ from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
-from sageserve.metrics.prometheus import MetricsTooSlow, MetricsUnavailable
+from sageserve.metrics.prometheus import MetricsTooSlow, MetricsUnavailable, PodLoad, Series
 from sageserve.pace.base import PacingStrategy, PlanSource
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.from_policy import strategy_for
@@ -140,6 +140,27 @@ def degraded(held: list[Held]) -> tuple[bool, str, str]:
     return True, "MetricsMissing", "holding " + "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class PaceSamples:
+    """What one pace pass reads from Prometheus (`PrometheusReader`)."""
+
+    tokens_per_s: Series
+    loads: dict[str, PodLoad]
+    held_requests: Series
+    deadline_needs: dict[str, float]
+    projections: dict[str, tuple[float, ...]]
+
+
+@dataclass
+class Observed:
+    """The endpoints one pace pass observed, the ModelDeployment owning each, and the
+    guard that says which writes may go out."""
+
+    guard: Guard
+    endpoints: dict[EndpointKey, EndpointSnapshot] = field(default_factory=dict)
+    owner: dict[EndpointKey, tuple[dict[str, Any], ModelDeployment]] = field(default_factory=dict)
+
+
 class PacePass:
     """One pass of the loop for one policy; separated from the daemon for readability."""
 
@@ -194,7 +215,46 @@ class PacePass:
             )
 
     def run(self) -> None:
-        if self.policy.spec.strategy is Strategy.SILOED:
+        """Observe → `decide` → apply, for every endpoint of the policy's fleet."""
+        if not self.ready():
+            return
+        fleet = [
+            (raw, ModelDeployment.model_validate(essence(raw)))
+            for raw in self.kube.objects(self.namespace, "modeldeployments")
+            if (raw.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
+            and is_ready(raw)
+        ]
+        self.spot([md for _, md in fleet], self.pools())
+        strategy = strategy_for(self.policy.spec)
+        samples = self.read_samples(strategy)
+        if samples is None:
+            return
+        seen = self.observe(fleet, samples)
+        outcome = decide(
+            self.now,
+            Snapshot(self.now, seen.endpoints),
+            with_layouts(self.state.plan, self.state.layouts.targets()),
+            self.state.step,
+            strategy,
+            report_partial_after_s=report_after_s(),
+            scale_in_stabilization_s=float(
+                self.policy.spec.intervals.scale_in_stabilization_seconds
+            ),
+        )
+        self.state.step = outcome.state
+        self.apply(outcome.decisions, seen)
+        self.report_faults(seen.guard, fleet)
+        self.condition("Degraded", *degraded(outcome.held))
+        try:
+            self.report_deadlines(fleet, samples.deadline_needs)
+        except Exception:  # a status write refused: reported again next pass
+            self.logger.exception("reporting batch deadlines at risk failed")
+
+    def ready(self) -> bool:
+        """`Ready`: False (and nothing paced) for a simulation-only strategy or a policy
+        whose objects do not fit together; True naming how the fleet is paced."""
+        strategy = self.policy.spec.strategy
+        if strategy is Strategy.SILOED:
             self.condition(
                 "Ready",
                 False,
@@ -202,8 +262,8 @@ class PacePass:
                 "spec.strategy: siloed needs separate interactive and batch pod sets; it is "
                 "a simulation baseline (sageserve simulate), the operator runs unified pools",
             )
-            return
-        if self.policy.spec.strategy is Strategy.STATIC:
+            return False
+        if strategy is Strategy.STATIC:
             self.condition(
                 "Ready",
                 False,
@@ -212,52 +272,59 @@ class PacePass:
                 "simulation baseline (sageserve simulate), pin minInstances = maxInstances "
                 "for a fixed fleet",
             )
-            return
+            return False
         problems = self.problems()
         if problems:
             message = "; ".join(p.message for p in problems) + "; holding every size"
             self.condition("Ready", False, problems[0].reason, message)
-            return
-        pacing = f"strategy {self.policy.spec.strategy.value}"
-        if self.policy.spec.strategy is Strategy.PRESERVE:
+            return False
+        pacing = f"strategy {strategy.value}"
+        if strategy is Strategy.PRESERVE:
             pacing += (
                 f": window targets from PreServe's window plan every "
                 f"{self.policy.spec.preserve.window_seconds} s (prompt and generated tokens "
                 "forecast apart, no hourly plan), in-window moves from the routers' projections"
             )
         self.condition("Ready", True, "Pacing", pacing)
-        fleet = [
-            (raw, ModelDeployment.model_validate(essence(raw)))
-            for raw in self.kube.objects(self.namespace, "modeldeployments")
-            if (raw.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
-            and is_ready(raw)
-        ]
-        self.spot([md for _, md in fleet], self.pools())
-        # every read of the pass within one pace interval, else the next pass is due and
-        # this one's data is late: hold rather than act on it
+        return True
+
+    def read_samples(self, strategy: PacingStrategy) -> PaceSamples | None:
+        """Prometheus' side of the observation, every read within one pace interval (else
+        the next pass is due and this one's data is late); None, with `Degraded` saying
+        why, when it cannot be had: every size is then held."""
         interval = float(self.policy.spec.intervals.pace_seconds)
-        strategy = strategy_for(self.policy.spec)
         reader = prometheus_reader(deadline=time.monotonic() + interval)
         try:
-            tps = reader.tokens_per_second(self.namespace)
-            loads = reader.pod_loads(self.namespace)
-            held_requests = reader.held_requests(self.namespace)
-            deadline_needs = reader.batch_deadline_needs(self.namespace)
-            projections = reader.pod_projections(self.namespace) if strategy.uses_projection else {}
+            return PaceSamples(
+                reader.tokens_per_second(self.namespace),
+                reader.pod_loads(self.namespace),
+                reader.held_requests(self.namespace),
+                reader.batch_deadline_needs(self.namespace),
+                reader.pod_projections(self.namespace) if strategy.uses_projection else {},
+            )
         except MetricsTooSlow as exc:
             message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
             self.condition("Degraded", True, "PrometheusSlow", f"{message}: {exc}")
-            return
         except MetricsUnavailable as exc:
             self.condition("Degraded", True, "PrometheusUnreachable", f"holding all sizes: {exc}")
-            return
+        return None
+
+    def observe(
+        self, fleet: list[tuple[dict[str, Any], ModelDeployment]], samples: PaceSamples
+    ) -> Observed:
+        """The API server's side of the observation joined with the samples: who else
+        writes replicas (`Guard`), lost nodes (their pods replaced), and one snapshot per
+        endpoint this policy paces (`observe.endpoint_snapshots`)."""
         pod_sets = self.kube.deployments_by_owner(self.namespace)
         pods = self.kube.pods_of(self.namespace)
         mine = {md.metadata.name for _, md in fleet}  # another policy's pod sets are its own
+        mine_pods = [
+            p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) in mine
+        ]
         guard = Guard.observe(
             self.namespace,
             {name: sets for name, sets in pod_sets.items() if name in mine},
-            [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) in mine],
+            mine_pods,
             self.now,
         )
         self.observed = {name: d for sets in pod_sets.values() for name, d in sets.items()}
@@ -269,12 +336,8 @@ class PacePass:
             if (since := not_ready_since(obj)) is not None
             and (name := str((obj.get("metadata") or {}).get("name")))
         }
-        mine_pods = [
-            p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) in mine
-        ]
         self.replace_lost(lost, mine_pods, {md.metadata.name: raw for raw, md in fleet})
-        endpoints: dict[EndpointKey, EndpointSnapshot] = {}
-        owner: dict[EndpointKey, tuple[dict[str, Any], ModelDeployment]] = {}
+        seen = Observed(guard)
         release = self.policy.spec.routing.batch_release
         for raw, md in fleet:
             snaps = endpoint_snapshots(
@@ -282,47 +345,32 @@ class PacePass:
                 self.namespace,
                 pod_sets.get(md.metadata.name, {}),
                 pods,
-                loads,
-                tps,
-                held_requests,
+                samples.loads,
+                samples.tokens_per_s,
+                samples.held_requests,
                 lost,
-                projections,
-                deadline_needs.get(md.metadata.name, 0.0),
+                samples.projections,
+                samples.deadline_needs.get(md.metadata.name, 0.0),
                 max(release.one_below_emu, release.two_below_emu),
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
             snaps = {k: v for k, v in snaps.items() if not guard.held(md, k.region)}
-            endpoints.update(snaps)
-            owner.update(dict.fromkeys(snaps, (raw, md)))
-        outcome = decide(
-            self.now,
-            Snapshot(self.now, endpoints),
-            with_layouts(self.state.plan, self.state.layouts.targets()),
-            self.state.step,
-            strategy,
-            report_partial_after_s=report_after_s(),
-            scale_in_stabilization_s=float(
-                self.policy.spec.intervals.scale_in_stabilization_seconds
-            ),
-        )
-        self.state.step = outcome.state
-        work = [(*owner[d.key], d) for d in outcome.decisions if guard.may_send(d)]
-        # Decided in key order; written concurrently (each decision touches its own pod sets).
+            seen.endpoints.update(snaps)
+            seen.owner.update(dict.fromkeys(snaps, (raw, md)))
+        return seen
+
+    def apply(self, decisions: Sequence[Decision], seen: Observed) -> None:
+        """Write the decisions the guard lets through, concurrently (each touches its own
+        pod sets), then one Event per ModelDeployment and reason listing every action and
+        its cause: a plan that moves 600 endpoints writes 200 Events, not 600."""
+        work = [(*seen.owner[d.key], d) for d in decisions if seen.guard.may_send(d)]
         done = concurrently(lambda w: self.act(*w), work)
-        # One Event per ModelDeployment and reason per pass, listing every action and its
-        # cause: a plan that moves 600 endpoints writes 200 Events, not 600.
         grouped: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
         for (raw, md, _decision), (reason, message) in zip(work, done, strict=True):
             grouped.setdefault((md.metadata.name, reason), (raw, []))[1].append(message)
         events = [(raw, reason, "; ".join(msgs)) for (_, reason), (raw, msgs) in grouped.items()]
         concurrently(lambda e: self.kube.event(e[0], "Normal", e[1], e[2]), events)
-        self.report_faults(guard, fleet)
-        self.condition("Degraded", *degraded(outcome.held))
-        try:
-            self.report_deadlines(fleet, deadline_needs)
-        except Exception:  # a status write refused: reported again next pass
-            self.logger.exception("reporting batch deadlines at risk failed")
 
     def report_deadlines(
         self, fleet: list[tuple[dict[str, Any], ModelDeployment]], needs: dict[str, float]

@@ -17,11 +17,13 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.api.workload_tier import TierType
 from sageserve.controller.kube import Kube
@@ -208,6 +210,18 @@ def router_batch_queries(
     )
 
 
+@dataclass(frozen=True)
+class PlanHistory:
+    """What a plan pass reads from Prometheus, per (model, region) on the forecaster's grid:
+    interactive and batch tokens/s, batch received, and per (pool, region) each model's
+    requests/s."""
+
+    interactive: dict[tuple[str, str], list[float]]
+    batch: dict[tuple[str, str], list[float]]
+    received: dict[tuple[str, str], list[float]]
+    pool_rates: dict[tuple[str, str], dict[str, list[float]]]
+
+
 class PlanPass:
     """One planning pass for one policy."""
 
@@ -222,7 +236,8 @@ class PlanPass:
         self.namespace = str(body["metadata"]["namespace"])
 
     def run(self, reader: PrometheusReader, labels: NodeLabels) -> PlanCycle | None:
-        """Plan, write status, return the cycle (None when the fleet could not be planned)."""
+        """Read → `run_plan_cycle` → write status (and pool targets); the cycle, or None
+        when the fleet could not be planned."""
         spec = self.policy.spec
         mds = self.models()
         pools = [
@@ -232,11 +247,59 @@ class PlanPass:
         ]
         if not mds and not pools:
             return None
+        history = self.read_history(reader, [pool for _, pool in pools])
+        if history is None:
+            return None
+        pod_sets = self.kube.deployments_by_owner(self.namespace)
+        current = self.sizes(mds, pod_sets)
+        pool_current = {
+            (pool.metadata.name, r.name): int(d["spec"].get("replicas") or 0)
+            for _, pool in pools
+            for r in pool.spec.regions
+            if (
+                d := pod_sets.get(pool.metadata.name, {}).get(
+                    pod_set_name(pool.metadata.name, r.name, pool.spec.variant.name)
+                )
+            )
+            is not None
+        }
+        cycle = run_plan_cycle(
+            mds,
+            spec,
+            history.interactive,
+            history.batch,
+            current,
+            gpu_capacity(self.kube.nodes(), labels),
+            batch_received=history.received or None,
+            pools=[pool for _, pool in pools],
+            pool_rates=history.pool_rates,
+            pool_current=pool_current,
+            batch_need=self.deadline_need(reader),
+        )
+        if pools:
+            apply_pool_targets(
+                self.kube,
+                self.namespace,
+                pools,
+                {(t.pool, t.region): t.target for t in cycle.pools},
+                pool_expected(cycle),
+                self.logger,
+                dry_run=spec.dry_run,
+            )
+        self.write(cycle, mds, current)
+        return cycle
+
+    def read_history(
+        self, reader: PrometheusReader, pools: Sequence[ModelPool]
+    ) -> PlanHistory | None:
+        """The forecaster's history from Prometheus, per (model, region) of this namespace
+        on its grid: tokens/s (interactive and batch apart), batch received, each pool's
+        requests per model; None, with `PlanReady` saying why, when Prometheus is away."""
+        spec = self.policy.spec
         step = float(spec.forecast.granularity_seconds)
         window = f"{max(int(step), 60)}s"
 
         def read(expr: str) -> dict[tuple[str, str], list[float]]:
-            """Per (model, region) of this namespace, on the forecaster's grid."""
             seconds = float(spec.forecast.training_window_seconds)
             got = reader.history(expr, end=time.time(), seconds=seconds, step=step)
             return {(m, r): v for (ns, m, r), v in got.items() if ns == self.namespace}
@@ -261,52 +324,27 @@ class PlanPass:
                     ).items()
                     if region == r.name
                 }
-                for _, pool in pools
+                for pool in pools
                 for r in pool.spec.regions
             }
         except MetricsUnavailable as exc:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no plan this interval: {exc}")
             return None
-        need = self.deadline_need(reader)
         if batch:
             per_endpoint, batch = split_batch(per_endpoint, batch, step)
         received = split_batch({}, received, step)[1]
-        pod_sets = self.kube.deployments_by_owner(self.namespace)
-        current = self.sizes(mds, pod_sets)
-        pool_current = {
-            (pool.metadata.name, r.name): int(d["spec"].get("replicas") or 0)
-            for _, pool in pools
-            for r in pool.spec.regions
-            if (
-                d := pod_sets.get(pool.metadata.name, {}).get(
-                    pod_set_name(pool.metadata.name, r.name, pool.spec.variant.name)
-                )
-            )
-            is not None
-        }
-        cycle = run_plan_cycle(
-            mds,
-            spec,
-            per_endpoint,
-            batch,
-            current,
-            gpu_capacity(self.kube.nodes(), labels),
-            batch_received=received or None,
-            pools=[pool for _, pool in pools],
-            pool_rates=pool_rates,
-            pool_current=pool_current,
-            batch_need=need,
-        )
-        if pools:
-            apply_pool_targets(
-                self.kube,
-                self.namespace,
-                pools,
-                {(t.pool, t.region): t.target for t in cycle.pools},
-                pool_expected(cycle),
-                self.logger,
-                dry_run=spec.dry_run,
-            )
+        return PlanHistory(per_endpoint, batch, received, pool_rates)
+
+    def write(
+        self,
+        cycle: PlanCycle,
+        mds: Sequence[ModelDeployment],
+        current: Mapping[tuple[str, str, str], int],
+    ) -> None:
+        """`status.plan` and the `PlanReady` condition that describes it in one write (a
+        reader, a user's `kubectl get -o yaml` or a GitOps diff, never sees a plan without
+        its condition), the plan's metrics, and an Event when the condition moved."""
+        spec = self.policy.spec
         status = plan_status(cycle, mds, current, spec.strategy.value, datetime.now(UTC))
         OPERATOR_METRICS.record_plan(self.namespace, status, spec.optimizer.solver.value)
         result = cycle.result
@@ -331,8 +369,6 @@ class PlanPass:
                 f"{result.status} in {result.solve_seconds:.2f}s",
             )
         event = self.condition(*condition)
-        # the plan and the condition that describes it in one write: a reader (a user's
-        # `kubectl get -o yaml`, a GitOps diff) never sees a plan without its condition
         self.kube.patch_status(
             self.namespace,
             "scalingpolicies",
@@ -341,7 +377,6 @@ class PlanPass:
         )
         if event is not None:
             self.kube.event(self.body, *event)
-        return cycle
 
     def deadline_need(self, reader: PrometheusReader) -> dict[str, float]:
         """The batch deadline need per model (`deadline_needs`). Unreadable, the cycle

@@ -759,11 +759,14 @@ class _Engine:
 
 
 class _Pod:
-    __slots__ = ("engines", "name", "waiting")
+    __slots__ = ("engines", "live", "name", "waiting")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.engines: dict[str, _Engine] = {}
+        #: the engines awake or on their way up or down (those whose weights may be on the
+        #: GPUs); the others sleep
+        self.live: dict[str, _Engine] = {}
         #: requests held on this pod until `plan_wake` finds their model a slot
         self.waiting: deque[_R] = deque()
 
@@ -812,13 +815,15 @@ class _RouterRule(_Base):
 
     @staticmethod
     def _view(pod: _Pod) -> dict[str, EngineState]:
-        return {m: e.state() for m, e in pod.engines.items()}
+        """The pod's engines as the router knows them; a sleeping engine is left out: the
+        rules read it as they read a model with no engine there (asleep, no request)."""
+        return {m: e.state() for m, e in pod.live.items()}
 
     def arrive(self, r: _R, now: float) -> None:
         """`PoolSwitcher.prefer`: the pod by `choose_pod`, least tokens left first."""
         views = [(p.name, self._view(p)) for p in self.pods]
         load = {
-            p.name: sum(e.inst.remaining_tokens_at(now) for e in p.engines.values())
+            p.name: sum(e.inst.remaining_tokens_at(now) for e in p.live.values() if e.awake)
             for p in self.pods
         }
         name = choose_pod(views, r.model, self.quota, load)
@@ -831,8 +836,9 @@ class _RouterRule(_Base):
         while `plan_wake` says so; otherwise put its victims to sleep and wake its model
         (the request waits for that), or, awake, forward it."""
         held: deque[_R] = deque()
+        view = self._view(pod)
         for r in pod.waiting:
-            plan = plan_wake(self._view(pod), r.model, self.quota)
+            plan = plan_wake(view, r.model, self.quota)
             if plan.wait:
                 held.append(r)
                 continue
@@ -841,14 +847,17 @@ class _RouterRule(_Base):
                 for victim in plan.sleep:
                     pod.engines[victim].switching = True
                 e.switching = True
+                pod.live[r.model] = e
                 self.switches += 1
                 # the sleeps run together, then the wake: each moves one model's weights
                 delay = (self.s.load_s if plan.sleep else 0.0) + self.s.load_s
                 self.push(now + delay, _WOKEN, (pod, r.model, plan.sleep))
                 held.append(r)
+                view = self._view(pod)
                 continue
             e.last_used = now
             e.inst.enqueue(self._job(r), now)
+            view[r.model] = e.state()  # busy now: not a model to put to sleep
         pod.waiting = held
 
     def event(self, kind: int, obj: object, when: float) -> None:
@@ -865,9 +874,12 @@ class _RouterRule(_Base):
         for victim in victims:
             v = pod.engines[victim]
             v.awake = v.switching = False
+            del pod.live[victim]
         e = pod.engines[model]
         e.switching = False
         e.awake = kind == _WOKEN
+        if not e.awake:
+            del pod.live[model]
         e.last_used = when
         self._serve(pod, when)
 
