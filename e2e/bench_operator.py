@@ -1,11 +1,11 @@
-"""``python -m e2e.bench_operator``: ``sageserve bench operator`` on a private KWOK cluster.
+"""``python -m e2e.bench_operator``: the operator bench (``e2e/operator_bench.py``).
 
-Why here and not in the package: starting a cluster is the test harness's job, and the
-installed package never imports ``e2e/``. This entry starts a cluster whose inventory is
-the bench's own N GPU nodes (in a private state dir unless ``--keep``), runs the bench of
-``sageserve.commands.bench_operator`` on it, and takes it down again. On a cluster that
-is already up, run ``sageserve bench operator`` after ``eval "$(python -m e2e.cluster env)"``
-instead (it adds the nodes it needs).
+Why here and not in the package: the bench and starting a cluster are the test harness's
+job, and the installed package never imports ``e2e/``. This entry starts a cluster whose
+inventory is the bench's own N GPU nodes (in a private state dir unless ``--keep``), runs
+the bench on it, and takes it down again. With ``--running`` it runs on a cluster that is
+already up (``eval "$(python -m e2e.cluster env)"`` sets where it is; the bench adds the
+nodes it needs).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from e2e import gobuild, lifecycle
 from e2e.kind_cluster import KindError
 from e2e.kubectl import KubectlError
 from e2e.kwok_cluster import ClusterError
-from e2e.prometheus import PrometheusError
-from sageserve.commands.bench_operator import (
+from e2e.operator_bench import (
     BenchConfig,
     BenchError,
     ClusterTarget,
@@ -32,6 +31,7 @@ from sageserve.commands.bench_operator import (
     inventory_nodes,
     write_inventory,
 )
+from e2e.prometheus import PrometheusError
 
 app = typer.Typer(add_completion=False)
 console = Console()
@@ -66,8 +66,38 @@ def main(
         ),
     ] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write JSON here.")] = None,
+    running: Annotated[
+        bool,
+        typer.Option(
+            help="Run on the cluster that is up (KUBECONFIG, SAGESERVE_PROMETHEUS_URL, "
+            'SAGESERVE_PROMETHEUS_TARGETS_DIR: `eval "$(python -m e2e.cluster env)"`) '
+            "instead of starting one."
+        ),
+    ] = False,
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="With --running: the cluster.", show_default=False)
+    ] = None,
+    prometheus_url: Annotated[
+        str | None, typer.Option(help="With --running: its Prometheus.", show_default=False)
+    ] = None,
+    targets_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --running: a file_sd directory that Prometheus reads.", show_default=False
+        ),
+    ] = None,
 ) -> None:
-    """Start a KWOK cluster with the bench's nodes, run `sageserve bench operator` on it."""
+    """Start a KWOK cluster with the bench's nodes and run the operator bench on it (or, with
+    --running, on the cluster that is up)."""
+    config = BenchConfig(models, regions, nodes, variants, changes)
+    if running:
+        try:
+            target = ClusterTarget.from_env(kubeconfig, prometheus_url, targets_dir)
+            bench_operator_command(config, target, output, console)
+        except BenchError as e:
+            err_console.print(f"error: {e}", markup=False, highlight=False)
+            raise typer.Exit(2) from None
+        return
     missing = [c for c in gobuild.missing_components() if c in lifecycle.REQUIRED_FOR_KWOK]
     if missing:
         err_console.print(
@@ -75,7 +105,6 @@ def main(
             "(about 20 minutes on 2 cores, once)"
         )
         raise typer.Exit(2)
-    config = BenchConfig(models, regions, nodes, variants, changes)
     with tempfile.TemporaryDirectory(prefix="sageserve-bench-cluster-") as tmp:
         workdir = Path(tmp)
         inventory = write_inventory(inventory_nodes(nodes), workdir / "inventory.yaml")

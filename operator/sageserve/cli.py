@@ -665,58 +665,6 @@ def bench_batch(
     bench_batch_command(requests, counts, claim_size, postgres_url, console)
 
 
-@bench_app.command("operator")
-def bench_operator(
-    models: Annotated[int, typer.Option(help="ModelDeployments.")] = 200,
-    regions: Annotated[int, typer.Option(help="Regions per ModelDeployment (1-3).")] = 3,
-    variants: Annotated[int, typer.Option(help="GPU-type variants per model (1-2).")] = 2,
-    nodes: Annotated[
-        int, typer.Option(help="KWOK GPU nodes, 3 regions x 2 GPU types (created if missing).")
-    ] = 2000,
-    changes: Annotated[
-        int, typer.Option(help="Spec edits timed until the pod sets show them.")
-    ] = 100,
-    kubeconfig: Annotated[
-        str | None, typer.Option(help="The cluster (default: $KUBECONFIG).", show_default=False)
-    ] = None,
-    prometheus_url: Annotated[
-        str | None,
-        typer.Option(
-            help="Its Prometheus (default: $SAGESERVE_PROMETHEUS_URL).", show_default=False
-        ),
-    ] = None,
-    targets_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="A file_sd directory that Prometheus reads (default: "
-            "$SAGESERVE_PROMETHEUS_TARGETS_DIR).",
-            show_default=False,
-        ),
-    ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write JSON here.")] = None,
-) -> None:
-    """The operator process on a running KWOK cluster: reconcile, plan round, change latency, RSS.
-
-    A running cluster: `eval "$(python -m e2e.cluster env)"` sets the defaults of its options.
-
-    `python -m e2e.bench_operator` runs this bench on a private cluster it starts and stops.
-    """
-    from sageserve.commands.bench_operator import (
-        BenchConfig,
-        BenchError,
-        ClusterTarget,
-        bench_operator_command,
-    )
-
-    config = BenchConfig(models, regions, nodes, variants, changes)
-    try:
-        target = ClusterTarget.from_env(kubeconfig, prometheus_url, targets_dir)
-        bench_operator_command(config, target, output, console)
-    except BenchError as e:
-        err_console.print(f"error: {e}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-
-
 # --- forecasting and planning ------------------------------------------------------------
 
 forecast_app = typer.Typer(help="Forecasts of tokens/s per (model, region).", no_args_is_help=True)

@@ -1,8 +1,9 @@
-"""`sageserve bench operator` at CI size: 20 ModelDeployments × 3 regions on 200 KWOK nodes.
+"""The operator bench at CI size: 20 ModelDeployments × 3 regions on 200 KWOK nodes.
 
 `python -m e2e.bench_operator` starts its own private cluster (its own state dir, never the
-session's, whose 12-node inventory other tests count on), runs the package's bench with the
-real operator process on it, and writes its figures as JSON. Asserted is behaviour only —
+session's, whose 12-node inventory other tests count on), runs the bench
+(`e2e/operator_bench.py`) with the real operator process on it, and writes its figures as
+JSON. Asserted is behaviour only —
 every pod set appeared, every endpoint reached the plan's target, every spec edit reached
 its pod sets, the operator stayed up — never wall-clock figures, which depend on the machine.
 """
@@ -16,8 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sageserve.commands.bench_operator import (
+from e2e.operator_bench import (
     BenchConfig,
     BenchError,
     ClusterTarget,
@@ -76,7 +76,7 @@ def test_p99_of_a_hundred_values_is_the_ninety_ninth() -> None:
     assert BenchConfig().models == 200
 
 
-def test_the_package_bench_needs_a_running_cluster_and_says_how_to_get_one(
+def test_the_bench_on_a_running_cluster_needs_one_and_says_how_to_get_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name in ("KUBECONFIG", "SAGESERVE_PROMETHEUS_URL", "SAGESERVE_PROMETHEUS_TARGETS_DIR"):
