@@ -91,6 +91,49 @@ def test_a_pipeline_layout_loads() -> None:
         sc.sim_config()
 
 
+def _tiny_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "s"
+    shutil.copytree(TINY, root)
+    workload = root / "workload.yaml"  # its trace path is relative to the fixture
+    data = (TINY / "../../../../data").resolve()
+    workload.write_text(workload.read_text().replace("../../../../data", str(data)))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("change", "expect"),
+    [
+        (
+            "pool",
+            r"ModelPool long-tail \(pool\.yaml\): the fleet simulator runs ModelDeployments "
+            r"only; pooled models are simulated by `sageserve bench pool`",
+        ),
+        (
+            "layouts",
+            r"ScalingPolicy fleet sets spec\.layouts: .* would ignore the layouts; `sageserve "
+            r"bench oserve` simulates them .* `--set layouts=` simulates the policy without them",
+        ),
+    ],
+)
+def test_what_the_fleet_simulator_would_leave_out_is_refused_naming_it(
+    tmp_path: Path, change: str, expect: str
+) -> None:
+    root = _tiny_copy(tmp_path)
+    index = root / "scenario.yaml"
+    if change == "pool":
+        pool = Path(__file__).parents[2] / "policies" / "pools" / "long-tail.yaml"
+        (root / "pool.yaml").write_text(pool.read_text())
+        index.write_text(index.read_text().replace("policy.yaml]", "policy.yaml, pool.yaml]"))
+    else:
+        policy = root / "policy.yaml"
+        policy.write_text(policy.read_text() + "  layouts: {replanSeconds: 600}\n")
+    sc = load_scenario(root)  # the scenario loads: its other commands may use it
+    with pytest.raises(ValueError, match=expect):
+        run_policies(sc, ["reactive"])
+    if change == "layouts":  # without the layouts it simulates
+        assert with_policy_settings(sc, ["layouts="]).policy.spec.layouts is None  # type: ignore[union-attr]
+
+
 @pytest.mark.slow
 def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
     res = CliRunner().invoke(

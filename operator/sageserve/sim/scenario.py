@@ -69,10 +69,13 @@ class Scenario:
     drain_s: float
     policies: list[str] = field(default_factory=lambda: ["reactive", "siloed"])
     catalog: PerfCatalog = field(default_factory=load_catalog)
+    #: ModelPool manifests of the scenario, as "name (file)": `simulate` does not run them
+    pools: list[str] = field(default_factory=list)
 
     # ---- what one run needs --------------------------------------------------------------
 
     def sim_config(self, seed: int | None = None) -> SimConfig:
+        self.check_simulated()
         setups = []
         for md in self.models:
             pname = md.metadata.annotations.get(PERF_PROFILE_ANNOTATION, md.metadata.name)
@@ -130,6 +133,27 @@ class Scenario:
         if promo:
             cfg = replace(cfg, promotion_age_s=min(promo))
         return cfg
+
+    def check_simulated(self) -> None:
+        """Refuse what the fleet simulator would otherwise leave out without a word: pooled
+        models (ModelPools) and OServe layouts (`spec.layouts`), which run in their own
+        fixed-budget benchmarks. A result that silently drops part of the fleet would be
+        read as the fleet's."""
+        if self.pools:
+            raise ValueError(
+                f"scenario {self.name}: ModelPool {', '.join(self.pools)}: the fleet simulator "
+                "runs ModelDeployments only; pooled models are simulated by `sageserve bench "
+                "pool` (the router's request-level rule and Aegaeon's token-level variant, on "
+                "scenarios/long-tail); remove the ModelPool from the scenario's manifests to "
+                "simulate the rest"
+            )
+        if self.policy is not None and self.policy.spec.layouts is not None:
+            raise ValueError(
+                f"scenario {self.name}: ScalingPolicy {self.policy.metadata.name} sets "
+                "spec.layouts: the fleet simulator runs one variant per (model, region, GPU "
+                "type) and would ignore the layouts; `sageserve bench oserve` simulates them "
+                "(scenarios/oserve-mixed); `--set layouts=` simulates the policy without them"
+            )
 
     def check_layouts(self, models: Sequence[ModelDeployment] | None = None) -> None:
         """Refuse a variant vLLM or the inventory's nodes cannot run: TP not dividing the
@@ -345,6 +369,38 @@ def _check_models(path: Path, workload: Workload, models: Sequence[ModelDeployme
                 )
 
 
+@dataclass
+class _Manifests:
+    """A scenario's objects by kind (a ModelPool by its name and file)."""
+
+    models: list[ModelDeployment] = field(default_factory=list)
+    tiers: dict[str, Tier] = field(default_factory=dict)
+    policy: ScalingPolicy | None = None
+    node_docs: list[dict[str, Any]] = field(default_factory=list)
+    pools: list[str] = field(default_factory=list)
+
+
+def _read_manifests(docs: Sequence[tuple[Path, dict[str, Any]]]) -> _Manifests:
+    """The scenario's objects by kind; an invalid one is an error naming its file."""
+    m = _Manifests()
+    for f, d in docs:
+        kind = d.get("kind")
+        try:
+            if kind == "ModelDeployment":
+                m.models.append(ModelDeployment.model_validate(d))
+            elif kind == "WorkloadTier":
+                m.tiers[d["metadata"]["name"]] = tier_from_manifest(WorkloadTier.model_validate(d))
+            elif kind == "ScalingPolicy":
+                m.policy = ScalingPolicy.model_validate(d)
+            elif kind == "Node":
+                m.node_docs.append(d)
+            elif kind == "ModelPool":
+                m.pools.append(f"{d['metadata']['name']} ({f.name})")
+        except Exception as e:  # pydantic's message names the field; add the file
+            raise ValueError(f"{f}: invalid {kind}: {e}") from e
+    return m
+
+
 def load_scenario(path: Path) -> Scenario:
     """Read a scenario directory (or its `scenario.yaml`)."""
     path = Path(path)
@@ -362,30 +418,15 @@ def load_scenario(path: Path) -> Scenario:
     docs: list[tuple[Path, dict[str, Any]]] = []
     for f in manifest_files + inv_files:
         docs += [(f, d) for d in _docs(f)]
-    models: list[ModelDeployment] = []
-    tiers: dict[str, Tier] = {}
-    policy: ScalingPolicy | None = None
-    node_docs: list[dict[str, Any]] = []
-    for f, d in docs:
-        kind = d.get("kind")
-        try:
-            if kind == "ModelDeployment":
-                models.append(ModelDeployment.model_validate(d))
-            elif kind == "WorkloadTier":
-                tiers[d["metadata"]["name"]] = tier_from_manifest(WorkloadTier.model_validate(d))
-            elif kind == "ScalingPolicy":
-                policy = ScalingPolicy.model_validate(d)
-            elif kind == "Node":
-                node_docs.append(d)
-        except Exception as e:  # pydantic's message names the field; add the file
-            raise ValueError(f"{f}: invalid {kind}: {e}") from e
+    m = _read_manifests(docs)
+    models, tiers = m.models, m.tiers
     if not models:
         raise ValueError(f"{root}: no ModelDeployment manifest found")
     if not tiers:
         raise ValueError(f"{root}: no WorkloadTier manifest found")
     workload = load_workload(wl_file)
     _check_models(wl_file, workload, models)
-    nodes = nodes_from_manifests(node_docs)
+    nodes = nodes_from_manifests(m.node_docs)
     if not nodes:
         raise ValueError(f"{root}: no GPU Node in the inventory")
     scenario = Scenario(
@@ -394,11 +435,12 @@ def load_scenario(path: Path) -> Scenario:
         description=str(meta.get("description", "")),
         models=models,
         tiers=tiers,
-        policy=policy,
+        policy=m.policy,
         nodes=nodes,
         workload=workload,
         drain_s=parse_duration(meta.get("drain", "1h")),
         policies=[str(p) for p in meta.get("policies", ["reactive", "siloed"])],
+        pools=m.pools,
     )
     scenario.check_layouts()  # at load, as the operator's Ready=False would stop it
     return scenario
