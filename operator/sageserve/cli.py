@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from sageserve import __version__
+from sageserve.api.model_pool import DEFAULT_AWAKE_PER_INSTANCE
 
 app = typer.Typer(
     name="sageserve",
@@ -454,11 +455,22 @@ def bench_pool(
     goodput_gpus: Annotated[int, typer.Option(help="GPUs for the goodput runs.")] = 48,
     goodput_minutes: Annotated[float, typer.Option(help="Length of each goodput run.")] = 30.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
+    router_awake: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Models awake per pod in the router's rule (a ModelPool's awakePerInstance; "
+            "above 1 the simulation is optimistic: each awake engine gets the pod's compute).",
+        ),
+    ] = DEFAULT_AWAKE_PER_INSTANCE,
 ) -> None:
-    """Aegaeon: GPUs for a long tail of models, pooled vs dedicated, request-level, mux2."""
+    """Aegaeon: GPUs for a long tail of models, pooled vs dedicated, request-level, mux2,
+    and the router's rule on vLLM sleep mode."""
     from sageserve.commands.bench_pool import bench_pool_command
 
-    bench_pool_command(scenario, hours, goodput_gpus, goodput_minutes, json_out, console)
+    bench_pool_command(
+        scenario, hours, goodput_gpus, goodput_minutes, json_out, console, router_awake
+    )
 
 
 @bench_app.command("layout")

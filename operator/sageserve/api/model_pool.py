@@ -189,6 +189,10 @@ POOL_SPEC_RULES = cel(
 )
 
 
+#: Models one pooled pod keeps awake unless `awakePerInstance` says otherwise.
+DEFAULT_AWAKE_PER_INSTANCE = 2
+
+
 class ModelPoolSpec(ApiModel):
     """Which models share the pool, on which GPUs, in which regions, under which policy."""
 
@@ -206,7 +210,7 @@ class ModelPoolSpec(ApiModel):
         min_length=1, max_length=64, json_schema_extra=list_map("name")
     )
     awake_per_instance: int = Field(
-        default=2,
+        default=DEFAULT_AWAKE_PER_INSTANCE,
         ge=1,
         le=MAX_POOLED_MODELS,
         description="Models one pooled pod keeps awake at once (the GPU memory holds this "

@@ -34,14 +34,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sageserve.api.model_pool import ModelPoolSpec
+from sageserve.api.model_pool import DEFAULT_AWAKE_PER_INSTANCE
 from sageserve.plan.pool import PoolPlan, PoolShape, size_pool, theta_at_tbt
 from sageserve.sim.longtail import LongTail, load_long_tail
 from sageserve.sim.pool import PoolOutcome, PoolRequest, simulate_pool
 
 GOODPUT_RATE = 0.1  # requests/s per model (Aegaeon Fig. 11a)
-#: models awake per pod in the router's rule: a ModelPool's default `awakePerInstance`
-ROUTER_AWAKE = int(ModelPoolSpec.model_fields["awake_per_instance"].default)
 
 
 def tail_attainment(o: PoolOutcome, models: Sequence[str]) -> float:
@@ -142,6 +140,7 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
     goodput_minutes: float,
     out_json: Path | None,
     console: Console,
+    router_awake: int = DEFAULT_AWAKE_PER_INSTANCE,
 ) -> dict[str, Any]:
     lt = load_long_tail(scenario, hours)
     s = lt.setup
@@ -211,13 +210,13 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
 
     def router_run(n: int) -> PoolOutcome:
         return simulate_pool(
-            "router", reqs, s, instances=n, awake_per_instance=ROUTER_AWAKE, **common
+            "router", reqs, s, instances=n, awake_per_instance=router_awake, **common
         )
 
     with console.status("router (request-level on vLLM sleep mode): fewest pods"):
         found_router = smallest_meeting(router_run, 1, max(1, len(cold)), target, tail)
     row(
-        f"router (sleep mode, {ROUTER_AWAKE} awake per pod)",
+        f"router (sleep mode, {router_awake} awake per pod)",
         found_router[1] if found_router else None,
         f"{found_router[0]} pods, fewest at target; what sageserve router runs"
         if found_router
@@ -323,7 +322,7 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
             start_s=0.0,
             end_s=seconds,
             instances=n_inst,
-            awake_per_instance=ROUTER_AWAKE,
+            awake_per_instance=router_awake,
         )
 
     with console.status("goodput: pooled"):
@@ -338,7 +337,7 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
         f"({gp_m * GOODPUT_RATE:.1f} requests/s), request-level {gr_m} models "
         f"({gr_m * GOODPUT_RATE:.1f} requests/s)"
         + (f": {gp_m / gr_m:.2f}x (goal >= 2x)" if gr_m else "")
-        + f"; router (sleep mode, {ROUTER_AWAKE} awake per pod) {gro_m} models"
+        + f"; router (sleep mode, {router_awake} awake per pod) {gro_m} models"
     )
     speed = sized.requests_per_wall_s
     console.print(
