@@ -44,19 +44,10 @@ from sageserve.core.labels import (
     SCALING_EXTERNAL,
     SCALING_RESUME,
 )
+from sageserve.core.nodes import parse_time
 
 #: Field managers that are sageserve itself (reconcile's apply, the pace loop's scale).
 OWN_MANAGERS = frozenset({FIELD_MANAGER, PACE_MANAGER})
-
-
-def parse_time(value: Any) -> float | None:
-    """Seconds since the epoch of a Kubernetes timestamp (RFC 3339), None if absent."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value)).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

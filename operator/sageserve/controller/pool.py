@@ -48,6 +48,7 @@ from sageserve.core.pool import (
     PooledEngine,
     encode_engines,
 )
+from sageserve.plan.pool_cycle import bounded
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: GPU memory all awake engines of a pod may use together (vLLM's default per engine).
@@ -332,10 +333,6 @@ def on_model_pool(
     """Apply the pooled pod sets of a new or changed ModelPool."""
     assert namespace is not None
     patch.status.update(reconcile_pool(body, namespace, uid))
-
-
-def bounded(region: PoolRegion, wanted: int) -> int:
-    return max(region.min_instances, min(region.max_instances, wanted))
 
 
 def apply_pool_targets(

@@ -40,12 +40,13 @@ class NodeInfo:
     donated_at: float | None = None
 
 
-def parse_time(value: str | None) -> float | None:
-    """An RFC 3339 timestamp as written in annotations (`...Z`), as Unix seconds."""
+def parse_time(value: object) -> float | None:
+    """A Kubernetes timestamp (RFC 3339, `...Z` or an offset), as Unix seconds; None when
+    absent or not a timestamp."""
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
 

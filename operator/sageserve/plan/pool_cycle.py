@@ -50,6 +50,8 @@ class PoolTarget:
 
 
 def bounded(region: PoolRegion, wanted: int) -> int:
+    """`wanted` within the region's minInstances and maxInstances (the plan's targets, and
+    the operator's when it applies them)."""
     return max(region.min_instances, min(region.max_instances, wanted))
 
 
