@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -103,21 +104,38 @@ DEFAULT_MAX_CLIENTS = 10_000
 _PER_OCTAVE = 8
 
 
+def _bucket(x: int) -> int:
+    """The log-spaced bucket a length falls in."""
+    return math.floor(math.log2(max(1, x)) * _PER_OCTAVE)
+
+
 class _LogHistogram:
     """Counts of lengths on log-spaced buckets; quantiles in O(buckets), cached."""
 
-    __slots__ = ("_cache", "counts", "n")
+    __slots__ = ("_cache", "_keys", "counts", "n")
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
+        #: the buckets of `counts`, in increasing order
+        self._keys: list[int] = []
         self.n = 0
         self._cache: dict[float, int] = {}
 
     def add(self, x: int) -> None:
-        b = math.floor(math.log2(max(1, x)) * _PER_OCTAVE)
-        self.counts[b] = self.counts.get(b, 0) + 1
+        self.add_bucket(_bucket(x))
+
+    def add_bucket(self, b: int) -> None:
+        """Count one length in bucket `b` (`_bucket`)."""
+        counts = self.counts
+        c = counts.get(b)
+        if c is None:
+            counts[b] = 1
+            insort(self._keys, b)
+        else:
+            counts[b] = c + 1
         self.n += 1
-        self._cache.clear()
+        if self._cache:
+            self._cache.clear()
 
     def quantile(self, q: float) -> int:
         got = self._cache.get(q)
@@ -126,8 +144,9 @@ class _LogHistogram:
         need = q * self.n
         acc = 0
         out = 1
-        for b in sorted(self.counts):
-            acc += self.counts[b]
+        counts = self.counts
+        for b in self._keys:
+            acc += counts[b]
             if acc >= need:
                 out = max(1, round(2.0 ** ((b + 0.5) / _PER_OCTAVE)))
                 break
@@ -190,8 +209,9 @@ class ClientQuantilePredictor:
         self._clients[client] = h
         while len(self._clients) > self.max_clients:
             del self._clients[next(iter(self._clients))]
-        h.add(output_tokens)
-        self._all.add(output_tokens)
+        b = _bucket(output_tokens)
+        h.add_bucket(b)
+        self._all.add_bucket(b)
 
 
 # ---- input-regression -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ from sageserve.core.types import InstanceState, Request
 
 if TYPE_CHECKING:
     from sageserve.perf.model import VariantPerf
+    from sageserve.route.anticipator import LoadAnticipator
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -88,7 +89,7 @@ class Job:
         #: predicted output tokens (what a router knows; `req.output_tokens` is the truth)
         self.pred_out = req.output_tokens
         #: the load anticipator that tracks it on its instance (set by the simulator)
-        self.load: object | None = None
+        self.load: LoadAnticipator | None = None
 
 
 class InstanceHooks:
