@@ -133,7 +133,13 @@ class LoadAnticipator:
         self._run[rid] = _Running(start, base, end)
         self._n += 1
         self._base += base
-        self._add_end(end, base)
+        self._ends_sum += end  # `_add_end(end, base)`, inline: once per request
+        e = self._ends.get(end)
+        if e is None:
+            self._ends[end] = [1, base]
+        else:
+            e[0] += 1
+            e[1] += base
         heapq.heappush(heap, (end, rid))
 
     def finish(self, rid: int) -> None:

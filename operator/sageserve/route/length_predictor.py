@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from bisect import insort
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol
 
 import numpy as np
@@ -112,12 +113,13 @@ def _bucket(x: int) -> int:
 class _LogHistogram:
     """Counts of lengths on log-spaced buckets; quantiles in O(buckets), cached."""
 
-    __slots__ = ("_cache", "_keys", "counts", "n")
+    __slots__ = ("_cache", "_counts", "_keys", "counts", "n")
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
-        #: the buckets of `counts`, in increasing order
+        #: the buckets of `counts` in increasing order, and their counts in that order
         self._keys: list[int] = []
+        self._counts: list[int] = []
         self.n = 0
         self._cache: dict[float, int] = {}
 
@@ -128,11 +130,14 @@ class _LogHistogram:
         """Count one length in bucket `b` (`_bucket`)."""
         counts = self.counts
         c = counts.get(b)
+        i = bisect_left(self._keys, b)
         if c is None:
             counts[b] = 1
-            insort(self._keys, b)
+            self._keys.insert(i, b)
+            self._counts.insert(i, 1)
         else:
             counts[b] = c + 1
+            self._counts[i] += 1
         self.n += 1
         if self._cache:
             self._cache.clear()
@@ -141,15 +146,13 @@ class _LogHistogram:
         got = self._cache.get(q)
         if got is not None:
             return got
-        need = q * self.n
-        acc = 0
-        out = 1
-        counts = self.counts
-        for b in self._keys:
-            acc += counts[b]
-            if acc >= need:
-                out = max(1, round(2.0 ** ((b + 0.5) / _PER_OCTAVE)))
-                break
+        # the first bucket whose cumulative count reaches q × n
+        i = bisect_left(list(accumulate(self._counts)), q * self.n)
+        out = (
+            max(1, round(2.0 ** ((self._keys[i] + 0.5) / _PER_OCTAVE)))
+            if i < len(self._keys)
+            else 1
+        )
         self._cache[q] = out
         return out
 

@@ -272,10 +272,10 @@ class Instance:
                 self.v += (now - start) / self.iter_time
         self.t0 = now
         heap = self._run_heap
-        if heap:
-            # finishing within 1e-6 iterations counts as now: float time cannot resolve
-            # sub-nanosecond steps at t ~ 1e5-1e6 s
-            lim = self.v + 1e-6
+        # finishing within 1e-6 iterations counts as now: float time cannot resolve
+        # sub-nanosecond steps at t ~ 1e5-1e6 s
+        lim = self.v + 1e-6
+        if heap and heap[0][0] <= lim:
             running = self._running
             on_finish = self.hooks.on_finish
             while heap and heap[0][0] <= lim:
@@ -390,6 +390,8 @@ class Instance:
         self.prefilling = []
         self.prefill_work = 0
         v = self.v
+        hooks = self.hooks
+        running = self._running
         for job in batch:
             if job is self.chunk_job:
                 self.chunk_done += self.chunk_tokens
@@ -402,25 +404,26 @@ class Instance:
             self.kv_prefill -= job.prompt_left
             if job.first_token < 0:
                 job.first_token = t
-                self.hooks.on_first_token(job, t)
-            job.out_left -= 1
-            if job.out_left <= 0:
+                hooks.on_first_token(job, t)
+            out_left = job.out_left - 1
+            job.out_left = out_left
+            if out_left <= 0:
                 job.done = True
                 job.finish_time = t
                 job.instance = None
-                self.hooks.on_finish(job, t)
+                hooks.on_finish(job, t)
                 continue
-            job.context = job.prompt_left + 1
+            context = job.context = job.prompt_left + 1
             job.prompt_left = 0
             job.admit_v = v
-            job.finish_v = v + job.out_left
-            self._a += job.context - v
+            finish_v = job.finish_v = v + out_left
+            self._a += context - v
             self._n += 1
-            self._sum_finish_v += job.finish_v
-            self._running[job] = None
+            self._sum_finish_v += finish_v
+            running[job] = None
             self._seq += 1
-            heappush(self._run_heap, (job.finish_v, self._seq, job))
-            self.hooks.on_decode(job, t)
+            heappush(self._run_heap, (finish_v, self._seq, job))
+            hooks.on_decode(job, t)
         self.busy_until = t
         self.t0 = t
 
