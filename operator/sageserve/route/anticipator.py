@@ -145,7 +145,8 @@ class LoadAnticipator:
     def finish(self, rid: int) -> None:
         """A request left the instance (finished, early or late, or preempted: then
         `enqueue` it again with its new prompt): its tokens are freed at once (§4.3.1)."""
-        if self._unwait(rid):
+        if rid in self._wait:
+            self._unwait(rid)
             return
         r = self._run.pop(rid, None)
         if r is None:

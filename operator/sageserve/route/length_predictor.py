@@ -113,31 +113,32 @@ def _bucket(x: int) -> int:
 class _LogHistogram:
     """Counts of lengths on log-spaced buckets; quantiles in O(buckets), cached."""
 
-    __slots__ = ("_cache", "_counts", "_keys", "counts", "n")
+    __slots__ = ("_cache", "_counts", "_keys", "n")
 
     def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
-        #: the buckets of `counts` in increasing order, and their counts in that order
+        #: the buckets seen, in increasing order, and their counts in that order
         self._keys: list[int] = []
         self._counts: list[int] = []
         self.n = 0
         self._cache: dict[float, int] = {}
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """Lengths counted per bucket."""
+        return dict(zip(self._keys, self._counts, strict=True))
 
     def add(self, x: int) -> None:
         self.add_bucket(_bucket(x))
 
     def add_bucket(self, b: int) -> None:
         """Count one length in bucket `b` (`_bucket`)."""
-        counts = self.counts
-        c = counts.get(b)
-        i = bisect_left(self._keys, b)
-        if c is None:
-            counts[b] = 1
-            self._keys.insert(i, b)
-            self._counts.insert(i, 1)
-        else:
-            counts[b] = c + 1
+        keys = self._keys
+        i = bisect_left(keys, b)
+        if i < len(keys) and keys[i] == b:
             self._counts[i] += 1
+        else:
+            keys.insert(i, b)
+            self._counts.insert(i, 1)
         self.n += 1
         if self._cache:
             self._cache.clear()

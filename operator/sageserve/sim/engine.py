@@ -50,6 +50,7 @@ from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
 _INF = math.inf
+_heappush = heapq.heappush
 
 
 def _region_of(ep: Endpoint) -> str:
@@ -276,7 +277,16 @@ class _LiveLoad:
 
     @property
     def iteration(self) -> int:
-        return int(self._inst.v_at(self._clock.t))
+        # `int(self._inst.v_at(self._clock.t))` inline: read for every candidate of every
+        # request, where two calls cost more than the arithmetic
+        inst = self._inst
+        if inst.prefilling or not inst._n:
+            return int(inst.v)
+        t = self._clock.t
+        start = inst.t0 if inst.t0 > inst.busy_until else inst.busy_until
+        if t <= start:
+            return int(inst.v)
+        return int(inst.v + (t - start) / inst.iter_time)
 
     @property
     def kv_usage(self) -> float:
@@ -411,8 +421,8 @@ class Simulation(InstanceHooks):
     # ---- InstanceHooks -------------------------------------------------------------------
 
     def schedule(self, inst: Instance, when: float) -> None:
-        self._seq += 1
-        heapq.heappush(self.heap, (when, self._seq, 0, inst))
+        seq = self._seq = self._seq + 1
+        _heappush(self.heap, (when, seq, 0, inst))
 
     def on_finish(self, job: Job, now: float) -> None:
         req = job.req
@@ -578,26 +588,31 @@ class Simulation(InstanceHooks):
     def _arrive(self, req: Request) -> None:
         self.arrived += 1
         tier = req.tier
-        if tier.deadline_s is not None and not tier.interactive:
-            self._batch_deadlines[tier.name] = tier.deadline_s
-        ctx = self._context.get(req.model)
-        if ctx is not None and req.prompt_tokens + req.output_tokens > ctx:
+        interactive = tier.interactive
+        deadline_s = tier.deadline_s
+        if deadline_s is not None and not interactive:
+            self._batch_deadlines[tier.name] = deadline_s
+        model = req.model
+        tokens = req.prompt_tokens + req.output_tokens
+        ctx = self._context.get(model)
+        if ctx is not None and tokens > ctx:
             # vLLM's OpenAI server answers 400 before the request reaches the engine: it is
             # neither served nor lost, and no instance or queue ever sees it
             self.refused += 1
-            self.stats[(tier.name, req.model)].refused += 1
+            self.stats[(tier.name, model)].refused += 1
             return
         job = Job(req, scheduler_priority(tier, 0.0))
-        job.pred_out = self._predict(req)
-        if tier.deadline_s is not None:
-            job.deadline = req.arrival + tier.deadline_s
-        if not tier.interactive and self.planner is not None:
-            self._rcv_tok[(req.model, self._home(req))] += req.prompt_tokens + req.output_tokens
-        if not tier.interactive and self.qm_active:
-            deadline = job.deadline if tier.deadline_s is not None else None
-            # what the queue knows of the cost: the prompt and the predicted output
-            self.qm.submit(req.model, job, req.arrival, deadline, req.prompt_tokens + job.pred_out)
-            return
+        pred = job.pred_out = self._predict(req)
+        if deadline_s is not None:
+            job.deadline = req.arrival + deadline_s
+        if not interactive:
+            if self.planner is not None:
+                self._rcv_tok[(model, self._home(req))] += tokens
+            if self.qm_active:
+                deadline = job.deadline if deadline_s is not None else None
+                # what the queue knows of the cost: the prompt and the predicted output
+                self.qm.submit(model, job, req.arrival, deadline, req.prompt_tokens + pred)
+                return
         pool = self.strategy.layout.pool_for(tier)
         ep = self._route_region(req, pool, req.arrival)
         if ep is None:
@@ -646,16 +661,18 @@ class Simulation(InstanceHooks):
 
     def _dispatch(self, job: Job, ep: Endpoint, t: float, check_scaling: bool) -> None:
         req = job.req
-        if ep.key.region != req.region:
+        region = ep.key.region
+        if region != req.region:
             job.net_delay = self.cfg.inter_region_latency_s
+        tokens = req.prompt_tokens + req.output_tokens  # the forecast's unit
         ep.arrivals_minute += 1
-        ep.tokens_minute += req.prompt_tokens + req.output_tokens  # the forecast's unit
+        ep.tokens_minute += tokens
         if self.planner is not None:
-            hk = (req.model, ep.key.region)
+            hk = (req.model, region)
             if req.tier.interactive:
-                self._iw_tok[hk] += req.prompt_tokens + req.output_tokens
+                self._iw_tok[hk] += tokens
             else:
-                self._niw_tok[hk] += req.prompt_tokens + req.output_tokens
+                self._niw_tok[hk] += tokens
         job.ep = ep
         inst = self._pick_instance(ep, t, job)
         if inst is None:

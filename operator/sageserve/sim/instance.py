@@ -431,7 +431,8 @@ class Instance:
         if self.prefilling:
             when = self.busy_until
         elif self._n:
-            kv = self.kv_prefill + self._a + self._n * self.v
+            n, v = self._n, self.v
+            kv = self.kv_prefill + self._a + n * v
             k = int(kv) // 128
             lut = self._dlut
             it = lut[k] if 0 <= k < len(lut) else self.perf.decode_curve(kv)
@@ -443,13 +444,13 @@ class Instance:
                 if j.done or j.instance is not self or j.finish_v != fv:
                     heappop(heap)  # stale: finished or preempted earlier
                     continue
-                dv = fv - self.v
+                dv = fv - v
                 break
-            dv_full = (self.kv_cap - kv) / self._n
+            dv_full = (self.kv_cap - kv) / n
             if dv_full < dv:
                 dv = dv_full if dv_full > 1e-6 else 1e-6
             if self.chunk_job is not None:  # the next chunk after this decode iteration
-                dv_chunk = self.chunk_resume_v - self.v
+                dv_chunk = self.chunk_resume_v - v
                 if dv_chunk < dv:
                     dv = dv_chunk if dv_chunk > 1e-6 else 1e-6
             when = now + dv * it
