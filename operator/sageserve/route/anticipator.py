@@ -133,13 +133,7 @@ class LoadAnticipator:
         self._run[rid] = _Running(start, base, end)
         self._n += 1
         self._base += base
-        self._ends_sum += end  # `_add_end(end, base)`, inline: once per request
-        e = self._ends.get(end)
-        if e is None:
-            self._ends[end] = [1, base]
-        else:
-            e[0] += 1
-            e[1] += base
+        self._add_end(end, base)
         heapq.heappush(heap, (end, rid))
 
     def finish(self, rid: int) -> None:
@@ -249,8 +243,7 @@ class LoadAnticipator:
 
     def tokens_left(self, now: int) -> int:
         """Prompt tokens to prefill plus predicted output left: token-JSQ's load, read for
-        every candidate of every request (one call instead of two, so
-        `predicted_decode_tokens` is inlined)."""
+        every candidate of every request (one call: `predicted_decode_tokens` inline)."""
         heap = self._heap
         if now > self.now or (heap and heap[0][0] <= self.now):
             self.advance(now)
