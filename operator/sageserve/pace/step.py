@@ -259,10 +259,17 @@ def _strategy_action(
     the endpoint's last events), a scale-in held during the pressure's stabilization."""
     key = ep.key
     endpoint_plan = state.plan.for_endpoint(key) if state.plan else None
-    obs = replace(ep.observation(now), last_event_at=last_event, last_scale_in_at=last_scale_in)
     pressure = endpoint_pressure(ep)
     if pressure.ratio > 0:
-        obs = replace(obs, pressure=pressure.ratio, pressure_reason=pressure.describe())
+        obs = replace(
+            ep.observation(now),
+            last_event_at=last_event,
+            last_scale_in_at=last_scale_in,
+            pressure=pressure.ratio,
+            pressure_reason=pressure.describe(),
+        )
+    else:
+        obs = replace(ep.observation(now), last_event_at=last_event, last_scale_in_at=last_scale_in)
     if pressure.ratio >= 1.0:
         saturated[key] = now
     action = strategy.step(obs, endpoint_plan)

@@ -124,19 +124,23 @@ class LoadAnticipator:
         self._unwait(rid)
         if rid in self._run:
             raise ValueError(f"request {rid} is already decoding on this instance")
-        self.advance(now)
+        heap = self._heap
+        if now > self.now or (heap and heap[0][0] <= self.now):
+            self.advance(now)
         start = self.now
-        r = _Running(start, max(1, context_tokens) - start, start + max(1, predicted_left))
-        self._run[rid] = r
+        base = (context_tokens if context_tokens > 1 else 1) - start
+        end = start + (predicted_left if predicted_left > 1 else 1)
+        self._run[rid] = _Running(start, base, end)
         self._n += 1
-        self._base += r.base
-        self._add_end(r.end, r.base)
-        heapq.heappush(self._heap, (r.end, rid))
+        self._base += base
+        self._add_end(end, base)
+        heapq.heappush(heap, (end, rid))
 
     def finish(self, rid: int) -> None:
         """A request left the instance (finished, early or late, or preempted: then
         `enqueue` it again with its new prompt): its tokens are freed at once (§4.3.1)."""
-        if self._unwait(rid):
+        if rid in self._wait:
+            self._unwait(rid)
             return
         r = self._run.pop(rid, None)
         if r is None:
@@ -155,18 +159,35 @@ class LoadAnticipator:
             self.now = now
         now = self.now
         heap = self._heap
+        if not heap or heap[0][0] > now:
+            return
+        run, ends, ext = self._run, self._ends, self.extension
+        heappop, heappush, ceil = heapq.heappop, heapq.heappush, math.ceil
         while heap and heap[0][0] <= now:
-            end, rid = heapq.heappop(heap)
-            r = self._run.get(rid)
+            end, rid = heappop(heap)
+            r = run.get(rid)
             if r is None or r.end != end:
                 continue  # finished, or already extended
             new_end = end
             while new_end <= now:
-                new_end += max(1, math.ceil(self.extension * (new_end - r.start)))
-            self._drop_end(end, r.base)
-            self._add_end(new_end, r.base)
+                new_end += max(1, ceil(ext * (new_end - r.start)))
+            # `_drop_end(end, base)` then `_add_end(new_end, base)`, inline: this runs for
+            # every overrun of every request
+            base = r.base
+            self._ends_sum += new_end - end
+            e = ends[end]
+            e[0] -= 1
+            e[1] -= base
+            if not e[0]:
+                del ends[end]
+            later = ends.get(new_end)
+            if later is None:
+                ends[new_end] = [1, base]
+            else:
+                later[0] += 1
+                later[1] += base
             r.end = new_end
-            heapq.heappush(heap, (new_end, rid))
+            heappush(heap, (new_end, rid))
 
     def _unwait(self, rid: int) -> bool:
         w = self._wait.pop(rid, None)
@@ -222,8 +243,11 @@ class LoadAnticipator:
 
     def tokens_left(self, now: int) -> int:
         """Prompt tokens to prefill plus predicted output left: token-JSQ's load, read for
-        every candidate of every request (one call instead of two)."""
-        return self._pw + self.predicted_decode_tokens(now)
+        every candidate of every request (one call: `predicted_decode_tokens` inline)."""
+        heap = self._heap
+        if now > self.now or (heap and heap[0][0] <= self.now):
+            self.advance(now)
+        return self._pw + self._ends_sum - self._n * self.now + self._dw
 
     def projection(
         self, now: int, prompt_tokens: int = 0, predicted_output: int = 0

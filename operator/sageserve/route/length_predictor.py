@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol
 
 import numpy as np
@@ -103,34 +105,55 @@ DEFAULT_MAX_CLIENTS = 10_000
 _PER_OCTAVE = 8
 
 
+def _bucket(x: int) -> int:
+    """The log-spaced bucket a length falls in."""
+    return math.floor(math.log2(max(1, x)) * _PER_OCTAVE)
+
+
 class _LogHistogram:
     """Counts of lengths on log-spaced buckets; quantiles in O(buckets), cached."""
 
-    __slots__ = ("_cache", "counts", "n")
+    __slots__ = ("_cache", "_counts", "_keys", "n")
 
     def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
+        #: the buckets seen, in increasing order, and their counts in that order
+        self._keys: list[int] = []
+        self._counts: list[int] = []
         self.n = 0
         self._cache: dict[float, int] = {}
 
+    @property
+    def counts(self) -> dict[int, int]:
+        """Lengths counted per bucket."""
+        return dict(zip(self._keys, self._counts, strict=True))
+
     def add(self, x: int) -> None:
-        b = math.floor(math.log2(max(1, x)) * _PER_OCTAVE)
-        self.counts[b] = self.counts.get(b, 0) + 1
+        self.add_bucket(_bucket(x))
+
+    def add_bucket(self, b: int) -> None:
+        """Count one length in bucket `b` (`_bucket`)."""
+        keys = self._keys
+        i = bisect_left(keys, b)
+        if i < len(keys) and keys[i] == b:
+            self._counts[i] += 1
+        else:
+            keys.insert(i, b)
+            self._counts.insert(i, 1)
         self.n += 1
-        self._cache.clear()
+        if self._cache:
+            self._cache.clear()
 
     def quantile(self, q: float) -> int:
         got = self._cache.get(q)
         if got is not None:
             return got
-        need = q * self.n
-        acc = 0
-        out = 1
-        for b in sorted(self.counts):
-            acc += self.counts[b]
-            if acc >= need:
-                out = max(1, round(2.0 ** ((b + 0.5) / _PER_OCTAVE)))
-                break
+        # the first bucket whose cumulative count reaches q × n
+        i = bisect_left(list(accumulate(self._counts)), q * self.n)
+        out = (
+            max(1, round(2.0 ** ((self._keys[i] + 0.5) / _PER_OCTAVE)))
+            if i < len(self._keys)
+            else 1
+        )
         self._cache[q] = out
         return out
 
@@ -190,8 +213,9 @@ class ClientQuantilePredictor:
         self._clients[client] = h
         while len(self._clients) > self.max_clients:
             del self._clients[next(iter(self._clients))]
-        h.add(output_tokens)
-        self._all.add(output_tokens)
+        b = _bucket(output_tokens)
+        h.add_bucket(b)
+        self._all.add_bucket(b)
 
 
 # ---- input-regression -----------------------------------------------------------------------

@@ -178,7 +178,9 @@ class Endpoint:
         self.refresh_s = refresh_s
         self._emu = 0.0
         self._emu_t = -math.inf
-        self._scraped: list[InstanceView] = []
+        #: (instance, variant, KV used, KV capacity) of each reporting instance, as last
+        #: scraped (`snapshot` makes them `InstanceView`s, with the queues as they are then)
+        self._scraped: list[tuple[str, str, float, int]] = []
         self.version = 0
         self.checked_version = -1
         self.provisioning: list[Instance] = []
@@ -212,7 +214,7 @@ class Endpoint:
                     used += kv
                     cap += inst.kv_cap
                     if inst.reporting:
-                        views.append(InstanceView(inst.id, d.variant, kv, inst.kv_cap))
+                        views.append((inst.id, d.variant, kv, inst.kv_cap))
             self._emu = max(0.0, used / cap) if cap else 1.0
             self._scraped = views
             self._emu_t = t
@@ -241,7 +243,10 @@ class Endpoint:
         queues as they are."""
         self.emu(t)  # the last scrape, refreshed if older than `refresh_s`
         queue = {i.id: i.waiting for d in self.deployments for i in d.instances}
-        views = [replace(v, waiting=queue.get(v.name, 0)) for v in self._scraped]
+        views = [
+            InstanceView(name, variant, kv, cap, queue.get(name, 0))
+            for name, variant, kv, cap in self._scraped
+        ]
         return EndpointSnapshot(
             key=self.key,
             min_instances=self.min_instances,

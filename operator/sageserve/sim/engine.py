@@ -45,12 +45,17 @@ from sageserve.route.queue_manager import (
     DEFAULT_RELEASE_RULES,
     BatchQueueManager,
 )
-from sageserve.route.region_router import SpillLedger, preference, route_region
+from sageserve.route.region_router import SpillLedger, pick_region, preference, route_region
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
 _INF = math.inf
+_heappush = heapq.heappush
+
+
+def _region_of(ep: Endpoint) -> str:
+    return ep.key.region
 
 
 @dataclass(frozen=True)
@@ -272,7 +277,16 @@ class _LiveLoad:
 
     @property
     def iteration(self) -> int:
-        return int(self._inst.v_at(self._clock.t))
+        # `int(self._inst.v_at(self._clock.t))` inline: read for every candidate of every
+        # request, where two calls cost more than the arithmetic
+        inst = self._inst
+        if inst.prefilling or not inst._n:
+            return int(inst.v)
+        t = self._clock.t
+        start = inst.t0 if inst.t0 > inst.busy_until else inst.busy_until
+        if t <= start:
+            return int(inst.v)
+        return int(inst.v + (t - start) / inst.iter_time)
 
     @property
     def kv_usage(self) -> float:
@@ -298,6 +312,7 @@ class Simulation(InstanceHooks):
         operator sees Prometheus history. `predictors` builds each model's output-length
         predictor (default: `config.predictor` by name), e.g. one fitted beforehand."""
         self.cfg = config
+        self._start = config.start_s
         #: the in-region picker and, per model, the output-length predictor it relies on
         self.picker = make_picker(config.picker)
         self._make_predictor = predictors or (lambda _model: make_predictor(config.predictor))
@@ -408,54 +423,60 @@ class Simulation(InstanceHooks):
     # ---- InstanceHooks -------------------------------------------------------------------
 
     def schedule(self, inst: Instance, when: float) -> None:
-        self._seq += 1
-        heapq.heappush(self.heap, (when, self._seq, 0, inst))
+        seq = self._seq = self._seq + 1
+        _heappush(self.heap, (when, seq, 0, inst))
 
     def on_finish(self, job: Job, now: float) -> None:
         req = job.req
         load = job.load
         if load is not None:
-            assert isinstance(load, LoadAnticipator)
             load.finish(id(job))
             job.load = None
-        st = self.stats[(req.tier.name, req.model)]
+        tier = req.tier
+        arrival = req.arrival
+        st = self.stats[(tier.name, req.model)]
         if now < 0:  # dropped: could never fit in KV
             st.dropped += 1
-            st.day(req.arrival - self.cfg.start_s)[2] += 1
+            st.day(arrival - self._start)[2] += 1
             return
+        out = req.output_tokens
         predictor = self._predictors.get(req.model)
         if predictor is not None:  # what a router learns when a response ends
-            predictor.observe(req.client, req.prompt_tokens, req.output_tokens)
+            predictor.observe(req.client, req.prompt_tokens, out)
         self.finished += 1
         st.finished += 1
         net = job.net_delay
-        ttft = job.first_token - req.arrival + net
-        e2e = now - req.arrival + net
+        first = job.first_token
+        ttft = first - arrival + net
+        e2e = now - arrival + net
         st.ttft.append(ttft)
         st.e2e.append(e2e)
-        norm = e2e / (req.output_tokens if req.output_tokens > 1 else 1)
+        norm = e2e / (out if out > 1 else 1)
         st.norm.append(norm)
-        b = st.norm_buckets.get(int(req.arrival // NORM_BUCKET_S))
+        bucket = int(arrival // NORM_BUCKET_S)
+        b = st.norm_buckets.get(bucket)
         if b is None:
-            st.norm_buckets[int(req.arrival // NORM_BUCKET_S)] = [norm, 1.0]
+            st.norm_buckets[bucket] = [norm, 1.0]
         else:
             b[0] += norm
             b[1] += 1.0
-        if req.output_tokens > 1:
-            st.tbt.append((now - job.first_token) / (req.output_tokens - 1))
-        tier = req.tier
+        if out > 1:
+            st.tbt.append((now - first) / (out - 1))
         ok = True
-        if tier.ttft_slo_s is not None and ttft > tier.ttft_slo_s:
+        slo = tier.ttft_slo_s
+        if slo is not None and ttft > slo:
             ok = False
-        if tier.deadline_s is not None and e2e > tier.deadline_s:
+        deadline = tier.deadline_s
+        if deadline is not None and e2e > deadline:
             ok = False
             st.deadline_miss += 1
-        day = st.day(req.arrival - self.cfg.start_s)
+        day = st.day(arrival - self._start)
         day[0] += 1
         if ok:
             st.slo_met += 1
             day[1] += 1
-        self.preemptions += job.preemptions
+        if job.preemptions:
+            self.preemptions += job.preemptions
         ep = job.ep
         if ep is not None:
             assert isinstance(ep, Endpoint)
@@ -472,7 +493,6 @@ class Simulation(InstanceHooks):
         output it is predicted to have left."""
         load = job.load
         if load is not None:
-            assert isinstance(load, LoadAnticipator)
             done = job.req.output_tokens - job.out_left
             load.start(id(job), int(job.admit_v), job.context, max(1, job.pred_out - done))
 
@@ -480,7 +500,6 @@ class Simulation(InstanceHooks):
         """A preempted request waits again, its generated tokens now part of its prompt."""
         load = job.load
         if load is not None:
-            assert isinstance(load, LoadAnticipator)
             done = job.req.output_tokens - job.out_left
             load.finish(id(job))
             load.enqueue(id(job), job.prompt_left, max(1, job.pred_out - done))
@@ -570,26 +589,31 @@ class Simulation(InstanceHooks):
     def _arrive(self, req: Request) -> None:
         self.arrived += 1
         tier = req.tier
-        if tier.deadline_s is not None and not tier.interactive:
-            self._batch_deadlines[tier.name] = tier.deadline_s
-        ctx = self._context.get(req.model)
-        if ctx is not None and req.prompt_tokens + req.output_tokens > ctx:
+        interactive = tier.interactive
+        deadline_s = tier.deadline_s
+        if deadline_s is not None and not interactive:
+            self._batch_deadlines[tier.name] = deadline_s
+        model = req.model
+        tokens = req.prompt_tokens + req.output_tokens
+        ctx = self._context.get(model)
+        if ctx is not None and tokens > ctx:
             # vLLM's OpenAI server answers 400 before the request reaches the engine: it is
             # neither served nor lost, and no instance or queue ever sees it
             self.refused += 1
-            self.stats[(tier.name, req.model)].refused += 1
+            self.stats[(tier.name, model)].refused += 1
             return
         job = Job(req, scheduler_priority(tier, 0.0))
-        job.pred_out = self._predict(req)
-        if tier.deadline_s is not None:
-            job.deadline = req.arrival + tier.deadline_s
-        if not tier.interactive and self.planner is not None:
-            self._rcv_tok[(req.model, self._home(req))] += req.prompt_tokens + req.output_tokens
-        if not tier.interactive and self.qm_active:
-            deadline = job.deadline if tier.deadline_s is not None else None
-            # what the queue knows of the cost: the prompt and the predicted output
-            self.qm.submit(req.model, job, req.arrival, deadline, req.prompt_tokens + job.pred_out)
-            return
+        pred = job.pred_out = self._predict(req)
+        if deadline_s is not None:
+            job.deadline = req.arrival + deadline_s
+        if not interactive:
+            if self.planner is not None:
+                self._rcv_tok[(model, self._home(req))] += tokens
+            if self.qm_active:
+                deadline = job.deadline if deadline_s is not None else None
+                # what the queue knows of the cost: the prompt and the predicted output
+                self.qm.submit(model, job, req.arrival, deadline, req.prompt_tokens + pred)
+                return
         pool = self.strategy.layout.pool_for(tier)
         ep = self._route_region(req, pool, req.arrival)
         if ep is None:
@@ -612,18 +636,23 @@ class Simulation(InstanceHooks):
         if eps is None:
             every = self._eps_by_model_pool.get((req.model, pool), [])
             # preference: the client's home region, then the scenario's region order
-            eps = preference(req.region, every, lambda e: e.key.region)
+            eps = preference(req.region, every, _region_of)
             self._route_cache[ck] = eps
         if not eps:
             return None
         if len(eps) == 1:
             return eps[0]
+        candidates = [(ep, ep.emu(t)) for ep in eps]
+        if self.planner is None:
+            # no plan is ever in force, so no spill bound: `route_region` would be the
+            # paper's rule plus a ledger that nothing reads
+            return pick_region(candidates, self.cfg.route_threshold)
         plan = self.step_state.plan
         return route_region(
             req.model,
             req.region,
-            [(ep, ep.emu(t)) for ep in eps],
-            lambda ep: ep.key.region,
+            candidates,
+            _region_of,
             req.prompt_tokens + req.output_tokens,
             t,
             self.spill_ledger,
@@ -633,16 +662,18 @@ class Simulation(InstanceHooks):
 
     def _dispatch(self, job: Job, ep: Endpoint, t: float, check_scaling: bool) -> None:
         req = job.req
-        if ep.key.region != req.region:
+        region = ep.key.region
+        if region != req.region:
             job.net_delay = self.cfg.inter_region_latency_s
+        tokens = req.prompt_tokens + req.output_tokens  # the forecast's unit
         ep.arrivals_minute += 1
-        ep.tokens_minute += req.prompt_tokens + req.output_tokens  # the forecast's unit
+        ep.tokens_minute += tokens
         if self.planner is not None:
-            hk = (req.model, ep.key.region)
+            hk = (req.model, region)
             if req.tier.interactive:
-                self._iw_tok[hk] += req.prompt_tokens + req.output_tokens
+                self._iw_tok[hk] += tokens
             else:
-                self._niw_tok[hk] += req.prompt_tokens + req.output_tokens
+                self._niw_tok[hk] += tokens
         job.ep = ep
         inst = self._pick_instance(ep, t, job)
         if inst is None:
@@ -721,7 +752,7 @@ class Simulation(InstanceHooks):
 
     def _enqueue(self, inst: Instance, job: Job, t: float) -> None:
         """Queue a job on an instance, and on the instance's look-ahead map."""
-        ant = self._anticipator(inst)
+        ant = (self._views.get(inst) or self._view(inst)).anticipator
         job.load = ant
         done = job.req.output_tokens - job.out_left
         ant.enqueue(id(job), job.prompt_left, max(1, job.pred_out - done))
@@ -740,9 +771,10 @@ class Simulation(InstanceHooks):
         if len(insts) == 1:
             return insts[0]
         self._clock.t = t
-        view = self._view
+        views, view = self._views, self._view
         return self.picker.pick(
-            Arrival(job.req.prompt_tokens, job.pred_out), [(i, view(i)) for i in insts]
+            Arrival(job.req.prompt_tokens, job.pred_out),
+            [(i, views.get(i) or view(i)) for i in insts],
         )
 
     def _lost(self, job: Job) -> None:

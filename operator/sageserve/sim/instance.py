@@ -40,6 +40,7 @@ from sageserve.core.types import InstanceState, Request
 
 if TYPE_CHECKING:
     from sageserve.perf.model import VariantPerf
+    from sageserve.route.anticipator import LoadAnticipator
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -88,7 +89,7 @@ class Job:
         #: predicted output tokens (what a router knows; `req.output_tokens` is the truth)
         self.pred_out = req.output_tokens
         #: the load anticipator that tracks it on its instance (set by the simulator)
-        self.load: object | None = None
+        self.load: LoadAnticipator | None = None
 
 
 class InstanceHooks:
@@ -271,10 +272,10 @@ class Instance:
                 self.v += (now - start) / self.iter_time
         self.t0 = now
         heap = self._run_heap
-        if heap:
-            # finishing within 1e-6 iterations counts as now: float time cannot resolve
-            # sub-nanosecond steps at t ~ 1e5-1e6 s
-            lim = self.v + 1e-6
+        # finishing within 1e-6 iterations counts as now: float time cannot resolve
+        # sub-nanosecond steps at t ~ 1e5-1e6 s
+        lim = self.v + 1e-6
+        if heap and heap[0][0] <= lim:
             running = self._running
             on_finish = self.hooks.on_finish
             while heap and heap[0][0] <= lim:
@@ -389,6 +390,8 @@ class Instance:
         self.prefilling = []
         self.prefill_work = 0
         v = self.v
+        hooks = self.hooks
+        running = self._running
         for job in batch:
             if job is self.chunk_job:
                 self.chunk_done += self.chunk_tokens
@@ -401,25 +404,26 @@ class Instance:
             self.kv_prefill -= job.prompt_left
             if job.first_token < 0:
                 job.first_token = t
-                self.hooks.on_first_token(job, t)
-            job.out_left -= 1
-            if job.out_left <= 0:
+                hooks.on_first_token(job, t)
+            out_left = job.out_left - 1
+            job.out_left = out_left
+            if out_left <= 0:
                 job.done = True
                 job.finish_time = t
                 job.instance = None
-                self.hooks.on_finish(job, t)
+                hooks.on_finish(job, t)
                 continue
-            job.context = job.prompt_left + 1
+            context = job.context = job.prompt_left + 1
             job.prompt_left = 0
             job.admit_v = v
-            job.finish_v = v + job.out_left
-            self._a += job.context - v
+            finish_v = job.finish_v = v + out_left
+            self._a += context - v
             self._n += 1
-            self._sum_finish_v += job.finish_v
-            self._running[job] = None
+            self._sum_finish_v += finish_v
+            running[job] = None
             self._seq += 1
-            heappush(self._run_heap, (job.finish_v, self._seq, job))
-            self.hooks.on_decode(job, t)
+            heappush(self._run_heap, (finish_v, self._seq, job))
+            hooks.on_decode(job, t)
         self.busy_until = t
         self.t0 = t
 
@@ -427,7 +431,8 @@ class Instance:
         if self.prefilling:
             when = self.busy_until
         elif self._n:
-            kv = self.kv_prefill + self._a + self._n * self.v
+            n, v = self._n, self.v
+            kv = self.kv_prefill + self._a + n * v
             k = int(kv) // 128
             lut = self._dlut
             it = lut[k] if 0 <= k < len(lut) else self.perf.decode_curve(kv)
@@ -439,13 +444,13 @@ class Instance:
                 if j.done or j.instance is not self or j.finish_v != fv:
                     heappop(heap)  # stale: finished or preempted earlier
                     continue
-                dv = fv - self.v
+                dv = fv - v
                 break
-            dv_full = (self.kv_cap - kv) / self._n
+            dv_full = (self.kv_cap - kv) / n
             if dv_full < dv:
                 dv = dv_full if dv_full > 1e-6 else 1e-6
             if self.chunk_job is not None:  # the next chunk after this decode iteration
-                dv_chunk = self.chunk_resume_v - self.v
+                dv_chunk = self.chunk_resume_v - v
                 if dv_chunk < dv:
                     dv = dv_chunk if dv_chunk > 1e-6 else 1e-6
             when = now + dv * it
