@@ -643,11 +643,11 @@ class Simulation(InstanceHooks):
         if len(eps) == 1:
             return eps[0]
         candidates = [(ep, ep.emu(t)) for ep in eps]
-        if self.planner is None:
-            # no plan is ever in force, so no spill bound: `route_region` would be the
+        plan = self.step_state.plan
+        if self.planner is None and plan is None:
+            # no plan is or will be in force, so no spill bound: `route_region` would be the
             # paper's rule plus a ledger that nothing reads
             return pick_region(candidates, self.cfg.route_threshold)
-        plan = self.step_state.plan
         return route_region(
             req.model,
             req.region,

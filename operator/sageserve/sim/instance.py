@@ -300,16 +300,6 @@ class Instance:
         if self.state is not _SERVING and self.idle:
             self.hooks.on_idle(self, now)
 
-    def _finish(self, job: Job, now: float) -> None:
-        del self._running[job]
-        self._n -= 1
-        self._a -= job.context - job.admit_v
-        self._sum_finish_v -= job.finish_v
-        job.done = True
-        job.finish_time = now
-        job.instance = None
-        self.hooks.on_finish(job, now)
-
     def _preempt_until_fits(self) -> None:
         while self._n and self.kv_prefill + self._a + self._n * self.v > self.kv_cap + _EPS:
             job, _ = self._running.popitem()
