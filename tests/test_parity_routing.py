@@ -1,11 +1,11 @@
 """The simulator and the router pick the same region for the same requests and loads.
 
-Both call `route.region_router` (preference order, then the 70 % rule); this feeds one
+Both call `dispatch.region_router` (preference order, then the 70 % rule); this feeds one
 sequence of (client region, EMU per region) to the simulator's router
 (`Simulation._route_region`) and to `sageserve router`'s (`Fleet.choose_region`), without
 and with the plan's spill-over bounds, under the default policy's threshold and a lower
 one. One ScalingPolicy gives both worlds the same region threshold and batch release rules
-(`route.from_policy`).
+(`dispatch.from_policy`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import IW_F, Request
+from sageserve.dispatch.from_policy import route_threshold_of
 from sageserve.pace import make_strategy
 from sageserve.pace.step import StepState
-from sageserve.route.from_policy import route_threshold_of
 from sageserve.router.discovery import follow_policy, model_route, policy_specs
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.sim.engine import Simulation

@@ -22,7 +22,7 @@ if str(REPO) not in sys.path:
 
 from e2e import postgres  # noqa: E402
 from sageserve.batch import BatchStore  # noqa: E402
-from sageserve.route.identity import ANONYMOUS, Principal  # noqa: E402
+from sageserve.dispatch.identity import ANONYMOUS, Principal  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OTHER = "mistral-7b"

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from sageserve.batch import BatchStore
 from sageserve.batch.api import BatchApi
-from sageserve.route.identity import ANONYMOUS
+from sageserve.dispatch.identity import ANONYMOUS
 from tests.batch.conftest import MODEL, deadline_of, jsonl, known_models, line, read_jsonl
 
 LIMIT = 4096

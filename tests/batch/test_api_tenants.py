@@ -22,7 +22,7 @@ from aiohttp import web
 from sageserve.batch import BatchStore
 from sageserve.batch.api import PRINCIPAL, BatchApi
 from sageserve.batch.limits import MAX_DEPTH
-from sageserve.route.identity import ANONYMOUS
+from sageserve.dispatch.identity import ANONYMOUS
 from tests.batch.conftest import ME, MODEL, THEM, deadline_of, jsonl, known_models, line
 from tests.batch.test_api_http import error_of, form
 

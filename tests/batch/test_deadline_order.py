@@ -14,7 +14,7 @@ import pytest
 
 from sageserve.batch import BatchStore
 from sageserve.batch.jsonl import request_tokens
-from sageserve.route.queue_manager import (
+from sageserve.dispatch.queue_manager import (
     DEFAULT_PROMOTION_MARGIN_S,
     BatchQueueManager,
     promotion_time,

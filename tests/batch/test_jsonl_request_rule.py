@@ -1,4 +1,4 @@
-"""A Batch API line is judged by the router's request rule (`route.request_check`): a bad
+"""A Batch API line is judged by the router's request rule (`dispatch.request_check`): a bad
 number is that line's error, the other lines run, and nothing of it reaches the plan."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from sageserve.batch.jsonl import parse_input
-from sageserve.route.request_check import estimated_tokens
+from sageserve.dispatch.request_check import estimated_tokens
 
 URL = "/v1/chat/completions"
 

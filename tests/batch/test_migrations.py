@@ -17,7 +17,7 @@ from sageserve.batch import BatchStore, NotFound
 from sageserve.batch.db import MIGRATIONS, current_revision, make_engine, upgrade
 from sageserve.batch.jsonl import request_tokens
 from sageserve.batch.schema import metadata
-from sageserve.route.identity import ANONYMOUS
+from sageserve.dispatch.identity import ANONYMOUS
 from tests.batch.conftest import ME
 
 

@@ -23,7 +23,7 @@ from typing import Any, cast
 import pytest
 
 from sageserve.batch import BatchStore
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics

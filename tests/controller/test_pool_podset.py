@@ -10,14 +10,14 @@ import pytest
 
 from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import Strategy
-from sageserve.controller.pool import (
+from sageserve.controller.pool_podsets import (
     engine_args,
     launcher_script,
     pool_problems,
     pool_sizing,
     render_pool_pod_sets,
 )
-from sageserve.core.pool import pooled_engines
+from sageserve.core.pooled_engines import pooled_engines
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 

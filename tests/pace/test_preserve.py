@@ -8,6 +8,7 @@ import pytest
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
+from sageserve.dispatch.anticipator import LoadAnticipator
 from sageserve.pace import make_strategy
 from sageserve.pace.base import PlanCadence, PlanSource
 from sageserve.pace.from_policy import strategy_for
@@ -20,7 +21,6 @@ from sageserve.pace.preserve import (
 )
 from sageserve.pace.step import StepState, decide
 from sageserve.plan.preserve import ServiceRates, window_instances, window_means
-from sageserve.route.anticipator import LoadAnticipator
 
 KEY = EndpointKey("llama", "us-east")
 PRESERVE = make_strategy("preserve")

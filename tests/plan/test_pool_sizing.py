@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sageserve.plan import PlanProblem, solve_plan
-from sageserve.plan.pool import (
+from sageserve.plan.pool_sizing import (
     ModelForecast,
     PoolShape,
     active_models_quantile,

@@ -24,8 +24,8 @@ from typing import Any
 
 from sageserve.batch import BatchStore
 from sageserve.batch.api import BatchApi
-from sageserve.route.rate_limit import Limits
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.rate_limit import Limits
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, serve
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics

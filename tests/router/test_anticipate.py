@@ -10,10 +10,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from sageserve.dispatch.instance_picker import Arrival, make_picker
+from sageserve.dispatch.length_predictor import LengthQuery
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.forecast.request_types import bucket_tokens, shape_bucket
-from sageserve.route.instance_picker import Arrival, make_picker
-from sageserve.route.length_predictor import LengthQuery
-from sageserve.route.tiers import TierMatch
 from sageserve.router.anticipate import PodAnticipators, client_id
 from sageserve.router.app import POD_HEADER, Router, RouterConfig, run_loop
 from sageserve.router.fleet import REMAINING_TOKENS, Backend, Fleet, ModelRoute, fleet_picker

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment
-from sageserve.route.deadlines import capacity_at_max
+from sageserve.dispatch.deadlines import capacity_at_max
 from sageserve.router.discovery import model_route
 from sageserve.sim.engine import request_decode_tps
 from sageserve.sim.scenario import default_scenario_dir, load_scenario

@@ -24,8 +24,8 @@ from aiohttp import web
 from sageserve.batch import BatchStore
 from sageserve.batch.api import BatchApi
 from sageserve.batch.jsonl import request_tokens
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.metrics.queries import BATCH_DEADLINE_NEED
-from sageserve.route.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics

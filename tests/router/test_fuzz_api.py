@@ -42,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sageserve.batch import BatchStore
 from sageserve.batch.api import BatchApi
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, serve
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, serve
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics

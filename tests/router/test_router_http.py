@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, run_loop
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics

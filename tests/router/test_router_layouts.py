@@ -1,5 +1,5 @@
 """The router's dispatch by request type between the variants of an OServe layout (OServe
-§4.2, `route.layout_dispatch`, `Fleet._by_type`): which pod a long-prompt and a
+§4.2, `dispatch.layout_dispatch`, `Fleet._by_type`): which pod a long-prompt and a
 short-prompt request go to under given weights, the shares, the overflow, the type-free
 fallbacks, and the plan's `status.layouts` read through discovery into the fleet."""
 
@@ -13,8 +13,8 @@ import aiohttp
 from aiohttp import web
 
 from sageserve.api.scaling_policy import ScalingPolicy
-from sageserve.route.instance_picker import Arrival, make_picker
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.instance_picker import Arrival, make_picker
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, run_loop
 from sageserve.router.discovery import Discovery, policy_routing
 from sageserve.router.fleet import Backend, Fleet, ModelRoute

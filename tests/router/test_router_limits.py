@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sageserve.route.rate_limit import Limits
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.rate_limit import Limits
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig, serve
 from sageserve.router.discovery import Discovery
 from sageserve.router.fleet import Backend, Fleet, ModelRoute

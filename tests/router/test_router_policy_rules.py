@@ -18,7 +18,7 @@ import pytest
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.router.discovery import Discovery, follow_policy, model_route, policy_specs
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
-from sageserve.router.pool import pool_routes
+from sageserve.router.pool_switcher import pool_routes
 from sageserve.sim.scenario import default_scenario_dir, load_scenario
 from tests.router import test_batch_release as batch
 from tests.router import test_router_http as http
@@ -37,7 +37,7 @@ def policy(name: str, routing: dict[str, Any], namespace: str = "llm") -> dict[s
 
 
 def under(route: ModelRoute, name: str, routing: dict[str, Any] | None) -> ModelRoute:
-    """`route` as discovery serves it under policy `name` (None: no such policy)."""
+    """`dispatch` as discovery serves it under policy `name` (None: no such policy)."""
     objs = [] if routing is None else [policy(name, routing)]
     return follow_policy(replace(route, policy=name), policy_specs(objs))
 

@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 
 from sageserve.api.model_pool import ModelPool
-from sageserve.controller.pool import render_pool_pod_set
-from sageserve.route.tiers import TierMatch
+from sageserve.controller.pool_podsets import render_pool_pod_set
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.app import Router, RouterConfig
 from sageserve.router.fleet import Backend, Fleet
 from sageserve.router.metrics import RouterMetrics
-from sageserve.router.pool import PoolSwitcher, pool_routes
+from sageserve.router.pool_switcher import PoolSwitcher, pool_routes
 from sageserve.twin.clock import AcceleratedClock
 from sageserve.twin.load import LoadControl, PerfResolver, TwinSim
 from sageserve.twin.pods import pod_info

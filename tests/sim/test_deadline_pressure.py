@@ -1,5 +1,5 @@
 """A batch larger than the troughs absorb before its deadline, with and without deadline
-pressure (pace.pressure.deadline_pressure, route.deadlines).
+pressure (pace.pressure.deadline_pressure, dispatch.deadlines).
 
 6,000 batch requests (580 prompt + 20 output tokens) arrive in the first minute with a
 40-minute deadline, on an endpoint of 2 instances (at most 6). An instance holds 10,000

@@ -13,12 +13,12 @@ import math
 import pytest
 
 from sageserve.core.types import Request, Tier, TierKind
+from sageserve.dispatch.length_predictor import make_predictor
 from sageserve.forecast.request_types import RequestTypes
 from sageserve.perf.model import VariantPerf, load_catalog
 from sageserve.plan.layout_search import LayoutSpace, Strategy
 from sageserve.plan.layout_switch import plan_switch
 from sageserve.plan.oserve_assign import assign, layout_weights
-from sageserve.route.length_predictor import make_predictor
 from sageserve.sim.oserve_fleet import Fleet, nearest_type
 
 TP4, TP8 = Strategy(4, 1), Strategy(8, 1)

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from sageserve.api.model_pool import ModelPool
-from sageserve.controller.pool import render_pool_pod_set
+from sageserve.controller.pool_podsets import render_pool_pod_set
 from sageserve.twin.clock import AcceleratedClock
 from sageserve.twin.load import LoadControl, PerfResolver, TwinSim
 from sageserve.twin.pods import PodInfo, pod_info
-from sageserve.twin.pool import PodEngines, transfer_seconds
 from sageserve.twin.runner import Twin
+from sageserve.twin.sleep_mode import PodEngines, transfer_seconds
 from tests.twin.helpers import CATALOG, steady
 
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -34,7 +34,7 @@ from sageserve.batch.limits import BadJson, LineCounter, content_disposition, lo
 from sageserve.batch.objects import BatchObject, Conflict, FileObject, InvalidInput, NotFound
 from sageserve.batch.retention import expires_after_object, parse_expires_after
 from sageserve.batch.store import DEFAULT_WINDOW, BatchStore, TierDeadlines
-from sageserve.route.identity import ANONYMOUS, Principal
+from sageserve.dispatch.identity import ANONYMOUS, Principal
 
 #: (served model name, caller) -> the batch tier the caller's lines of it run in; None
 #: when the model is not served to this caller for batch work

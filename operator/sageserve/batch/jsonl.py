@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sageserve.batch.limits import BadJson, load_json
-from sageserve.route.request_check import estimated_tokens
+from sageserve.dispatch.request_check import estimated_tokens
 
 #: The endpoints a batch may target (OpenAI's Batch API also has embeddings; the pods
 #: here serve completions).
@@ -179,7 +179,7 @@ def _request_problem(number: int, obj: dict[str, Any], endpoint: str) -> tuple[s
         )
     # the router's rule, so a line is refused for what a request would be refused for
     # and no line's max_tokens or n reaches the plan unchecked
-    from sageserve.route.request_check import request_problem
+    from sageserve.dispatch.request_check import request_problem
 
     problem = request_problem(body, chat=endpoint == "/v1/chat/completions")
     if problem is not None:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sageserve.route.deadlines import (
+from sageserve.dispatch.deadlines import (
     BUCKET_S,
     DeadlineRisk,
     bucket_index,
@@ -18,7 +18,7 @@ from sageserve.route.deadlines import (
     deadline_risk,
     required_tps,
 )
-from sageserve.route.queue_manager import promotion_time
+from sageserve.dispatch.queue_manager import promotion_time
 
 
 class BatchStoreError(Exception):
@@ -95,7 +95,7 @@ class RequestCounts:
 class DeadlineAtRisk:
     """A deadline miss predicted for a batch: the waiting work of ``model`` due by the
     batch's deadline exceeds what the model serves at its maxInstances, by
-    ``shortfall_tps`` tokens/s (`route.deadlines.deadline_risk`), since ``detected_at``."""
+    ``shortfall_tps`` tokens/s (`dispatch.deadlines.deadline_risk`), since ``detected_at``."""
 
     model: str
     shortfall_tps: float
@@ -231,7 +231,7 @@ class DeadlineGroup(NamedTuple):
 class WaitingDeadlines:
     """One model's waiting requests (queued, or held under a lapsed lease) by deadline, as
     the queue read them: what the Queue Manager's deadline rules read (SageServe §6.3).
-    ``required_tps`` and ``risk`` are `route.deadlines` over the same buckets
+    ``required_tps`` and ``risk`` are `dispatch.deadlines` over the same buckets
     `BatchQueueManager`'s ledger keeps; ``due_until`` is the promotion rule."""
 
     model: str
@@ -261,7 +261,7 @@ class WaitingDeadlines:
 
     def due_until(self, now: float, service_tps: float, margin_s: float) -> float | None:
         """The latest deadline among the requests whose promotion time has passed
-        (`route.queue_manager.promotion_time`; the largest of a group is promoted first),
+        (`dispatch.queue_manager.promotion_time`; the largest of a group is promoted first),
         None when none has: the range of deadlines the promotion scan reads."""
         due = [
             g.deadline

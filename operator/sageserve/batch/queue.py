@@ -25,7 +25,7 @@ Released requests follow SageServe §6.2 as the simulator's ``BatchQueueManager`
 them: ``claim(model, n)`` is what the Queue Manager releases to an endpoint whose EMU fell
 (1 under 60 %, 2 under 50 %), earliest deadline first (ties by arrival, batch, line);
 ``out_of_slack_filter`` picks the requests whose slack ran out
-(`route.queue_manager.promotion_time`, computed in SQL on the ``deadline`` and ``tokens``
+(`dispatch.queue_manager.promotion_time`, computed in SQL on the ``deadline`` and ``tokens``
 columns), which are released regardless of load. ``waiting_deadlines`` reads each model's
 waiting tokens per deadline: the deadline need and the predicted misses (§6.3).
 """
@@ -57,7 +57,7 @@ from sageserve.batch.schema import (
     batches,
     requests,
 )
-from sageserve.route.queue_manager import promotion_time
+from sageserve.dispatch.queue_manager import promotion_time
 
 r = requests
 b = batches

@@ -122,7 +122,7 @@ batches = Table(
     Column("purge_at", Float, nullable=True),
     #: a predicted deadline miss, JSON {model, shortfall_tps, detected_at}: the waiting work
     #: of a model due by this batch's deadline exceeds what the model serves at its
-    #: maxInstances (`route.deadlines.deadline_risk`); written by any router replica, so
+    #: maxInstances (`dispatch.deadlines.deadline_risk`); written by any router replica, so
     #: every replica answers the same; None: no miss predicted
     Column("deadline_risk_json", Text, nullable=True),
     Index("ix_batches_status", "status"),
@@ -150,7 +150,7 @@ requests = Table(
     #: unix seconds: the batch's deadline, kept per request so that claims take the
     #: earliest deadline first and promotion reads it from an index (SageServe §6.3)
     Column("deadline", Float, nullable=False),
-    #: estimated tokens (prompt + output budget, `route.request_check.estimated_tokens`):
+    #: estimated tokens (prompt + output budget, `dispatch.request_check.estimated_tokens`):
     #: the request's share of its model's deadline need, and its expected service time
     Column("tokens", Integer, nullable=False, server_default="0"),
     Column("state", String(16), nullable=False),

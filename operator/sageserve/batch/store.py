@@ -10,7 +10,7 @@ idempotent per request id). SQLite (the default, embedded) serves one router; Po
 lets several replicas share one queue without running a request twice at once.
 
 Files and batches are owned: every call about one takes the caller (a
-``route.identity.Principal``) and sees only its tenant's objects, so another tenant's id
+``dispatch.identity.Principal``) and sees only its tenant's objects, so another tenant's id
 is "no such file" exactly as an id that never existed (no probing for what others have).
 Retention (``retention.py``) deletes files and finished batches' requests after their
 ``expires_at``; ``sweep`` runs it.
@@ -71,8 +71,8 @@ from sageserve.batch.schema import (
     files,
     requests,
 )
-from sageserve.route.identity import Principal
-from sageserve.route.queue_manager import DEFAULT_PROMOTION_MARGIN_S
+from sageserve.dispatch.identity import Principal
+from sageserve.dispatch.queue_manager import DEFAULT_PROMOTION_MARGIN_S
 
 #: OpenAI's limit of requests per batch.
 DEFAULT_MAX_REQUESTS = 50_000
@@ -464,7 +464,7 @@ class BatchStore:
     ) -> list[ClaimedRequest]:
         """Lease up to ``limit`` of ``model``'s requests whose slack ran out: their
         promotion time (deadline − tokens ÷ ``service_tps`` − ``margin_s``,
-        `route.queue_manager.promotion_time`) has passed, so they are released regardless
+        `dispatch.queue_manager.promotion_time`) has passed, so they are released regardless
         of load, at interactive priority, to finish by their deadline (SageServe §6.2,
         §6.3), in order of promotion time. ``service_tps``: tokens/s one request of the
         model is served at (0: as if at once). ``until``: no request due has a later

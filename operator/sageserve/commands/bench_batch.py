@@ -43,7 +43,7 @@ from rich.table import Table
 
 from sageserve.batch.objects import Answer
 from sageserve.batch.store import BatchStore
-from sageserve.route.identity import ANONYMOUS
+from sageserve.dispatch.identity import ANONYMOUS
 
 ENDPOINT = "/v1/chat/completions"
 

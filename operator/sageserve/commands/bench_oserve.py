@@ -61,6 +61,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sageserve.core.types import Request
+from sageserve.dispatch.length_predictor import make_predictor
 from sageserve.forecast.request_types import RequestTypes, fit_request_types
 from sageserve.perf.model import VariantPerf, load_catalog
 from sageserve.plan.layout_search import (
@@ -81,7 +82,6 @@ from sageserve.plan.layout_step import (
 from sageserve.plan.layout_switch import Window, plan_switch
 from sageserve.plan.oserve_assign import layout_weights
 from sageserve.plan.oserve_layouts import Mix
-from sageserve.route.length_predictor import make_predictor
 from sageserve.sim.oserve_fleet import (
     DISPATCH_STRATEGIES,
     Fleet,

@@ -1,15 +1,15 @@
 """``sageserve bench pool``: GPUs for a long tail of models, pooled or not (Aegaeon).
 
 On the long-tail scenario (``scenarios/long-tail``: every ServeGen m-large client as its own
-fine-tuned model) it measures, with ``sim.pool``:
+fine-tuned model) it measures, with ``sim.pool_serving``:
 
 1. **GPUs and GPU-hours at the target per-token attainment** (Aegaeon §7.1: 90 % of tokens by
    their deadlines, TTFT 10 s, TBT 100 ms) for one dedicated instance per model with
    scale-to-zero, request-level switching (ServerlessLLM-like; the fewest instances that
    reach the target), static multiplexing of ≤ 2 models per instance (MuxServe-like) and the
-   pool: first as ``plan.pool.size_pool`` sizes it from the window's rates, then the fewest
+   pool: first as ``plan.pool_sizing.size_pool`` sizes it from the window's rates, then the fewest
    decode instances that reach the target, and what ``sageserve router`` runs on
-   Kubernetes: request-level switching on vLLM sleep mode (``route.pool_switch``, the
+   Kubernetes: request-level switching on vLLM sleep mode (``dispatch.pool_switch``, the
    ModelPool's default two models awake per pod; the fewest pods that reach the target).
    ``pooled`` is the research variant (token-level switching, which stock vLLM cannot do).
    Fixed pools are paid for the whole window.
@@ -35,9 +35,9 @@ from rich.console import Console
 from rich.table import Table
 
 from sageserve.api.model_pool import DEFAULT_AWAKE_PER_INSTANCE
-from sageserve.plan.pool import PoolPlan, PoolShape, size_pool, theta_at_tbt
+from sageserve.plan.pool_sizing import PoolPlan, PoolShape, size_pool, theta_at_tbt
 from sageserve.sim.longtail import LongTail, load_long_tail
-from sageserve.sim.pool import PoolOutcome, PoolRequest, simulate_pool
+from sageserve.sim.pool_serving import PoolOutcome, PoolRequest, simulate_pool
 
 GOODPUT_RATE = 0.1  # requests/s per model (Aegaeon Fig. 11a)
 
@@ -232,7 +232,7 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
             **common,
         )
     row(
-        "pooled, as sized (plan.pool)",
+        "pooled, as sized (plan.pool_sizing)",
         sized,
         f"{plan.prefill_instances}P + {plan.decode_instances}D from E[m]",
     )

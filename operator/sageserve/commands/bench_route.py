@@ -32,9 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sageserve.core.types import IW_F, Request
-from sageserve.pace import make_strategy
-from sageserve.perf.model import VariantPerf, load_catalog
-from sageserve.route.length_predictor import (
+from sageserve.dispatch.length_predictor import (
     ClientQuantilePredictor,
     InputRegressionPredictor,
     LengthPredictor,
@@ -42,6 +40,8 @@ from sageserve.route.length_predictor import (
     PredictorScore,
     score,
 )
+from sageserve.pace import make_strategy
+from sageserve.perf.model import VariantPerf, load_catalog
 from sageserve.sim import traces
 from sageserve.sim.cluster import Node
 from sageserve.sim.engine import ModelSetup, RegionPlacement, SimConfig, Simulation

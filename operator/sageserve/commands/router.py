@@ -137,7 +137,7 @@ def router_command(
         str,
         typer.Option(
             help="In-region pod choice: remaining-tokens (fewest prompt + max_tokens in "
-            "flight), or a picker of route.instance_picker over each pod's load "
+            "flight), or a picker of dispatch.instance_picker over each pod's load "
             "anticipator: round-robin, least-request, min-usage, token-jsq, preserve "
             "(PreServe §4.3.3)."
         ),
@@ -160,7 +160,7 @@ def router_command(
     predictor: Annotated[
         str,
         typer.Option(
-            help="Output-length predictor the anticipators read (route.length_predictor), "
+            help="Output-length predictor the anticipators read (dispatch.length_predictor), "
             "learning from the usage of the answers the router proxies."
         ),
     ] = "client-quantile",
@@ -171,16 +171,16 @@ def router_command(
 
     from sageserve.batch.api import BatchApi
     from sageserve.batch.store import BatchStore
+    from sageserve.dispatch.identity import AUTH_MODES
+    from sageserve.dispatch.tiers import TierMatch
     from sageserve.metrics.prometheus import PrometheusReader
-    from sageserve.route.identity import AUTH_MODES
-    from sageserve.route.tiers import TierMatch
     from sageserve.router.anticipate import PodAnticipators
     from sageserve.router.app import Router, RouterConfig, run_loop, serve
     from sageserve.router.discovery import Discovery
     from sageserve.router.fleet import Fleet, fleet_picker
     from sageserve.router.load import refresh_load
     from sageserve.router.metrics import RouterMetrics
-    from sageserve.router.pool import PoolSwitcher
+    from sageserve.router.pool_switcher import PoolSwitcher
     from sageserve.router.release import BatchReleaser, ReleaseConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -10,11 +10,11 @@ deadline whatever the operator does, and only a person can change that (a larger
 (`docs/batch.md`: reported when they expire, not predicted); this says so hours before.
 
 The rule: the model's need is the tokens/s its batch queue needs to meet every deadline,
-earliest deadline first (`route.deadlines.required_tps`, the routers' gauge
+earliest deadline first (`dispatch.deadlines.required_tps`, the routers' gauge
 `sageserve_batch_deadline_need_tokens_per_second`); its capacity at max is θ × Σ over
-regions of maxInstances (`route.deadlines.capacity_at_max`, the simulator's end-of-run
+regions of maxInstances (`dispatch.deadlines.capacity_at_max`, the simulator's end-of-run
 feasibility uses the same), θ the model's (`api.model_deployment.model_theta_tps`). The
-need is above that capacity exactly when `route.deadlines.deadline_risk` at that capacity
+need is above that capacity exactly when `dispatch.deadlines.deadline_risk` at that capacity
 finds work at risk. The capacity is the fleet serving nothing but batch, so a miss said
 here is conclusive; a queue within it may still miss where interactive load keeps the
 troughs small (the deadline signal's business).
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
-from sageserve.route.deadlines import capacity_at_max
+from sageserve.dispatch.deadlines import capacity_at_max
 
 CONDITION = "BatchDeadlinesAtRisk"
 #: Condition reasons: the need above the capacity at maxInstances, or within it.

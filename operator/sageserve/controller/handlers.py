@@ -26,7 +26,7 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
 from sageserve.controller.podset import render_pod_sets
-from sageserve.controller.pool import (
+from sageserve.controller.pool_podsets import (
     on_model_pool,  # noqa: F401  (ModelPool handlers)
     reconcile_pool,
 )

@@ -63,7 +63,7 @@ class EndpointSnapshot:
     interactive tier's time to first token over the last minute (P95, first tokens
     counted) and `ttft_slo_s` its SLO; empty where the world does not measure it.
     `batch_need_tps` is this endpoint's share of the tokens/s its model's batch queue needs
-    to meet every deadline (`route.deadlines`), `batch_capacity_tps` the batch tokens/s its
+    to meet every deadline (`dispatch.deadlines`), `batch_capacity_tps` the batch tokens/s its
     serving instances give below the Queue Manager's release threshold; both 0 where the
     world does not keep a batch queue with deadlines (`pace.pressure.deadline_pressure`).
     """

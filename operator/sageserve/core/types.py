@@ -1,6 +1,6 @@
 """Plain domain types: requests, tiers, instance and fleet snapshots, observations, actions.
 
-Why one module of dataclasses: the simulator, the operator and every policy (route/, pace/,
+Why one module of dataclasses: the simulator, the operator and every policy (dispatch/, pace/,
 plan/) exchange exactly these values. Keeping them free of I/O and of any clock makes the
 policy code a pure function of its inputs, so a decision made in `sageserve simulate` is the
 decision the operator would make on the same observation.

@@ -15,7 +15,7 @@ Settled here ([GAP] in the paper, which gives neither the scale nor k):
 - types are numbered by their centroid (prompt, then output), so a refit on similar history
   keeps the numbering and a type's id means the same thing from one window to the next;
 - the output length is the real one in history and the *predicted* one at dispatch (the
-  router does not know the real one yet; `route/length_predictor.py`), the same function
+  router does not know the real one yet; `dispatch/length_predictor.py`), the same function
   classifies both.
 
 Deterministic for a seed: scikit-learn's KMeans with `random_state=seed` and a fixed

@@ -228,9 +228,9 @@ class PrometheusReader:
 
     def pod_projections(self, namespace: str) -> dict[str, tuple[float, ...]]:
         """Each pod's projected KV usage over the look-ahead, rebuilt from the quantiles the
-        routers export (`route.anticipator.projection_from_quantiles`); pods no router
+        routers export (`dispatch.anticipator.projection_from_quantiles`); pods no router
         projects are absent. Non-finite readings are left out."""
-        from sageserve.route.anticipator import projection_from_quantiles
+        from sageserve.dispatch.anticipator import projection_from_quantiles
 
         by_pod: dict[str, dict[float, float]] = {}
         for labels, value in self.samples(queries.projected_kv_per_pod(namespace)):

@@ -96,7 +96,7 @@ def held_requests(namespace: str | None = None) -> str:
 
 
 #: The router's gauge of each pod's projected KV usage over the look-ahead, by quantile
-#: (`route.anticipator.projection_quantiles`; PreServe §4.3.1).
+#: (`dispatch.anticipator.projection_quantiles`; PreServe §4.3.1).
 PROJECTED_KV = "sageserve_router_projected_kv_usage"
 
 
@@ -186,7 +186,7 @@ def _tiers(namespace: str, tiers: Sequence[str]) -> str:
 
 
 #: Tokens/s a model's batch queue needs so that every queued request finishes by its
-#: deadline, earliest deadline first (`route.deadlines.required_tps`), as each router
+#: deadline, earliest deadline first (`dispatch.deadlines.required_tps`), as each router
 #: replica reads the shared queue (labels: namespace, model_deployment).
 BATCH_DEADLINE_NEED = "sageserve_batch_deadline_need_tokens_per_second"
 
@@ -202,7 +202,7 @@ def batch_deadline_need(namespace: str) -> str:
     )
 
 
-#: Requests the router received per pooled model (`router/pool.py`), labelled with the pool
+#: Requests the router received per pooled model (`router/pool_switcher.py`), labelled with the pool
 #: as `model_deployment` and the pooled model as `model`.
 ROUTER_POOL_REQUESTS = "sageserve_router_pool_requests"
 

@@ -2,7 +2,7 @@
 
 `preserve` follows the window plan (`plan.preserve`: N_{i+1} from the separate prompt and
 decode forecasts of the next 10-minute window) and corrects it within the window from each
-instance's *projected* KV usage (`route.anticipator`), never from usage that has already
+instance's *projected* KV usage (`dispatch.anticipator`), never from usage that has already
 happened:
 
 - **window boundary**: the first step after a new window plan moves the endpoint to its N
@@ -76,7 +76,7 @@ class PreserveParams:
 
 def overloaded(projection: Sequence[float], level: float, share: float) -> bool:
     """PreServe §4.3.2's "potentially overloaded": usage above `level` in more than `share`
-    of the projected iterations (`route.anticipator.LoadAnticipator.overloaded` on a
+    of the projected iterations (`dispatch.anticipator.LoadAnticipator.overloaded` on a
     projection that has travelled through a snapshot)."""
     if not projection:
         return False

@@ -22,7 +22,7 @@ unchanged:
   only above the SLO (ratio > 1), since a P95 within it is the SLO met, and only with at
   least `TTFT_MIN_SAMPLES` first tokens, so one slow request in a quiet minute is no trend;
 - **deadline**: the tokens/s the model's batch queue needs so that every queued request
-  finishes by its deadline (`route.deadlines.required_tps`, earliest deadline first; the
+  finishes by its deadline (`dispatch.deadlines.required_tps`, earliest deadline first; the
   endpoint's share of it), against the batch capacity of the endpoint's serving instances
   below the release threshold: `serving × θ × 60 %`, θ the per-instance capacity the plan
   sizes with (capacityTokensPerSecond, §6.3) and 60 % the EMU under which the Queue

@@ -6,7 +6,7 @@ brings, which the Queue Manager releases into troughs of interactive load (§6.2
 troughs cannot absorb what arrives, the queue grows until its 24 h deadlines (§3) pass, and
 β, a share of what *arrived*, does not see it. The queue's deadline need does: the tokens/s
 a model's queued requests need, served earliest deadline first, for every one of them to
-finish by its deadline (`route.deadlines.required_tps`).
+finish by its deadline (`dispatch.deadlines.required_tps`).
 
 **The batch part of ρ is max(β, need), not β + need.** β is headroom for batch still to
 arrive; the need already counts every request that is queued, including the last hour's

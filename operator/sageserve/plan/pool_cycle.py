@@ -2,9 +2,9 @@
 each ModelPool's pods from the expected number of active models, and put them into the ILP.
 
 Why in the cycle: pooled pods take GPUs from the same (region, GPU type) capacity as the
-dedicated models; adding them to the one ILP (`plan.pool.with_pool`) makes one plan cover
+dedicated models; adding them to the one ILP (`plan.pool_sizing.with_pool`) makes one plan cover
 both, so neither is promised GPUs the other already holds (Aegaeon's pool next to the hot
-models' dedicated instances, §2.2). Sizing (`plan.pool.size_switching_pool`): each pooled
+models' dedicated instances, §2.2). Sizing (`plan.pool_sizing.size_switching_pool`): each pooled
 model's forecast request rate λᵢ and the time a request keeps it active
 Tᵢ = meanOutputTokens × tbtSeconds give E[m] = Σ(1 − e^(−λᵢTᵢ)) (Aegaeon Theorem 3.1); a pod
 keeps `awakePerInstance` models awake, so the pool needs ⌈active / quota⌉ pods.
@@ -20,7 +20,7 @@ from sageserve.api.model_pool import ModelPool, PoolRegion
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.forecast.api import forecast_peak
 from sageserve.forecast.types import ForecastSpec
-from sageserve.plan.pool import POOL_MODEL_PREFIX, size_switching_pool, with_pool
+from sageserve.plan.pool_sizing import POOL_MODEL_PREFIX, size_switching_pool, with_pool
 from sageserve.plan.problem import InstanceBounds, PlanProblem
 from sageserve.plan.result import PlanResult
 

@@ -1,11 +1,11 @@
 """The router's per-pod load anticipators (PreServe §4.3.1) fed by the requests it proxies.
 
 The router is where requests pass, so it is where PreServe's anticipator can live without
-touching the engine: for every pod it keeps a `route.anticipator.LoadAnticipator`, fed by
+touching the engine: for every pod it keeps a `dispatch.anticipator.LoadAnticipator`, fed by
 what the router sees of each request it forwards there:
 
 - **sent**: the request joins the pod's queue with its prompt tokens (the router's estimate,
-  characters ÷ 4) and its *predicted* output tokens, from a `route.length_predictor`
+  characters ÷ 4) and its *predicted* output tokens, from a `dispatch.length_predictor`
   predictor per served model (by name; `client-quantile` by default, the client being the
   API key, else the body's `user`);
 - **first byte**: its prefill is done, it decodes from the pod's current iteration;
@@ -15,7 +15,7 @@ what the router sees of each request it forwards there:
 - **answered**: the pod's `usage.completion_tokens` (else the streamed count) teaches the
   predictor; the request leaves the map (early finish frees its projected blocks at once).
 
-The pickers (`route.instance_picker`, by name) read the anticipators exactly as the
+The pickers (`dispatch.instance_picker`, by name) read the anticipators exactly as the
 simulator's do: the same `InstanceLoad`, the same functions.
 
 KV capacity per pod comes from the pod's metrics (`vllm:cache_config_info`'s blocks ×
@@ -28,9 +28,9 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from sageserve.route.anticipator import LoadAnticipator
-from sageserve.route.instance_picker import Arrival, InstanceLoad
-from sageserve.route.length_predictor import (
+from sageserve.dispatch.anticipator import LoadAnticipator
+from sageserve.dispatch.instance_picker import Arrival, InstanceLoad
+from sageserve.dispatch.length_predictor import (
     DEFAULT_PREDICTOR,
     LengthPredictor,
     LengthQuery,

@@ -6,10 +6,10 @@ that forwards to vLLM, on one event loop; it is already in the dependency tree.
 
 Per request: the body's bytes are claimed against `max_inflight_bytes` (429 past it,
 before it is read), it is read up to `max_body_bytes` (413 past it) and must be JSON whose
-numbers and options pass `route.request_check` (400 naming the field otherwise, before
+numbers and options pass `dispatch.request_check` (400 naming the field otherwise, before
 anything is counted); the model must be one a ModelDeployment serves (404); its tier comes
-from `route.identity` (400 naming the allowed tiers); the region header must name one of
-the model's regions (400); the region and pod from `Fleet` (the `route/` functions). A
+from `dispatch.identity` (400 naming the allowed tiers); the region header must name one of
+the model's regions (400); the region and pod from `Fleet` (the `dispatch/` functions). A
 model with no ready pod anywhere is *held* (at most `max_held_requests`, 429 past it): the
 request waits (bounded) while `sageserve_router_held_requests` tells the operator that
 demand waits, and the decision step scales that endpoint from zero; when the wait runs out
@@ -23,7 +23,7 @@ Hostile or broken clients (docs/reliability.md): a connection with no request un
 closed after `idle_timeout_seconds`, also one that never finishes its headers (slowloris);
 a body must arrive within `body_timeout_seconds` (408); a declared body over the limit is
 refused before a byte of it is read (413, with `Expect: 100-continue` before it is even
-sent); who may use which model and tier is the caller's API key (`route.identity`: 401
+sent); who may use which model and tier is the caller's API key (`dispatch.identity`: 401
 without one where keys are declared, another tenant's models do not exist for it, the tier
 header only narrows among the key's tiers); a tier's rate limits (`router.limits`) answer
 429 past their budget, as do the caps on held requests and on bodies in flight; a streamed
@@ -49,21 +49,21 @@ from aiohttp.typedefs import Handler
 
 from sageserve.batch.api import PRINCIPAL
 from sageserve.batch.limits import BadJson, load_json
-from sageserve.route.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
-from sageserve.route.instance_picker import Arrival
-from sageserve.route.queue_manager import release_count
-from sageserve.route.request_check import (
+from sageserve.dispatch.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
+from sageserve.dispatch.instance_picker import Arrival
+from sageserve.dispatch.queue_manager import release_count
+from sageserve.dispatch.request_check import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     estimated_tokens,
     request_problem,
 )
-from sageserve.route.tiers import TIER_HEADER
+from sageserve.dispatch.tiers import TIER_HEADER
 from sageserve.router.anticipate import Ticket, client_id
 from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.limits import TierLimits, add_rate_headers
 from sageserve.router.metrics import LIMIT_HELD_REQUESTS, LIMIT_INFLIGHT_BYTES, RouterMetrics
-from sageserve.router.pool import Lease, PoolSwitcher, PoolSwitchFailed
+from sageserve.router.pool_switcher import Lease, PoolSwitcher, PoolSwitchFailed
 from sageserve.router.usage import TAIL_BYTES, answered_tokens, reported_completion
 
 log = logging.getLogger("sageserve.router")
@@ -107,7 +107,7 @@ class RouterConfig:
     #: A pod that failed before the first byte gets no new request for this long.
     eject_seconds: float = 30.0
     #: The most output tokens (`max_tokens`, `max_completion_tokens`) one request may ask
-    #: for; more is a 400 before anything is counted (`route.request_check`).
+    #: for; more is a 400 before anything is counted (`dispatch.request_check`).
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
     #: Requests waiting for a model with no ready pod, at most; past it 429 (a held
     #: request keeps its body and a connection until a pod comes or the hold runs out).
@@ -268,7 +268,7 @@ class Router:
 
     @web.middleware
     async def _identified(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every API call is made by someone: the key decides who (`route.identity`), and
+        """Every API call is made by someone: the key decides who (`dispatch.identity`), and
         a call without a valid key where one is required ends here, before its body is
         read."""
         if request.path in PROBE_PATHS:
@@ -626,7 +626,7 @@ class Router:
         self, model: ModelRoute, chosen: Backend, avoid: frozenset[str]
     ) -> Backend | None:
         """For a pooled model, the pod of `chosen`'s region where it is awake (else the one
-        to wake it on): `route.pool_switch.choose_pod`."""
+        to wake it on): `dispatch.pool_switch.choose_pod`."""
         assert self.pools is not None
         pods = self.fleet.backends.get(chosen.endpoint, [])
         return self.pools.prefer(

@@ -34,14 +34,14 @@ from sageserve.api.scaling_policy import (
 )
 from sageserve.api.workload_tier import LimitScope, RateLimits, TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
+from sageserve.dispatch.deadlines import capacity_at_max
+from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
+from sageserve.dispatch.rate_limit import Limits
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.perf.layout_check import profile_names
 from sageserve.perf.model import PerfCatalog, load_catalog, request_decode_tps
-from sageserve.route.deadlines import capacity_at_max
-from sageserve.route.from_policy import release_rules_of, route_threshold_of
-from sageserve.route.rate_limit import Limits
-from sageserve.route.tiers import TierMatch
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
-from sageserve.router.pool import PoolSwitcher, pool_routes
+from sageserve.router.pool_switcher import PoolSwitcher, pool_routes
 
 log = logging.getLogger("sageserve.router")
 #: Where the router forwards a pod's requests; fields: pod_ip, port, namespace, pod.
@@ -157,9 +157,9 @@ def policy_specs(objs: list[dict[str, Any]]) -> dict[str, ScalingPolicySpec]:
 
 
 def follow_policy(route: ModelRoute, specs: Mapping[str, ScalingPolicySpec]) -> ModelRoute:
-    """`route` with the region threshold (SageServe §6.1) and batch release rules (§6.2)
+    """`dispatch` with the region threshold (SageServe §6.1) and batch release rules (§6.2)
     of the ScalingPolicy it names, mapped as the simulator maps them
-    (`route.from_policy`), so that the router and the simulator of one policy agree. A
+    (`dispatch.from_policy`), so that the router and the simulator of one policy agree. A
     policy missing from `specs` (not created yet, deleted, or not validating) counts as
     the default policy: the paper's 70 % and 1 under 60 % / 2 under 50 %."""
     spec = specs.get(route.policy) or ScalingPolicySpec()
@@ -357,7 +357,7 @@ class Discovery:
 
     def _api_keys(self, ns: str, wt: WorkloadTier) -> tuple[str, ...] | None:
         """The keys of a tier's Secret; None when it cannot be read (the namespace then
-        fails closed, `route.identity`), never an empty list that would open it."""
+        fails closed, `dispatch.identity`), never an empty list that would open it."""
         ref = wt.spec.match.api_keys_secret_ref
         if ref is None:
             return ()

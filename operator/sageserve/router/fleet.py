@@ -1,19 +1,19 @@
 """What the router knows of the fleet: models, tiers, ready pods, load; and its choices.
 
 The discovery thread (Kubernetes watches) and the load refresher (Prometheus) write here;
-request handlers read it. Every choice is a call into `route/`, the functions the
-simulator calls: the tier (`route.tiers`), the region (`route.region_router`, SageServe
+request handlers read it. Every choice is a call into `dispatch/`, the functions the
+simulator calls: the tier (`dispatch.tiers`), the region (`dispatch.region_router`, SageServe
 §6.1's global router on EMU, under the threshold of the model's ScalingPolicy,
-`ModelRoute.route_threshold`) and the instance (`route.instance_picker`: by default the
+`ModelRoute.route_threshold`) and the instance (`dispatch.instance_picker`: by default the
 fewest remaining tokens, prompt + `max_tokens`; with a picker named, e.g. `preserve` or
 `least-request`, that picker over each pod's load anticipator, `router.anticipate`).
 The router corrects Prometheus' EMU, which is seconds old, with the tokens it sent since
 the last reading, so a burst does not pile onto one region between scrapes. When the plan
 publishes spill-over weights (ScalingPolicy `status.plan.spillover`), they bound how much
-of a region's traffic goes elsewhere (`route.region_router.route_region`). When the plan
+of a region's traffic goes elsewhere (`dispatch.region_router.route_region`). When the plan
 lays an endpoint out in several variants (parallelism layouts, ScalingPolicy
 `status.layouts`, OServe §4.2), the in-region choice goes by request type first
-(`route.layout_dispatch`, the rule the simulator's OServe harness runs): see
+(`dispatch.layout_dispatch`, the rule the simulator's OServe harness runs): see
 `Fleet.choose_backend`.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from sageserve.api.scaling_policy import LayoutWeights
 from sageserve.core.snapshot import emu
-from sageserve.route.identity import (
+from sageserve.dispatch.identity import (
     AuthMode,
     KeyRing,
     Principal,
@@ -38,23 +38,23 @@ from sageserve.route.identity import (
     key_ring,
     may_see,
 )
-from sageserve.route.instance_picker import Arrival, InstancePicker, make_picker, pick_instance
-from sageserve.route.layout_dispatch import (
+from sageserve.dispatch.instance_picker import Arrival, InstancePicker, make_picker, pick_instance
+from sageserve.dispatch.layout_dispatch import (
     OVERFLOW_RATIO,
     OVERFLOW_TOKENS,
     TypeWeights,
     nearest_type,
     overflow,
 )
-from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, ReleaseRules
-from sageserve.route.region_router import (
+from sageserve.dispatch.queue_manager import DEFAULT_RELEASE_RULES, ReleaseRules
+from sageserve.dispatch.region_router import (
     DEFAULT_ROUTE_THRESHOLD,
     SpillBounds,
     SpillLedger,
     preference,
     route_region,
 )
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.tiers import TierMatch
 from sageserve.router.anticipate import PodAnticipators, Ticket
 
 #: The in-region rule when no picker is named: fewest tokens still to process, prompt +
@@ -63,7 +63,7 @@ REMAINING_TOKENS = "remaining-tokens"
 
 
 def fleet_picker(name: str) -> InstancePicker | None:
-    """The picker named `name` (`route.instance_picker`), None for `remaining-tokens`."""
+    """The picker named `name` (`dispatch.instance_picker`), None for `remaining-tokens`."""
     return None if name == REMAINING_TOKENS else make_picker(name)
 
 
@@ -93,7 +93,7 @@ class ModelRoute:
 
     `route_threshold` and `release_rules` are its ScalingPolicy's `spec.routing`
     (`regionEmuThreshold`, SageServe §6.1's region choice; `batchRelease`, §6.2's Queue
-    Manager), mapped by `route.from_policy` as the simulator maps them, so that a policy
+    Manager), mapped by `dispatch.from_policy` as the simulator maps them, so that a policy
     routes and releases alike in both worlds. Discovery sets them from the policy
     `policy` names (`router.discovery.follow_policy`); a policy missing or not validating
     counts as the default policy, the paper's 70 % and 1 under 60 % / 2 under 50 %."""
@@ -105,7 +105,7 @@ class ModelRoute:
     tiers: tuple[str, ...]
     route_threshold: float = DEFAULT_ROUTE_THRESHOLD
     #: (EMU strictly below, batch requests released), most generous first
-    #: (`route.queue_manager.release_count`)
+    #: (`dispatch.queue_manager.release_count`)
     release_rules: ReleaseRules = DEFAULT_RELEASE_RULES
     #: the ScalingPolicy (same namespace) of its `spec.policyRef`; "": none known
     policy: str = ""
@@ -114,7 +114,7 @@ class ModelRoute:
     #: The Queue Manager's expected service time of a batch request (tokens ÷ this).
     request_tps: float = 0.0
     #: tokens/s at maxInstances: θ (the fastest variant's capacityTokensPerSecond) × Σ
-    #: regions' maxInstances (`route.deadlines.capacity_at_max`); 0: unknown. What a
+    #: regions' maxInstances (`dispatch.deadlines.capacity_at_max`); 0: unknown. What a
     #: predicted deadline miss is read against.
     capacity_at_max_tps: float = 0.0
 
@@ -183,7 +183,7 @@ class Fleet:
     #: the plan's spill-over weights per (namespace, model deployment), by home region
     spill: dict[tuple[str, str], Mapping[str, SpillBounds]] = field(default_factory=dict)
     ledger: SpillLedger = field(default_factory=SpillLedger)
-    #: who must show a key (`route.identity`; the command line's default is `required`,
+    #: who must show a key (`dispatch.identity`; the command line's default is `required`,
     #: a fleet built by hand, as in tests and benchmarks, keeps keyless namespaces open)
     auth: AuthMode = "per-namespace"
     #: every key of every namespace's tiers, by digest (rebuilt by `set_tiers`)
@@ -202,7 +202,7 @@ class Fleet:
     layouts: dict[EndpointId, EndpointLayout] = field(default_factory=dict)
     #: requests dispatched by type so far (`sageserve_router_layout_dispatch_total`)
     layout_dispatches: Counter[LayoutDispatch] = field(default_factory=Counter)
-    #: the overflow threshold between variants (`route.layout_dispatch.overflow`)
+    #: the overflow threshold between variants (`dispatch.layout_dispatch.overflow`)
     overflow_ratio: float = OVERFLOW_RATIO
     overflow_tokens: float = OVERFLOW_TOKENS
 
@@ -216,7 +216,7 @@ class Fleet:
         self.tiers[namespace] = dict(tiers)
         self.ring = key_ring(self.tiers)
 
-    # ---- who may do what (route.identity) ----------------------------------------------
+    # ---- who may do what (dispatch.identity) ----------------------------------------------
 
     def authenticate(self, key: str | None) -> Principal | Refusal:
         return authenticate(key, self.ring, self.auth)
@@ -381,7 +381,7 @@ class Fleet:
     def _by_type(
         self, endpoint: EndpointId, layout: EndpointLayout, pods: list[Backend], arrival: Arrival
     ) -> Backend | None:
-        """OServe §4.2 dispatch (`route.layout_dispatch`, the simulator's harness's rule):
+        """OServe §4.2 dispatch (`dispatch.layout_dispatch`, the simulator's harness's rule):
         the request's type (nearest centroid of its prompt and *predicted* output), the
         variant by the type's weights (smooth weighted round robin among the variants with
         a candidate pod), the picker among that variant's pods; then the overflow: if that

@@ -1,6 +1,6 @@
 """The router's side of per-tenant rate limits: the tier's limits (WorkloadTier
 `spec.limits`, carried by discovery into `TierMatch.limits`) applied to a client's request
-once its tier is chosen, before it is held or sent (`route.rate_limit` decides).
+once its tier is chosen, before it is held or sent (`dispatch.rate_limit` decides).
 
 A refused request is answered 429 with `Retry-After` and an error shaped as OpenAI shapes
 its own (`type` "requests" or "tokens", `code` "rate_limit_exceeded", the limit and its
@@ -22,8 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
-from sageserve.route.identity import Principal
-from sageserve.route.rate_limit import (
+from sageserve.dispatch.identity import Principal
+from sageserve.dispatch.rate_limit import (
     MAX_BUCKETS,
     LimitState,
     RateLimiter,
@@ -65,7 +65,7 @@ class TierLimits:
         tokens: float,
     ) -> web.Response | None:
         """None to go on (the headers noted for the answer), else the 429 to answer.
-        `tokens` is the request's estimated cost (`route.request_check.estimated_tokens`)."""
+        `tokens` is the request's estimated cost (`dispatch.request_check.estimated_tokens`)."""
         match = self.fleet.tiers.get(model.namespace, {}).get(tier)
         if match is None or match.limits is None:
             return None

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from sageserve.batch.objects import QueueDepth
+from sageserve.dispatch.anticipator import projection_quantiles
 from sageserve.forecast.request_types import shape_bucket
 from sageserve.metrics.queries import (
     BATCH_ACCEPTED_TOKENS,
@@ -30,7 +31,6 @@ from sageserve.metrics.queries import (
     ROUTER_TOKENS,
 )
 from sageserve.metrics.vllm import TTFT_BUCKETS
-from sageserve.route.anticipator import projection_quantiles
 from sageserve.router.fleet import Fleet, ModelRoute
 
 ENDPOINT = ("namespace", "model_deployment", "region")
@@ -306,7 +306,7 @@ class _EndpointEmu(Collector):
 
 class _PodProjection(Collector):
     """`sageserve_router_projected_kv_usage{..., pod, quantile}`: the deciles and peak of
-    each ready pod's projected KV usage over the look-ahead (`route.anticipator`), from the
+    each ready pod's projected KV usage over the look-ahead (`dispatch.anticipator`), from the
     requests this router sent it. The operator rebuilds the projection from them for the
     `preserve` strategy's in-window rules (PreServe §4.3.2)."""
 

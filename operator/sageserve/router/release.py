@@ -3,10 +3,10 @@
 SageServe §6.2: batch (NIW) requests wait in one global queue per model; an endpoint whose
 EMU is low *signals* and receives work: **1 request under 60 % EMU, 2 under 50 %**, or
 the thresholds the model's ScalingPolicy sets (`spec.routing.batchRelease`,
-`ModelRoute.release_rules`, mapped as the simulator maps them: `route.from_policy`), by
-`route.queue_manager.release_count`, the function the simulator calls; earliest deadline
+`ModelRoute.release_rules`, mapped as the simulator maps them: `dispatch.from_policy`), by
+`dispatch.queue_manager.release_count`, the function the simulator calls; earliest deadline
 first. A request whose slack runs out (deadline − its tokens ÷ the model's per-request
-decode rate − 30 min, `route.queue_manager.promotion_time`) is released regardless of load,
+decode rate − 30 min, `dispatch.queue_manager.promotion_time`) is released regardless of load,
 routed like an interactive request, so that it finishes by its deadline (§6.3: 24 h, or the
 batch's shorter completion window). The rules and numbers are the simulator's
 `BatchQueueManager`'s, so the two worlds decide alike. Every Batch API request has a
@@ -15,9 +15,9 @@ without one, has no use here.
 
 Each round also reads every model's waiting tokens per deadline (one query) and exports
 the rate its queue needs to meet every deadline
-(`sageserve_batch_deadline_need_tokens_per_second`, `route.deadlines.required_tps`; the
+(`sageserve_batch_deadline_need_tokens_per_second`, `dispatch.deadlines.required_tps`; the
 operator's query is `metrics.queries.batch_deadline_need`), and whether even the model's
-capacity at maxInstances would miss one (`route.deadlines.deadline_risk`): then
+capacity at maxInstances would miss one (`dispatch.deadlines.deadline_risk`): then
 `sageserve_router_batch_deadline_at_risk` is 1, a warning is logged, and every unfinished batch
 with work of the model due by then says so in its `deadline_at_risk` field (stored, so
 every replica answers the same).
@@ -51,10 +51,10 @@ from dataclasses import dataclass
 from sageserve.batch.jsonl import parse_input
 from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest, WaitingDeadlines
 from sageserve.batch.store import BatchStore
-from sageserve.route.deadlines import DeadlineRisk
-from sageserve.route.identity import Principal
-from sageserve.route.queue_manager import DEFAULT_PROMOTION_MARGIN_S, release_count
-from sageserve.route.request_check import estimated_tokens
+from sageserve.dispatch.deadlines import DeadlineRisk
+from sageserve.dispatch.identity import Principal
+from sageserve.dispatch.queue_manager import DEFAULT_PROMOTION_MARGIN_S, release_count
+from sageserve.dispatch.request_check import estimated_tokens
 from sageserve.router.app import Router
 from sageserve.router.fleet import ModelRoute
 from sageserve.router.metrics import RouterMetrics
@@ -73,7 +73,7 @@ class ReleaseConfig:
     finalize_s: float = 5.0
     #: at most this many promoted requests (slack run out) released per signal round
     promoted_per_signal: int = 16
-    #: slack kept when a request is promoted (`route.queue_manager`, the simulator's)
+    #: slack kept when a request is promoted (`dispatch.queue_manager`, the simulator's)
     promotion_margin_s: float = DEFAULT_PROMOTION_MARGIN_S
     #: tokens/s one request is served at for a model with no perf profile
     #: (`ModelRoute.request_tps` 0); 0: as the simulator counts such a model, served at

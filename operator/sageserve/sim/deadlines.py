@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sageserve.route.deadlines import deadline_risk
+from sageserve.dispatch.deadlines import deadline_risk
 
 
 @dataclass(frozen=True, slots=True)

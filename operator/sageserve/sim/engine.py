@@ -5,7 +5,7 @@ queue, as SageServe's extension of splitwise-sim): instance events (prefill end,
 finishing, KV full) and instance-ready events. Arrivals are pulled lazily from the
 time-ordered request stream, so a multi-day trace is never held in memory.
 
-Routing, queueing and scaling call the pure code in `route/` and `pace/`, exactly as the
+Routing, queueing and scaling call the pure code in `dispatch/` and `pace/`, exactly as the
 operator does; this module only measures the simulated fleet and executes actions.
 """
 
@@ -20,32 +20,32 @@ from dataclasses import dataclass, field, replace
 
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
+from sageserve.dispatch.anticipator import LoadAnticipator
+from sageserve.dispatch.deadlines import capacity_at_max
+from sageserve.dispatch.instance_picker import (
+    DEFAULT_PICKER,
+    Arrival,
+    make_picker,
+)
+from sageserve.dispatch.length_predictor import (
+    DEFAULT_PREDICTOR,
+    LengthPredictor,
+    LengthQuery,
+    make_predictor,
+)
+from sageserve.dispatch.priorities import scheduler_priority
+from sageserve.dispatch.queue_manager import (
+    DEFAULT_PROMOTION_MARGIN_S,
+    DEFAULT_RELEASE_RULES,
+    BatchQueueManager,
+)
+from sageserve.dispatch.region_router import SpillLedger, pick_region, preference, route_region
 from sageserve.pace.base import PacingStrategy
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
 from sageserve.pace.step import StepState, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
-from sageserve.route.anticipator import LoadAnticipator
-from sageserve.route.deadlines import capacity_at_max
-from sageserve.route.instance_picker import (
-    DEFAULT_PICKER,
-    Arrival,
-    make_picker,
-)
-from sageserve.route.length_predictor import (
-    DEFAULT_PREDICTOR,
-    LengthPredictor,
-    LengthQuery,
-    make_predictor,
-)
-from sageserve.route.priorities import scheduler_priority
-from sageserve.route.queue_manager import (
-    DEFAULT_PROMOTION_MARGIN_S,
-    DEFAULT_RELEASE_RULES,
-    BatchQueueManager,
-)
-from sageserve.route.region_router import SpillLedger, pick_region, preference, route_region
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
@@ -102,7 +102,7 @@ class SimConfig:
     route_threshold: float = 0.70
     release_rules: tuple[tuple[float, int], ...] = DEFAULT_RELEASE_RULES
     promotion_age_s: float | None = 10 * 3600.0
-    #: slack a batch request with a deadline keeps when promoted (`route.queue_manager`)
+    #: slack a batch request with a deadline keeps when promoted (`dispatch.queue_manager`)
     promotion_margin_s: float | None = DEFAULT_PROMOTION_MARGIN_S
     pace_s: float = 15.0
     #: `spec.intervals.scaleInStabilizationSeconds` (`pace.step.decide`)
@@ -112,9 +112,9 @@ class SimConfig:
     delays: Delays = field(default_factory=Delays)
     max_batched_tokens: int = 16384
     history_minutes: int = 180
-    #: in-region instance picker (`route.instance_picker`), by name
+    #: in-region instance picker (`dispatch.instance_picker`), by name
     picker: str = DEFAULT_PICKER
-    #: output-length predictor (`route.length_predictor`), by name, one per model
+    #: output-length predictor (`dispatch.length_predictor`), by name, one per model
     predictor: str = DEFAULT_PREDICTOR
     #: scale out for batch work its deadlines need (`pace.pressure.deadline_pressure`);
     #: False: the paper's trough release alone (batch never causes a scale-out)
@@ -131,7 +131,7 @@ PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 #: loop. Batch received is what arrived at the Queue Manager, counted at the request's home
 #: region (the region the operator's router counts `sageserve_batch_accepted_tokens_total`
 #: in); served is what the troughs let through, per serving region. The need is the tokens/s
-#: each model's queue needs to meet every deadline now (`route.deadlines.required_tps`, as
+#: each model's queue needs to meet every deadline now (`dispatch.deadlines.required_tps`, as
 #: the routers export it to the operator); empty without deadline pressure.
 Planner = Callable[
     [
@@ -263,7 +263,7 @@ class _Clock:
 
 
 class _LiveLoad:
-    """An instance as the in-region picker sees it (`route.instance_picker.LoadView`):
+    """An instance as the in-region picker sees it (`dispatch.instance_picker.LoadView`):
     one long-lived view per instance, each figure computed only when a picker reads it.
     Building a snapshot of every candidate for every request doubled the simulator's run
     time on fleets of tens of instances per endpoint."""

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 from sageserve.core.types import InstanceState, Request
 
 if TYPE_CHECKING:
+    from sageserve.dispatch.anticipator import LoadAnticipator
     from sageserve.perf.model import VariantPerf
-    from sageserve.route.anticipator import LoadAnticipator
 
 _EPS = 1e-9
 _INF = float("inf")

@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from sageserve.perf.model import VariantPerf, load_catalog
-from sageserve.plan.pool import ModelForecast
-from sageserve.sim.pool import PoolRequest, PoolSetup
+from sageserve.plan.pool_sizing import ModelForecast
+from sageserve.sim.pool_serving import PoolRequest, PoolSetup
 from sageserve.sim.traces import ServeGenTable, load_token_knots, servegen_rows
 from sageserve.sim.workload import parse_duration
 

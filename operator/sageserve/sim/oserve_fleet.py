@@ -11,7 +11,7 @@ profiles of `PerfCatalog.layout` (measured TP tables, derived pipelines); it wri
 instance model.
 
 What it does:
-- **dispatch by type**: each arrival gets a predicted output length (a `route/length_predictor`
+- **dispatch by type**: each arrival gets a predicted output length (a `dispatch/length_predictor`
   predictor, learning from finished requests, keyed by the request's client, here the
   service), and a type from `forecast/request_types.RequestTypes` (nearest centroid in log
   space on (prompt, predicted output)). With dispatch weights set (per type, per strategy:
@@ -24,7 +24,7 @@ What it does:
   serving replica. The dispatch strategy is named (`DISPATCH_STRATEGIES`): `weighted`
   follows the weights strictly; `weighted-overflow` (`_overflow`) treats them as a
   preference and sends a request elsewhere when its preferred replica is swamped. The
-  type, the round robin and the overflow test are `route/layout_dispatch.py`'s, the rule
+  type, the round robin and the overflow test are `dispatch/layout_dispatch.py`'s, the rule
   `sageserve router` follows between a region's variants (OServe §4.2);
 - **switching**: `execute(plan)` runs a `plan/layout_switch.SwitchPlan`'s actions in order:
   consecutive starts begin together and serve after the start-up time; a stop waits until
@@ -51,18 +51,18 @@ from pathlib import Path
 from typing import Protocol
 
 from sageserve.core.types import InstanceState, Request
-from sageserve.forecast.request_types import RequestTypes
-from sageserve.perf.model import PerfCatalog, VariantPerf
-from sageserve.plan.layout_search import Layout, Strategy, canonical
-from sageserve.plan.layout_switch import SwitchPlan, switch_targets
-from sageserve.route.layout_dispatch import (
+from sageserve.dispatch.layout_dispatch import (
     OVERFLOW_RATIO,
     OVERFLOW_TOKENS,
     TypeWeights,
     overflow,
 )
-from sageserve.route.layout_dispatch import nearest_type as _nearest_type
-from sageserve.route.length_predictor import LengthPredictor, LengthQuery
+from sageserve.dispatch.layout_dispatch import nearest_type as _nearest_type
+from sageserve.dispatch.length_predictor import LengthPredictor, LengthQuery
+from sageserve.forecast.request_types import RequestTypes
+from sageserve.perf.model import PerfCatalog, VariantPerf
+from sageserve.plan.layout_search import Layout, Strategy, canonical
+from sageserve.plan.layout_switch import SwitchPlan, switch_targets
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
 _INF = float("inf")
@@ -74,7 +74,7 @@ _EV_INSTANCE, _EV_READY, _EV_TICK = 0, 1, 2
 #: - `weighted-overflow`: the same preference, but a request whose preferred replica has
 #:   more than `overflow_ratio` × the tokens left of the least-loaded replica of another
 #:   strategy that can serve its type, plus `overflow_tokens`, goes there instead
-#:   (`_overflow`, the rule `route.layout_dispatch.overflow`, which the router follows too).
+#:   (`_overflow`, the rule `dispatch.layout_dispatch.overflow`, which the router follows too).
 DISPATCH_STRATEGIES = ("weighted", "weighted-overflow")
 
 
@@ -141,7 +141,7 @@ class _Replica:
 
 
 def nearest_type(types: RequestTypes, prompt: float, output: float) -> int:
-    """`types.classify` for one request, without numpy: `route.layout_dispatch.nearest_type`
+    """`types.classify` for one request, without numpy: `dispatch.layout_dispatch.nearest_type`
     on the fitted centroids (the router classifies with the same function)."""
     return _nearest_type(types.log_centroids, prompt, output)
 
@@ -336,7 +336,7 @@ class Fleet(InstanceHooks):
 
     def _overflow(self, best: _Replica, serving: list[_Replica], j: int, now: float) -> _Replica:
         """`weighted-overflow`: keep the weights' choice unless it is swamped
-        (`route.layout_dispatch.overflow`, whose docstring says why; OServe §4.2). The load
+        (`dispatch.layout_dispatch.overflow`, whose docstring says why; OServe §4.2). The load
         is `remaining_tokens_at` (queued and running: the least-loaded picker's measure);
         the candidates are the least-loaded replica of every other strategy that can serve
         the type (n > 0, `can_serve`). Within a strategy the least-loaded replica is already

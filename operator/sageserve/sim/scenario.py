@@ -37,10 +37,10 @@ from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey, Request, Tier, TierKind
+from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
 from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems
 from sageserve.perf.model import PerfCatalog, load_catalog
-from sageserve.route.from_policy import release_rules_of, route_threshold_of
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
 from sageserve.sim.workload import (

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from sageserve.core.types import Request, Tier, TierKind
+from sageserve.dispatch.length_predictor import make_predictor
 from sageserve.forecast.request_types import RequestTypes
 from sageserve.perf.capacity import type_capacity
 from sageserve.perf.model import VariantPerf
 from sageserve.plan.layout_search import Strategy
-from sageserve.route.length_predictor import make_predictor
 from sageserve.sim.oserve_fleet import Fleet, nearest_type
 
 _TIER = Tier("calibration", TierKind.INTERACTIVE)

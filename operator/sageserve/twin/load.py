@@ -28,9 +28,9 @@ from itertools import pairwise
 from pathlib import Path
 
 from sageserve.core.types import IW_F, Request
+from sageserve.dispatch.instance_picker import pick_instance
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.perf.model import DEFAULT_NODE_GPUS, LayoutError, PerfCatalog, VariantPerf
-from sageserve.route.instance_picker import pick_instance
 from sageserve.sim import traces
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.workload import parse_duration

@@ -29,7 +29,7 @@ from sageserve.core.labels import (
     MANAGED_BY_LABEL,
     NodeLabels,
 )
-from sageserve.core.pool import PooledEngine, awake_per_instance, pooled_engines
+from sageserve.core.pooled_engines import PooledEngine, awake_per_instance, pooled_engines
 
 #: The label selector of every pod of every sageserve pod set.
 POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{LABEL_DEPLOYMENT}"
@@ -59,7 +59,7 @@ class PodInfo:
     #: vLLM's `--max-model-len` when the pod sets it (`spec.model.contextLength`); else the
     #: model's own context length applies (its perf profile).
     max_model_len: int | None = None
-    #: a pooled pod's engines (one per pooled model, `core.pool`); empty for other pods
+    #: a pooled pod's engines (one per pooled model, `core.pooled_engines`); empty for other pods
     engines: tuple[PooledEngine, ...] = ()
     #: how many of them may be awake at once
     awake_quota: int = 1

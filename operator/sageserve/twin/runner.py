@@ -40,7 +40,7 @@ from sageserve.twin.clock import AcceleratedClock
 from sageserve.twin.exposition import POD_LABELS, encode, families, twin_families
 from sageserve.twin.load import ContextLengthExceeded, PodSample, TwinSim, endpoint_name
 from sageserve.twin.pods import PodInfo
-from sageserve.twin.pool import EngineMode, OutOfMemory, PodEngines, transfer_seconds
+from sageserve.twin.sleep_mode import EngineMode, OutOfMemory, PodEngines, transfer_seconds
 
 log = logging.getLogger("sageserve.twin")
 
@@ -95,7 +95,7 @@ class Twin:
         self.lock = threading.RLock()
         self.stopped = threading.Event()
         self.pods: list[PodInfo] = []
-        #: sleep state of each serving pooled pod's engines (`twin.pool`)
+        #: sleep state of each serving pooled pod's engines (`twin.sleep_mode`)
         self.engines: dict[tuple[str, str], PodEngines] = {}
         self._targets_text: str | None = None
         self.lag_s = 0.0
@@ -346,7 +346,7 @@ def wait_simulated(twin: Twin, until: float, timeout_s: float = 600.0) -> bool:
 
 
 def _serve_sleep(handler: Any, twin: Twin, method: str, path: str, query: str) -> bool:
-    """vLLM's sleep-mode API of one engine of a pooled pod (`twin.pool`); False when
+    """vLLM's sleep-mode API of one engine of a pooled pod (`twin.sleep_mode`); False when
     `path` is not one of its endpoints."""
     route = pod_route(path)
     if route is None or route[3] not in (["sleep"], ["wake_up"], ["is_sleeping"]):

@@ -1,10 +1,10 @@
-"""Who a caller is and what it may do (`route.identity`), as tables of cases."""
+"""Who a caller is and what it may do (`dispatch.identity`), as tables of cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from sageserve.route.identity import (
+from sageserve.dispatch.identity import (
     ANONYMOUS,
     AuthMode,
     Principal,
@@ -16,7 +16,7 @@ from sageserve.route.identity import (
     key_ring,
     may_see,
 )
-from sageserve.route.tiers import TierMatch
+from sageserve.dispatch.tiers import TierMatch
 
 TIERS = {
     "iw-f": TierMatch("iw-f", ("fast",), ("key-f",)),

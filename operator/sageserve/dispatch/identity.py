@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sageserve.route.tiers import TIER_HEADER, TierMatch
+from sageserve.dispatch.tiers import TIER_HEADER, TierMatch
 
 AuthMode = Literal["required", "per-namespace"]
 AUTH_MODES: tuple[AuthMode, ...] = ("required", "per-namespace")

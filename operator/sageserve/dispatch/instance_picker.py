@@ -15,7 +15,7 @@ behind one small interface and are chosen by name (as cluster-autoscaler's expan
   (PreServe §4.3.3, Eq. 1).
 
 `token-jsq` and `preserve` read output lengths from a length predictor
-(`route.length_predictor`) through the instance's load anticipator (`route.anticipator`):
+(`dispatch.length_predictor`) through the instance's load anticipator (`dispatch.anticipator`):
 with the `oracle` predictor they become the upper bounds no real router reaches. Ties go
 to the first candidate, so results are deterministic.
 """
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from sageserve.route.anticipator import LoadAnticipator
+from sageserve.dispatch.anticipator import LoadAnticipator
 
 K = TypeVar("K")
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sageserve.perf.model import load_catalog
 from sageserve.perf.switch import AEGAEON_BETA, switch_seconds
-from sageserve.sim.pool import PoolRequest, PoolSetup, simulate_pool, tokens_on_time
+from sageserve.sim.pool_serving import PoolRequest, PoolSetup, simulate_pool, tokens_on_time
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -159,7 +159,7 @@ def test_pooled_scheduler_starves_no_model_and_keeps_turns_within_quota(
     assert 0 <= out.tokens_on_time <= out.tokens
 
 
-# ---- the router's request-level rule (route.pool_switch), simulated -------------------------
+# ---- the router's request-level rule (dispatch.pool_switch), simulated -------------------------
 
 
 def _router(reqs: list[PoolRequest], pods: int = 1, **kw: float) -> tuple[PoolSetup, Any]:

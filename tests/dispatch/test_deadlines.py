@@ -1,5 +1,5 @@
-"""Earliest deadline first, promotion by slack and the deadline ledger (route.deadlines,
-route.queue_manager), as tables and one property.
+"""Earliest deadline first, promotion by slack and the deadline ledger (dispatch.deadlines,
+dispatch.queue_manager), as tables and one property.
 
 Why: the Queue Manager releases batch work only into troughs (SageServe §6.1–§6.2) and
 promoted it at a fixed age, which neither orders work by deadline nor says what rate the
@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sageserve.route.deadlines import (
+from sageserve.dispatch.deadlines import (
     DeadlineLedger,
     bucketed,
     capacity_at_max,
     deadline_risk,
     required_tps,
 )
-from sageserve.route.queue_manager import BatchQueueManager, promotion_time
+from sageserve.dispatch.queue_manager import BatchQueueManager, promotion_time
 
 # ---- the required rate (hand-computed) --------------------------------------------------
 

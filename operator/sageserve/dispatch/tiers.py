@@ -2,14 +2,14 @@
 
 A WorkloadTier recognises its requests by the API keys it lists (its identity) and by
 header values (`x-sageserve-tier`) a client may send to narrow among the tiers its key
-may use; `route.identity` decides, from both, which tier a request gets.
+may use; `dispatch.identity` decides, from both, which tier a request gets.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sageserve.route.rate_limit import Limits
+from sageserve.dispatch.rate_limit import Limits
 
 #: The request header that names a tier.
 TIER_HEADER = "x-sageserve-tier"
@@ -23,14 +23,14 @@ class TierMatch:
     header_values: tuple[str, ...] = ()
     api_keys: tuple[str, ...] = ()
     #: the tier names a key Secret that could not be read: its namespace is closed to
-    #: every key not found elsewhere (fail closed, `route.identity`)
+    #: every key not found elsewhere (fail closed, `dispatch.identity`)
     keys_unreadable: bool = False
     #: a batch (NIW) tier: its requests yield to interactive ones (SageServe §6.2)
     batch: bool = False
     #: a batch tier's deadline (WorkloadTier `spec.batch.deadlineSeconds`), seconds
     deadline_s: float | None = None
     #: requests and tokens per minute the router admits (WorkloadTier `spec.limits`,
-    #: `route.rate_limit`); None: unlimited
+    #: `dispatch.rate_limit`); None: unlimited
     limits: Limits | None = None
 
     def matches_header(self, value: str) -> bool:

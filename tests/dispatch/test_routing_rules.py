@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sageserve.core.types import IW_F, IW_N, NIW
-from sageserve.route import (
+from sageserve.dispatch import (
     BatchQueueManager,
     pick_deployment,
     pick_instance,
@@ -11,7 +11,7 @@ from sageserve.route import (
     release_count,
     scheduler_priority,
 )
-from sageserve.route.region_router import SpillLedger, route_region
+from sageserve.dispatch.region_router import SpillLedger, route_region
 
 
 def test_router_takes_the_first_preferred_region_under_70_percent() -> None:

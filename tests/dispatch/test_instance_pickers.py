@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sageserve.core.types import IW_F, Request
-from sageserve.pace import make_strategy
-from sageserve.route.anticipator import LoadAnticipator
-from sageserve.route.instance_picker import (
+from sageserve.dispatch.anticipator import LoadAnticipator
+from sageserve.dispatch.instance_picker import (
     DEFAULT_PICKER,
     Arrival,
     InstanceLoad,
@@ -16,6 +15,7 @@ from sageserve.route.instance_picker import (
     picker_names,
     preserve_score,
 )
+from sageserve.pace import make_strategy
 from sageserve.sim.engine import Simulation
 from tests.sim.helpers import config, flat_perf
 

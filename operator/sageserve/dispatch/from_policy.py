@@ -10,18 +10,18 @@ releases the same in both (as `pace.from_policy` does for the pacing strategy).
 from __future__ import annotations
 
 from sageserve.api.scaling_policy import ScalingPolicySpec
-from sageserve.route.queue_manager import ReleaseRules
+from sageserve.dispatch.queue_manager import ReleaseRules
 
 
 def route_threshold_of(spec: ScalingPolicySpec) -> float:
     """`spec.routing.regionEmuThreshold`: the global router sends an interactive request to
     the first region, in preference order, whose EMU is under it, else to the least loaded
-    region (SageServe §6.1, `route.region_router.pick_region`)."""
+    region (SageServe §6.1, `dispatch.region_router.pick_region`)."""
     return spec.routing.region_emu_threshold
 
 
 def release_rules_of(spec: ScalingPolicySpec) -> ReleaseRules:
-    """`spec.routing.batchRelease` as `route.queue_manager.release_count`'s rules, the most
+    """`spec.routing.batchRelease` as `dispatch.queue_manager.release_count`'s rules, the most
     generous first: the Queue Manager releases 2 queued batch requests to an endpoint whose
     EMU is under `twoBelowEmu`, 1 under `oneBelowEmu`, none above (SageServe §6.2). The API
     server keeps `twoBelowEmu` below `oneBelowEmu`."""

@@ -1,4 +1,4 @@
-"""The request rule (`route.request_check`) as a table: each row a body, the field blamed.
+"""The request rule (`dispatch.request_check`) as a table: each row a body, the field blamed.
 
 Like Kubernetes' replica calculator tests: one row per case, the expected outcome beside
 it, so a reader sees every limit at once and a change to one shows up as one row."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sageserve.route.request_check import (
+from sageserve.dispatch.request_check import (
     DEFAULT_MAX_TOKENS,
     choices,
     output_budget,

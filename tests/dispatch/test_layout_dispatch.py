@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from sageserve.route.layout_dispatch import (
+from sageserve.dispatch.layout_dispatch import (
     OVERFLOW_RATIO,
     OVERFLOW_TOKENS,
     TypeWeights,

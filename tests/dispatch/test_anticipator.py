@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sageserve.route.anticipator import LoadAnticipator
+from sageserve.dispatch.anticipator import LoadAnticipator
 
 M = 1000  # KV capacity in tokens, as in the paper's U_i' = (U_i·M + (P + i)) / M
 
@@ -191,8 +191,8 @@ def test_projection_matches_the_papers_map_and_stays_within_capacity(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), min_size=100, max_size=100))
 def test_a_projection_rebuilt_from_its_quantiles_never_understates_it(values: list[float]) -> None:
+    from sageserve.dispatch.anticipator import projection_from_quantiles, projection_quantiles
     from sageserve.pace.preserve import overloaded
-    from sageserve.route.anticipator import projection_from_quantiles, projection_quantiles
 
     rebuilt = projection_from_quantiles(dict(projection_quantiles(values)))
     assert len(rebuilt) == len(values)
@@ -204,7 +204,7 @@ def test_a_projection_rebuilt_from_its_quantiles_never_understates_it(values: li
 
 
 def test_projection_quantiles_of_a_known_projection() -> None:
-    from sageserve.route.anticipator import projection_from_quantiles, projection_quantiles
+    from sageserve.dispatch.anticipator import projection_from_quantiles, projection_quantiles
 
     values = [i / 100 for i in range(100)]
     q = dict(projection_quantiles(values))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from sageserve.route.length_predictor import (
+from sageserve.dispatch.length_predictor import (
     DEFAULT_MAX_CLIENTS,
     ClientQuantilePredictor,
     LengthQuery,
 )
-from sageserve.route.region_router import DEFAULT_SPILL_KEYS, SpillLedger, route_region
+from sageserve.dispatch.region_router import DEFAULT_SPILL_KEYS, SpillLedger, route_region
 from sageserve.router.anticipate import PodAnticipators, client_id
 
 USERS = 100_000

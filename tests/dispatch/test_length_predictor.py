@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sageserve.route.length_predictor import (
+from sageserve.dispatch.length_predictor import (
     DEFAULT_PREDICTOR,
     ClientQuantilePredictor,
     InputRegressionPredictor,

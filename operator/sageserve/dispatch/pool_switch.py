@@ -15,7 +15,7 @@ ServerlessLLM does). These functions decide, from a snapshot of each pod's engin
 - which idle models to put to sleep (:func:`idle_models`), so a pod's GPU memory does not
   stay held by a model nobody asks for.
 
-The router (`router/pool.py`) calls them and does the I/O (`POST /sleep?level=1`,
+The router (`router/pool_switcher.py`) calls them and does the I/O (`POST /sleep?level=1`,
 `POST /wake_up`); nothing here reads a clock or the network.
 """
 

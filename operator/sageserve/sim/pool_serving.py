@@ -9,7 +9,7 @@ attainment (Aegaeon §2.1, Fig. 3) and the GPUs and GPU-hours spent.
   first-come-first-served (Algorithm 1), groups of at most 8 same-model requests whose size
   is cumulative, batch size 1, a new group on the least-loaded instance. Decode: per-model
   batches on each instance's work list, served in rounds by weighted round-robin; batch i
-  decodes for its quota qᵢ of Eqs. 2–3 (:func:`sageserve.plan.pool.decode_quotas`) per turn
+  decodes for its quota qᵢ of Eqs. 2–3 (:func:`sageserve.plan.pool_sizing.decode_quotas`) per turn
   (Algorithm 2). A switch costs Aegaeon's Eq. 4 (weights over the host link × β, after the
   reuse of engine components of §5.1), hidden by prefetching when the previous turn was at
   least that long and the GPU holds a second model's weights next to the KV in use (§5.2);
@@ -23,8 +23,8 @@ attainment (Aegaeon §2.1, Fig. 3) and the GPUs and GPU-hours spent.
   the KV cache and, optimistically, the whole instance's compute (no interference).
 - ``dedicated``: one instance per model, started when a request comes (weights from host
   memory) and stopped after ``keep_alive_s`` idle: scale-to-zero.
-- ``router``: what ``sageserve router`` does with a ModelPool (``router/pool.py``), its
-  rules called, not rewritten (``route.pool_switch``): each pod keeps at most
+- ``router``: what ``sageserve router`` does with a ModelPool (``router/pool_switcher.py``), its
+  rules called, not rewritten (``dispatch.pool_switch``): each pod keeps at most
   ``awake_per_instance`` models awake; a request goes to the pod ``choose_pod`` picks (its
   model awake there, else waking, else a free slot, else an idle model to put to sleep,
   else the least-loaded pod, where it waits) and waits there, in arrival order, until
@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sageserve.core.types import Request, Tier, TierKind
+from sageserve.dispatch.pool_switch import EngineState, choose_pod, idle_models, plan_wake
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.switch import (
     AEGAEON_BETA,
@@ -72,8 +73,7 @@ from sageserve.perf.switch import (
     model_size,
     switch_seconds,
 )
-from sageserve.plan.pool import Q_MAX_S, decode_quotas
-from sageserve.route.pool_switch import EngineState, choose_pod, idle_models, plan_wake
+from sageserve.plan.pool_sizing import Q_MAX_S, decode_quotas
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
 STRATEGIES = ("pooled", "request", "mux2", "dedicated", "router")
@@ -739,7 +739,7 @@ class _RequestLevel(_Base):
             self._switch(sl, model, jobs, now)
 
 
-# ---- the router's request-level rule (route.pool_switch) -------------------------------------
+# ---- the router's request-level rule (dispatch.pool_switch) -------------------------------------
 
 
 class _Engine:
@@ -772,7 +772,7 @@ class _Pod:
 
 
 _WOKEN, _SLEPT, _SWEEP = 2, 3, 4
-#: how often the router puts idle models to sleep (`router.pool.SWEEP_SECONDS`)
+#: how often the router puts idle models to sleep (`router.pool_switcher.SWEEP_SECONDS`)
 _SWEEP_S = 1.0
 
 

@@ -1,11 +1,11 @@
 """Request-level switching on a pool of sleep-mode engines: which pod, what to put to sleep,
-what has been idle too long (`route.pool_switch`), as tables."""
+what has been idle too long (`dispatch.pool_switch`), as tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from sageserve.route.pool_switch import (
+from sageserve.dispatch.pool_switch import (
     EngineState,
     WakePlan,
     choose_pod,

@@ -41,7 +41,7 @@ from sageserve.core.labels import (
     MANAGED_BY_LABEL,
     NodeLabels,
 )
-from sageserve.core.pool import (
+from sageserve.core.pooled_engines import (
     ANNOTATION_AWAKE_PER_INSTANCE,
     ANNOTATION_POOLED_MODELS,
     LABEL_POOL,

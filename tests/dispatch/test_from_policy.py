@@ -1,5 +1,5 @@
 """A ScalingPolicy's `spec.routing` as the region router and the Queue Manager apply it
-(`route.from_policy`, the one mapping the simulator and the router share)."""
+(`dispatch.from_policy`, the one mapping the simulator and the router share)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from sageserve.api.scaling_policy import ScalingPolicySpec
-from sageserve.route.from_policy import release_rules_of, route_threshold_of
-from sageserve.route.queue_manager import DEFAULT_RELEASE_RULES, release_count
-from sageserve.route.region_router import DEFAULT_ROUTE_THRESHOLD
+from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
+from sageserve.dispatch.queue_manager import DEFAULT_RELEASE_RULES, release_count
+from sageserve.dispatch.region_router import DEFAULT_ROUTE_THRESHOLD
 
 
 def spec(routing: dict[str, Any]) -> ScalingPolicySpec:

@@ -22,7 +22,7 @@ Which request goes first, and when one stops waiting for a trough:
   without a deadline keep that age rule.
 
 The queue also keeps, per model, the tokens queued per deadline bucket
-(`route.deadlines.DeadlineLedger`), from which `required_tps` says the token rate the queue
+(`dispatch.deadlines.DeadlineLedger`), from which `required_tps` says the token rate the queue
 needs to meet every deadline (the scaling signal `pace.pressure.deadline_pressure`).
 
 Every operation is O(log n) (heaps; a released or promoted request is marked and skipped
@@ -38,7 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from sageserve.route.deadlines import BUCKET_S, DeadlineLedger
+from sageserve.dispatch.deadlines import BUCKET_S, DeadlineLedger
 
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement
@@ -50,7 +50,7 @@ Seconds = TypeVar("Seconds", float, "ColumnElement[float]")
 
 #: (EMU strictly below, requests released), most generous first.
 ReleaseRules = tuple[tuple[float, int], ...]
-#: The paper's rule; a ScalingPolicy sets its own (`route.from_policy.release_rules_of`).
+#: The paper's rule; a ScalingPolicy sets its own (`dispatch.from_policy.release_rules_of`).
 DEFAULT_RELEASE_RULES: ReleaseRules = ((0.50, 2), (0.60, 1))
 DEFAULT_PROMOTION_AGE_S = 10 * 3600.0
 #: Slack kept for queueing at the instance once promoted (at interactive priority a
@@ -185,7 +185,7 @@ class BatchQueueManager(Generic[T]):
 
     def required_tps(self, model: str, now: float) -> float:
         """Tokens/s the model's queued requests with a deadline need, served earliest
-        deadline first, to all finish by their deadlines (`route.deadlines`)."""
+        deadline first, to all finish by their deadlines (`dispatch.deadlines`)."""
         ledger = self._ledgers.get(model)
         return ledger.required_tps(now) if ledger is not None else 0.0
 

@@ -1,7 +1,7 @@
-"""Request-level model switching for pooled models: the router's I/O around `route.pool_switch`.
+"""Request-level model switching for pooled models: the router's I/O around `dispatch.pool_switch`.
 
-A ModelPool's pods run one vLLM engine per pooled model with sleep mode (`controller.pool`).
-For a request of a pooled model the router picks the pod (`route.pool_switch.choose_pod`:
+A ModelPool's pods run one vLLM engine per pooled model with sleep mode (`controller.pool_podsets`).
+For a request of a pooled model the router picks the pod (`dispatch.pool_switch.choose_pod`:
 awake there first), and before forwarding makes sure the model's engine is awake there: it
 puts the least recently used idle engines to sleep (`POST /sleep?level=1`) when the pod's
 quota of awake models is full, then wakes the model (`POST /wake_up`). The request is
@@ -32,11 +32,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sageserve.api.model_pool import ModelPool, served_name
 from sageserve.core.labels import LABEL_DEPLOYMENT
-from sageserve.core.pool import awake_per_instance, pooled_engines
-from sageserve.route.pool_switch import EngineState, choose_pod, idle_models, plan_wake
+from sageserve.core.pooled_engines import awake_per_instance, pooled_engines
+from sageserve.dispatch.pool_switch import EngineState, choose_pod, idle_models, plan_wake
 from sageserve.router.fleet import Backend, ModelRoute
 
-log = logging.getLogger("sageserve.router.pool")
+log = logging.getLogger("sageserve.router.pool_switcher")
 
 #: How often the background task looks for idle engines and pods not yet read.
 SWEEP_SECONDS = 1.0
@@ -229,7 +229,7 @@ class PoolSwitcher:
         candidates: Iterable[Backend],
         load: Mapping[str, float],
     ) -> Backend | None:
-        """The pod to send a request of a pooled model to (`route.pool_switch.choose_pod`)."""
+        """The pod to send a request of a pooled model to (`dispatch.pool_switch.choose_pod`)."""
         by_pod = {b.pod: b for b in candidates}
         met = [
             self.pods[k] for name in sorted(by_pod) if (k := (model.namespace, name)) in self.pods
@@ -243,7 +243,7 @@ class PoolSwitcher:
 
     async def acquire(self, model: ModelRoute, backend: Backend, deadline: float) -> Lease:
         """The model's engine on `backend`'s pod awake and leased to one request: sleeps and
-        wakes as `route.pool_switch.plan_wake` says, waiting (until `deadline`, monotonic)
+        wakes as `dispatch.pool_switch.plan_wake` says, waiting (until `deadline`, monotonic)
         while every awake engine there is busy. Raises `PoolSwitchFailed`."""
         self.session = self.session or aiohttp.ClientSession()
         pod = self.pods.get((backend.namespace, backend.pod))

@@ -1,4 +1,4 @@
-"""Per-tenant rate limits (`route.rate_limit`): one bucket's arithmetic, then whole arrival
+"""Per-tenant rate limits (`dispatch.rate_limit`): one bucket's arithmetic, then whole arrival
 sequences as tables (the way Kubernetes tests its HPA replica calculator), then
 properties over any arrival sequence."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sageserve.route.rate_limit import (
+from sageserve.dispatch.rate_limit import (
     WINDOW_SECONDS,
     Limits,
     RateLimiter,

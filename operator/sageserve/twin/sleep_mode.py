@@ -1,6 +1,6 @@
 """Sleep mode of a pooled pod's engines, with vLLM's HTTP surface and simulated timing.
 
-A pooled pod (`core.pool`) runs one vLLM engine per pooled model. vLLM with
+A pooled pod (`core.pooled_engines`) runs one vLLM engine per pooled model. vLLM with
 `--enable-sleep-mode` (and `VLLM_SERVER_DEV_MODE=1`) answers:
 
 - `POST /sleep?level=1`: the weights go to host memory, the KV cache is dropped; the call
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sageserve.core.pool import PooledEngine
+from sageserve.core.pooled_engines import PooledEngine
 from sageserve.perf.switch import link_gb_per_s, model_size, switch_seconds
 
 
