@@ -24,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+#: How often idle models are looked for and put to sleep (`idle_models`), in seconds.
+IDLE_SWEEP_SECONDS = 1.0
+
 
 @dataclass(frozen=True)
 class EngineState:

@@ -33,13 +33,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sageserve.api.model_pool import ModelPool, served_name
 from sageserve.core.labels import LABEL_DEPLOYMENT
 from sageserve.core.pooled_engines import awake_per_instance, pooled_engines
-from sageserve.dispatch.pool_switch import EngineState, choose_pod, idle_models, plan_wake
+from sageserve.dispatch.pool_switch import (
+    IDLE_SWEEP_SECONDS,
+    EngineState,
+    choose_pod,
+    idle_models,
+    plan_wake,
+)
 from sageserve.router.fleet import Backend, ModelRoute
 
 log = logging.getLogger("sageserve.router.pool_switcher")
 
 #: How often the background task looks for idle engines and pods not yet read.
-SWEEP_SECONDS = 1.0
 #: A sleep or wake-up call that takes longer has failed.
 SWITCH_TIMEOUT_SECONDS = 120.0
 
@@ -386,7 +391,7 @@ class PoolSwitcher:
             self.metrics.awake.labels(*key).set(n)
 
     async def run(self) -> None:
-        """The background task: a session of its own, a sweep every SWEEP_SECONDS."""
+        """The background task: a session of its own, a sweep every IDLE_SWEEP_SECONDS."""
         self.session = self.session or aiohttp.ClientSession()
         try:
             while True:
@@ -394,6 +399,6 @@ class PoolSwitcher:
                     await self.sweep()
                 except Exception:  # keep sweeping: one bad pod must not stop the others
                     log.exception("pool sweep failed")
-                await asyncio.sleep(SWEEP_SECONDS)
+                await asyncio.sleep(IDLE_SWEEP_SECONDS)
         finally:
             await self.session.close()

@@ -64,7 +64,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sageserve.core.types import Request, Tier, TierKind
-from sageserve.dispatch.pool_switch import EngineState, choose_pod, idle_models, plan_wake
+from sageserve.dispatch.pool_switch import (
+    IDLE_SWEEP_SECONDS,
+    EngineState,
+    choose_pod,
+    idle_models,
+    plan_wake,
+)
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.switch import (
     AEGAEON_BETA,
@@ -772,8 +778,6 @@ class _Pod:
 
 
 _WOKEN, _SLEPT, _SWEEP = 2, 3, 4
-#: how often the router puts idle models to sleep (`router.pool_switcher.SWEEP_SECONDS`)
-_SWEEP_S = 1.0
 
 
 class _RouterRule(_Base):
@@ -799,7 +803,7 @@ class _RouterRule(_Base):
             setup.perf, kv_capacity_tokens=setup.perf.kv_capacity_tokens // quota
         )
         self.of_inst: dict[int, _Pod] = {}
-        self.push(start_s + _SWEEP_S, _SWEEP, None)
+        self.push(start_s + IDLE_SWEEP_SECONDS, _SWEEP, None)
 
     def gpus(self) -> int:
         return len(self.pods) * self.s.perf.gpus + self.hot_gpus
@@ -866,8 +870,8 @@ class _RouterRule(_Base):
                 for model in idle_models(self._view(pod), when, self.idle_sleep_s):
                     pod.engines[model].switching = True
                     self.push(when + self.s.load_s, _SLEPT, (pod, model, ()))
-            if when + _SWEEP_S <= self.end_s:
-                self.push(when + _SWEEP_S, _SWEEP, None)
+            if when + IDLE_SWEEP_SECONDS <= self.end_s:
+                self.push(when + IDLE_SWEEP_SECONDS, _SWEEP, None)
             return
         assert isinstance(obj, tuple)
         pod, model, victims = obj
