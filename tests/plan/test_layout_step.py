@@ -96,7 +96,7 @@ def test_an_abandoned_target_is_held_off_then_proposed_again() -> None:
     obs = observe((TP4, TP4), 8, MIX_LONG)
     plan = replan_layout(obs, LayoutMemory(), ONCE).switch
     assert plan is not None
-    memory = memory_after_abandon(LayoutMemory(), plan, 1000.0, ONCE)
+    memory = memory_after_abandon(plan, 1000.0, ONCE)
     held = replan_layout(observe((TP4, TP4), 8, MIX_LONG, now=2000.0), memory, ONCE)
     assert held.switch is None
     assert "TP4xPP2 was abandoned" in held.message and "again for 2600 s" in held.message

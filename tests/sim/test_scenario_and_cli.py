@@ -131,7 +131,8 @@ def test_what_the_fleet_simulator_would_leave_out_is_refused_naming_it(
     with pytest.raises(ValueError, match=expect):
         run_policies(sc, ["reactive"])
     if change == "layouts":  # without the layouts it simulates
-        assert with_policy_settings(sc, ["layouts="]).policy.spec.layouts is None  # type: ignore[union-attr]
+        without = with_policy_settings(sc, ["layouts="]).policy
+        assert without is not None and without.spec.layouts is None
 
 
 @pytest.mark.slow

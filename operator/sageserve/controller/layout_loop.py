@@ -523,9 +523,7 @@ class LayoutPass:
             g.targets.setdefault(v.name, 0)
         if step.abandoned:
             g.layout = group.layout(g.targets)
-            g.memory = memory_after_abandon(
-                g.memory, plan, self.now, layout_settings(self.settings)
-            )
+            g.memory = memory_after_abandon(plan, self.now, layout_settings(self.settings))
             g.switch = None
             waited = ", ".join(
                 f"{n} pod(s) of variant {by[s].name}"

@@ -259,8 +259,6 @@ def step_switch(
     return SwitchStep(dict(progress.targets), progress.done, finished=progress.finished)
 
 
-def memory_after_abandon(
-    memory: LayoutMemory, plan: SwitchPlan, now: float, settings: LayoutSettings
-) -> LayoutMemory:
+def memory_after_abandon(plan: SwitchPlan, now: float, settings: LayoutSettings) -> LayoutMemory:
     """After an abandoned switch: the gate restarts and its target is held off."""
     return LayoutMemory(SwitchGate(), canonical(plan.target), now + settings.abandoned_hold_s)

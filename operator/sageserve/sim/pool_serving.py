@@ -1,7 +1,7 @@
 """Many sporadic models on few GPUs: Aegaeon's pooled serving and its baselines, simulated.
 
 Aegaeon (Xiang et al., SOSP '25) serves a long tail of models on one pool by switching
-models at token granularity. This module replays per-model requests through four ways of
+models at token granularity. This module replays per-model requests through five ways of
 serving them, in one simulator, and measures what users notice: per-token deadline
 attainment (Aegaeon §2.1, Fig. 3) and the GPUs and GPU-hours spent.
 
@@ -9,8 +9,8 @@ attainment (Aegaeon §2.1, Fig. 3) and the GPUs and GPU-hours spent.
   first-come-first-served (Algorithm 1), groups of at most 8 same-model requests whose size
   is cumulative, batch size 1, a new group on the least-loaded instance. Decode: per-model
   batches on each instance's work list, served in rounds by weighted round-robin; batch i
-  decodes for its quota qᵢ of Eqs. 2–3 (:func:`sageserve.plan.pool_sizing.decode_quotas`) per turn
-  (Algorithm 2). A switch costs Aegaeon's Eq. 4 (weights over the host link × β, after the
+  decodes for its quota qᵢ of Eqs. 2–3 (:func:`sageserve.plan.pool_sizing.decode_quotas`)
+  per turn (Algorithm 2). A switch costs Aegaeon's Eq. 4 (weights over the host link × β, after the
   reuse of engine components of §5.1), hidden by prefetching when the previous turn was at
   least that long and the GPU holds a second model's weights next to the KV in use (§5.2);
   a batch's KV is swapped in before its turn and a request's prompt KV moves from prefill to
@@ -796,13 +796,14 @@ class _RouterRule(_Base):
             raise ValueError(f"router: needs >= 1 pod, got {n}")
         if quota < 1:
             raise ValueError(f"router: awake_per_instance must be >= 1, got {quota}")
-        self.pods = [_Pod(f"pod-{i:04d}") for i in range(n)]
+        self.pods = {name: _Pod(name) for name in (f"pod-{i:04d}" for i in range(n))}
         self.quota = quota
         self.idle_sleep_s = idle_sleep_s
         self.engine_perf = dataclasses.replace(
             setup.perf, kv_capacity_tokens=setup.perf.kv_capacity_tokens // quota
         )
-        self.of_inst: dict[int, _Pod] = {}
+        #: each engine's instance (by id) to its pod and engine
+        self.of_inst: dict[int, tuple[_Pod, _Engine]] = {}
         self.push(start_s + IDLE_SWEEP_SECONDS, _SWEEP, None)
 
     def gpus(self) -> int:
@@ -814,7 +815,7 @@ class _RouterRule(_Base):
             e = pod.engines[model] = _Engine(
                 self._instance(f"{pod.name}-{model}", self.engine_perf)
             )
-            self.of_inst[id(e.inst)] = pod
+            self.of_inst[id(e.inst)] = (pod, e)
         return e
 
     @staticmethod
@@ -825,13 +826,15 @@ class _RouterRule(_Base):
 
     def arrive(self, r: _R, now: float) -> None:
         """`PoolSwitcher.prefer`: the pod by `choose_pod`, least tokens left first."""
-        views = [(p.name, self._view(p)) for p in self.pods]
+        pods = self.pods.values()
+        views = [(p.name, self._view(p)) for p in pods]
         load = {
             p.name: sum(e.inst.remaining_tokens_at(now) for e in p.live.values() if e.awake)
-            for p in self.pods
+            for p in pods
         }
         name = choose_pod(views, r.model, self.quota, load)
-        pod = next(p for p in self.pods if p.name == name)
+        assert name is not None  # there is always a pod
+        pod = self.pods[name]
         pod.waiting.append(r)
         self._serve(pod, now)
 
@@ -866,7 +869,7 @@ class _RouterRule(_Base):
 
     def event(self, kind: int, obj: object, when: float) -> None:
         if kind == _SWEEP:
-            for pod in self.pods:
+            for pod in self.pods.values():
                 for model in idle_models(self._view(pod), when, self.idle_sleep_s):
                     pod.engines[model].switching = True
                     self.push(when + self.s.load_s, _SLEPT, (pod, model, ()))
@@ -888,13 +891,11 @@ class _RouterRule(_Base):
         self._serve(pod, when)
 
     def after_update(self, inst: Instance, now: float) -> None:
-        pod = self.of_inst.get(id(inst))
-        if pod is None or not inst.idle:
+        found = self.of_inst.get(id(inst))
+        if found is None or not inst.idle:
             return
-        for e in pod.engines.values():  # the lease released: last used now
-            if e.inst is inst:
-                e.last_used = now
-                break
+        pod, e = found
+        e.last_used = now  # the lease released: last used now
         if pod.waiting:
             self._serve(pod, now)
 
