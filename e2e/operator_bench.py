@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import socket
@@ -56,6 +55,8 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+from sageserve.core.percentile import percentile
 
 REGIONS = ("us-east", "us-central", "us-west")
 GPU_TYPES = {"a100": "NVIDIA-A100-SXM4-80GB", "h100": "NVIDIA-H100-80GB-HBM3"}
@@ -279,13 +280,6 @@ def bench_model(i: int, regions: int, variants: int) -> dict[str, Any]:
 def offered_tps(i: int, region_index: int) -> float:
     """Tokens/s the stand-in endpoint reports for (model i, region): 0.5–3.5 A100 instances."""
     return VARIANT_SHAPES["a100"][1] * (0.5 + (i + region_index) % 4)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0–1) by the nearest-rank method (P99 of 100 values is the 99th)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(round(q * len(ordered), 9)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 # --- the stand-in vLLM endpoint ----------------------------------------------------------
@@ -770,7 +764,7 @@ class _Run:
         result.changes_seen = len(latencies)
         if latencies:
             result.change_p50_s = statistics.median(latencies)
-            result.change_p99_s = percentile(latencies, 0.99)
+            result.change_p99_s = percentile(latencies, 99)
             result.change_max_s = max(latencies)
 
     def finish(self) -> None:

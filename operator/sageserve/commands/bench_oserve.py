@@ -60,6 +60,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sageserve.core.percentile import percentile
 from sageserve.core.types import Request
 from sageserve.dispatch.length_predictor import make_predictor
 from sageserve.forecast.request_types import RequestTypes, fit_request_types
@@ -166,13 +167,6 @@ def part(requests: Sequence[Request], hours: Sequence[int], span_s: float) -> li
 # ---- metrics ---------------------------------------------------------------------------------
 
 
-def _p99(xs: list[float]) -> float:
-    if not xs:
-        return math.nan
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
-
-
 def summarize(
     outcomes: Sequence[Outcome], duration_s: float, ttft_slo_s: float, tpot_slo_s: float
 ) -> dict[str, float]:
@@ -196,9 +190,9 @@ def summarize(
     return {
         "requests": n,
         "finished": finished,
-        "p99_ttft_s": _p99(ttft),
-        "p99_e2e_s": _p99(e2e),
-        "p99_normalized_s_per_token": _p99(norm),
+        "p99_ttft_s": percentile(ttft, 99),
+        "p99_e2e_s": percentile(e2e, 99),
+        "p99_normalized_s_per_token": percentile(norm, 99),
         "throughput": finished / duration_s,
         "goodput": good / duration_s,
         "slo_attainment": good / n if n else math.nan,

@@ -31,6 +31,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from sageserve.core.percentile import percentile
 from sageserve.core.types import IW_F, Request
 from sageserve.dispatch.length_predictor import (
     ClientQuantilePredictor,
@@ -170,8 +171,8 @@ def run_once(
         rate=rate,
         requests=len(reqs),
         refused=refused,
-        norm_p99_s=float(np.percentile(norm, 99)) if norm.size else math.nan,
-        ttft_p99_s=float(np.percentile(ttft, 99)) if ttft.size else math.nan,
+        norm_p99_s=percentile(norm, 99),
+        ttft_p99_s=percentile(ttft, 99),
         ttft_mean_s=float(ttft.mean()) if ttft.size else math.nan,
         attainment=met / served if served else math.nan,
         preemptions=r.preemptions,

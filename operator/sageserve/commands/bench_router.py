@@ -21,7 +21,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
+from sageserve.core.percentile import percentile
 from sageserve.router.app import Router, RouterConfig, run_loop, serve
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.metrics import RouterMetrics
@@ -122,14 +122,6 @@ async def _load(url: str, rate: float, seconds: float) -> tuple[list[Sample], in
             tasks.append(asyncio.create_task(_one(session, url, out)))
         await asyncio.gather(*tasks)
     return out, n
-
-
-def percentile(values: list[float], q: int) -> float:
-    """The q-th percentile (1–99) of `values`; NaN when there are none."""
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    cuts: list[float] = statistics.quantiles(values, n=100, method="inclusive")
-    return cuts[q - 1]
 
 
 def _rss_peak_mb(pid: int) -> float:

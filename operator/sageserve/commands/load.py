@@ -23,7 +23,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from sageserve.commands.bench_router import percentile
+from sageserve.core.percentile import percentile
 from sageserve.sim.traces import azure2023_rows
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sageserve.core.percentile import percentile
 from sageserve.core.types import Request, Tier
 from sageserve.pace.base import make_strategy
 from sageserve.perf.model import VariantPerf
@@ -146,7 +147,7 @@ def probe(
     finished = stats.finished if stats is not None else 0
     return Probe(
         tokens_per_s=rate_tps,
-        ttft_p95_s=float(np.percentile(ttft, 95)) if ttft.size else math.inf,
+        ttft_p95_s=percentile(ttft, 95) if ttft.size else math.inf,
         mean_kv=float(np.mean(kv)) if kv else 0.0,
         finished_share=finished / max(1, len(reqs)),
     )

@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from sageserve.core.percentile import percentile, percentiles
 from sageserve.core.types import InstanceState
 from sageserve.sim.deadlines import BatchAccount, account, totals
 from sageserve.sim.engine import DAY_S, RunResult, TierModelStats
@@ -85,7 +86,7 @@ def _pct(a: Any) -> dict[str, float | None]:
     arr = np.asarray(a, dtype=np.float64)
     if arr.size == 0:
         return {"p50": None, "p95": None, "p99": None}
-    q = np.percentile(arr, [50, 95, 99])
+    q = percentiles(arr, [50, 95, 99])
     return {k: round(float(v), 4) for k, v in zip(("p50", "p95", "p99"), q, strict=True)}
 
 
@@ -243,7 +244,7 @@ def interactive_ttft_p95(r: RunResult, interactive_tiers: Sequence[str]) -> floa
     ]
     if not arrs:
         return None
-    return float(np.percentile(np.concatenate(arrs), 95))
+    return percentile(np.concatenate(arrs), 95)
 
 
 def batch_queue(released: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, Any]]:
