@@ -27,8 +27,7 @@ from sageserve.controller.kube import ReplicasMoved
 from sageserve.controller.observe import endpoint_snapshots
 from sageserve.core.labels import ANNOTATION_REPLICAS, ANNOTATION_SCALING
 from sageserve.core.nodes import not_ready_since
-from sageserve.core.snapshot import Decision
-from sageserve.core.types import ActionKind, EndpointKey
+from sageserve.core.types import EndpointKey
 
 NOW = 1_750_000_000.0  # 2025-06-15T15:06:40Z
 LABELS = {
@@ -179,15 +178,11 @@ def test_settle_stamps_adopted_and_resumed_pod_sets_and_never_a_conflict() -> No
     guard_of(d).settle(FakeKube(moved=True), {d["metadata"]["name"]: d}, log)  # type: ignore[arg-type]
 
 
-def test_no_scale_in_goes_where_an_earlier_one_is_stuck() -> None:
+def test_a_pod_stuck_terminating_is_found_at_its_endpoint_only() -> None:
     stuck = pod("stuck", deletionTimestamp="2025-06-15T15:05:40Z")
     guard = guard_of(pod_set(2, 2, [OURS]), pods=[stuck])
-    key = EndpointKey("llama", "us-east")
-    scale_in = Decision(key, ActionKind.SCALE_IN, 1, {"a100": 1}, "emu low")
-    scale_out = Decision(key, ActionKind.SCALE_OUT, 1, {"a100": 3}, "emu high")
-    elsewhere = Decision(EndpointKey("llama", "us-west"), ActionKind.SCALE_IN, 1, {"a100": 1}, "")
-    assert not guard.may_send(scale_in)
-    assert guard.may_send(scale_out) and guard.may_send(elsewhere)
+    assert [s.name for s in guard.stuck_at(EndpointKey("llama", "us-east"))] == ["stuck"]
+    assert guard.stuck_at(EndpointKey("llama", "us-west")) == []
 
 
 class Recorder:

@@ -4,19 +4,24 @@ started and put to sleep one after another; what the router and the twin read on
 from __future__ import annotations
 
 import json
-from typing import Any
+import logging
+from typing import Any, cast
 
 import pytest
 
 from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import Strategy
+from sageserve.controller.guard import dry_run
+from sageserve.controller.kube import Kube, ReplicasMoved
 from sageserve.controller.pool_podsets import (
+    apply_pool_targets,
     engine_args,
     launcher_script,
     pool_problems,
     pool_sizing,
     render_pool_pod_sets,
 )
+from sageserve.core.labels import ANNOTATION_REPLICAS, ANNOTATION_SCALING, SCALING_EXTERNAL
 from sageserve.core.pooled_engines import pooled_engines
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -124,3 +129,93 @@ def test_a_pool_under_a_strategy_that_does_not_plan_says_it_keeps_its_size(
         assert message.startswith("spec.policyRef.name: ScalingPolicy 'fleet'")
         assert strategy.value in message and "lt-utilization-arima" in message
         assert "minInstances = maxInstances" in message
+
+
+class PoolKube:
+    """The pool's two pod sets as listed (with the annotations given), recording writes and
+    Events; `moves` names pod sets another writer changes between the read and the write."""
+
+    def __init__(
+        self, annotations: dict[str, dict[str, str]], moves: frozenset[str] = frozenset()
+    ) -> None:
+        self.sets = {
+            name: {
+                "metadata": {
+                    "name": name,
+                    "annotations": {ANNOTATION_REPLICAS: "1", **annotations.get(name, {})},
+                },
+                "spec": {"replicas": 1},
+            }
+            for name in ("tail-us-east-h100", "tail-us-west-h100")
+        }
+        self.moves = moves
+        self.writes: list[tuple[str, int]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.status: dict[str, Any] = {}
+
+    def deployments_by_owner(self, namespace: str) -> dict[str, dict[str, dict[str, Any]]]:
+        return {"tail": self.sets}
+
+    def set_replicas(
+        self, namespace: str, observed: dict[str, Any], replicas: int, drop_scaling: bool = False
+    ) -> None:
+        name = observed["metadata"]["name"]
+        if name in self.moves:
+            raise ReplicasMoved(f"{name}: Unprocessable Entity")
+        self.writes.append((name, replicas))
+
+    def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def patch_status(self, namespace: str, plural: str, name: str, patch: dict[str, Any]) -> None:
+        self.status = patch
+
+
+def _apply(k: PoolKube, dry_run: bool = False) -> None:
+    p = pool()
+    apply_pool_targets(
+        cast(Kube, k),
+        "llm",
+        [({"metadata": {"name": "tail"}}, p)],
+        {("tail", "us-east"): 3, ("tail", "us-west"): 2},
+        {"tail": 2.5},
+        logging.getLogger("test"),
+        dry_run=dry_run,
+    )
+
+
+def test_the_plan_resizes_each_pooled_pod_set_and_records_it() -> None:
+    k = PoolKube({})
+    _apply(k)
+    assert k.writes == [("tail-us-east-h100", 3), ("tail-us-west-h100", 2)]
+    assert [r for _, r, _ in k.events] == ["PoolResized", "PoolResized"]
+    assert k.status == {"targetInstances": 5, "expectedActiveModels": 2.5}
+
+
+def test_a_pooled_pod_set_handed_to_another_autoscaler_is_not_resized_and_says_why() -> None:
+    k = PoolKube({"tail-us-east-h100": {ANNOTATION_SCALING: SCALING_EXTERNAL}})
+    _apply(k)
+    assert k.writes == [("tail-us-west-h100", 2)]
+    held = [(t, m) for t, r, m in k.events if r == "PoolResizeHeld"]
+    assert len(held) == 1 and held[0][0] == "Warning"
+    assert "asks 3 pooled pod(s) of tail-us-east-h100, held at 1" in held[0][1]
+    assert "handed over" in held[0][1]
+
+
+def test_a_resize_that_loses_a_race_with_another_writer_does_not_stop_the_others() -> None:
+    k = PoolKube({}, moves=frozenset({"tail-us-east-h100"}))
+    _apply(k)
+    assert k.writes == [("tail-us-west-h100", 2)]
+    assert k.status["targetInstances"] == 5
+
+
+def test_the_charts_dry_run_stops_pool_resizes_as_it_stops_every_other_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SAGESERVE_DRY_RUN", "true")
+    k = PoolKube({})
+    _apply(k, dry_run=dry_run(False))
+    assert k.writes == []
+    assert k.status["targetInstances"] == 5
+    monkeypatch.setenv("SAGESERVE_DRY_RUN", "false")
+    assert dry_run(False) is False and dry_run(True) is True

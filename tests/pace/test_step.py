@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, Plan, Snapshot
@@ -119,6 +121,17 @@ def test_cooldown_is_kept_in_the_state_the_caller_stores() -> None:
     assert first.decisions and first.state.last_event == {KEY: 0.0}
     assert step(endpoint(inst("a", 90)), t=14.9, state=first.state).decisions == []
     assert step(endpoint(inst("a", 90)), t=15.0, state=first.state).decisions
+
+
+def test_no_scale_in_where_an_earlier_one_is_stuck_and_no_cooldown_is_spent_on_it() -> None:
+    quiet = endpoint(inst("a", 10), inst("b", 10))
+    stuck = step(replace(quiet, stuck_terminating=1), t=0.0)
+    assert stuck.decisions == [] and stuck.state.last_event == {}
+    busy = step(replace(endpoint(inst("a", 90), inst("b", 90)), stuck_terminating=1), t=0.0)
+    assert [d.kind for d in busy.decisions] == [ActionKind.SCALE_OUT]
+    # the stuck pod is gone a second later: the scale-in goes at once, no cooldown to wait
+    freed = step(quiet, t=1.0, state=stuck.state)
+    assert [d.kind for d in freed.decisions] == [ActionKind.SCALE_IN]
 
 
 def test_scale_in_drains_the_least_loaded_instance() -> None:

@@ -2,8 +2,9 @@
 send, and what it reports (the faults of `controller.faults`, docs/reliability.md).
 
 Kept out of `pace_loop` so that the pass reads as observe → decide → act: the guard is
-asked three questions (is this endpoint held? may this decision go out? what changed?)
-and writes only the `sageserve.io/replicas` stamps of pod sets it adopts or follows.
+asked which endpoints someone else sizes (not paced) and which pods are stuck terminating
+(the decision step holds a scale-in there: `EndpointSnapshot.stuck_terminating`), reports
+what changed, and writes only the `sageserve.io/replicas` stamps of pod sets it adopts or follows.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from sageserve.controller.faults import (
 )
 from sageserve.controller.kube import Kube, ReplicasMoved
 from sageserve.core.labels import ANNOTATION_SCALING, SCALING_EXTERNAL, SCALING_RESUME
-from sageserve.core.snapshot import Decision
-from sageserve.core.types import ActionKind, EndpointKey
+from sageserve.core.types import EndpointKey
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: Conditions and Events are posted this callable's way: (type, status, reason, message).
@@ -42,6 +42,14 @@ def report_after_s() -> float:
     once it has lasted this long (SAGESERVE_REPORT_AFTER_SECONDS, 60 s: past a normal
     drain, a spot reclaim, or a new pod's first scrape)."""
     return float(os.environ.get("SAGESERVE_REPORT_AFTER_SECONDS", "60"))
+
+
+def dry_run(policy_dry_run: bool) -> bool:
+    """Whether a pass may only report: the policy's `spec.dryRun`, or SAGESERVE_DRY_RUN
+    (the chart's `dryRun` value), which overrides every policy for every writer (pod set
+    sizes, pooled pod sets, spot nodes)."""
+    forced = os.environ.get("SAGESERVE_DRY_RUN", "false").lower() == "true"
+    return forced or policy_dry_run
 
 
 @dataclass
@@ -69,12 +77,6 @@ class Guard:
         """The pod sets of (md, region) someone else sizes: its endpoint is not paced."""
         names = (pod_set_name(md.metadata.name, region, v.name) for v in md.spec.variants)
         return [o for n in names if (o := self.owned.get(n)) and o.sizing in HELD]
-
-    def may_send(self, decision: Decision) -> bool:
-        """No scale-in where an earlier one is stuck: it would strand more GPUs the same way."""
-        if decision.kind is not ActionKind.SCALE_IN:
-            return True
-        return not self.stuck_at(decision.key)
 
     def stuck_at(self, key: EndpointKey) -> list[StuckPod]:
         return [s for s in self.stuck if (s.model, s.region) == (key.model, key.region)]
@@ -144,10 +146,7 @@ class FaultReport:
                 if self._new(f"conflict/{name}/{own.replicas}/{own.others[0].manager}"):
                     self._conflict_events(own, body, guard.namespace)
             elif own.sizing is Sizing.UNKNOWN:
-                problems.append(
-                    f"pod set {name}: {ANNOTATION_SCALING}={own.annotation!r} is not understood "
-                    f"(use {SCALING_EXTERNAL} or {SCALING_RESUME}); holding it"
-                )
+                problems.append(held_message(own, guard.namespace))
             elif own.sizing is Sizing.HANDED_OVER:
                 handed.append(name)
                 if self._new(f"handed/{name}") and body is not None:
@@ -218,6 +217,21 @@ class FaultReport:
         else:
             message = "every instance is placed"
             self._set(conditions, "CapacityShortfall", False, "AllPlaced", message)
+
+
+def held_message(own: Ownership, namespace: str) -> str:
+    """Why a pod set in `HELD` is left at its size, for a person to read."""
+    if own.sizing is Sizing.CONFLICT:
+        return conflict_message(own, namespace)
+    if own.sizing is Sizing.HANDED_OVER:
+        return (
+            f"pod set {own.pod_set} is handed over ({ANNOTATION_SCALING}={SCALING_EXTERNAL}); "
+            f"to let sageserve size it again: {ANNOTATION_SCALING}={SCALING_RESUME}"
+        )
+    return (
+        f"pod set {own.pod_set}: {ANNOTATION_SCALING}={own.annotation!r} is not understood "
+        f"(use {SCALING_EXTERNAL} or {SCALING_RESUME}); holding it"
+    )
 
 
 def conflict_message(own: Ownership, namespace: str) -> str:

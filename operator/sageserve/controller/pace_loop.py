@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -38,7 +38,7 @@ from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
 from sageserve.controller import deadlines
 from sageserve.controller.faults import lost_pods
-from sageserve.controller.guard import FaultReport, Guard, report_after_s
+from sageserve.controller.guard import FaultReport, Guard, dry_run, report_after_s
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.layout_loop import LayoutPass, LayoutState
 from sageserve.controller.leader import LeaderElection, identity
@@ -172,9 +172,7 @@ class PacePass:
         self.policy = ScalingPolicy.model_validate(essence(body))
         self.namespace = str(self.policy.metadata.namespace or body["metadata"]["namespace"])
         self.now = time.time()
-        # SAGESERVE_DRY_RUN (the chart's dryRun value) overrides every policy to dry run.
-        forced = os.environ.get("SAGESERVE_DRY_RUN", "false").lower() == "true"
-        self.dry_run = forced or self.policy.spec.dry_run
+        self.dry_run = dry_run(self.policy.spec.dry_run)
         #: the pod sets as this pass listed them, by name (writes test against them)
         self.observed: dict[str, dict[str, Any]] = {}
         self._nodes: list[dict[str, Any]] | None = None
@@ -355,16 +353,20 @@ class PacePass:
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
-            snaps = {k: v for k, v in snaps.items() if not guard.held(md, k.region)}
+            snaps = {
+                k: replace(v, stuck_terminating=len(guard.stuck_at(k)))
+                for k, v in snaps.items()
+                if not guard.held(md, k.region)
+            }
             seen.endpoints.update(snaps)
             seen.owner.update(dict.fromkeys(snaps, (raw, md)))
         return seen
 
     def apply(self, decisions: Sequence[Decision], seen: Observed) -> None:
-        """Write the decisions the guard lets through, concurrently (each touches its own
+        """Write the decisions, concurrently (each touches its own
         pod sets), then one Event per ModelDeployment and reason listing every action and
         its cause: a plan that moves 600 endpoints writes 200 Events, not 600."""
-        work = [(*seen.owner[d.key], d) for d in decisions if seen.guard.may_send(d)]
+        work = [(*seen.owner[d.key], d) for d in decisions]
         done = concurrently(lambda w: self.act(*w), work)
         grouped: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
         for (raw, md, _decision), (reason, message) in zip(work, done, strict=True):

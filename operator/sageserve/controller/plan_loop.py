@@ -26,6 +26,7 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.api.workload_tier import TierType
+from sageserve.controller.guard import dry_run
 from sageserve.controller.kube import Kube
 from sageserve.controller.pool_podsets import apply_pool_targets, parse_pool
 from sageserve.controller.status import essence, set_condition
@@ -284,7 +285,7 @@ class PlanPass:
                 {(t.pool, t.region): t.target for t in cycle.pools},
                 pool_expected(cycle),
                 self.logger,
-                dry_run=spec.dry_run,
+                dry_run=dry_run(spec.dry_run),
             )
         self.write(cycle, mds, current)
         return cycle

@@ -27,7 +27,9 @@ from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import pod_set_name
 from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
-from sageserve.controller.kube import Kube, kube
+from sageserve.controller.faults import HELD, Sizing, ownership
+from sageserve.controller.guard import held_message
+from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.podset import engine_probes, gpu_deployment, pod_set_metadata
 from sageserve.controller.semantics import SemanticProblem
 from sageserve.controller.status import model_deployment_status, set_condition
@@ -345,7 +347,14 @@ def apply_pool_targets(
     dry_run: bool = False,
 ) -> None:
     """Scale each pooled pod set to the plan's size (`targets[(pool, region)]`, within the
-    region's bounds) and record it in the pool's status, with an Event when it moves."""
+    region's bounds) and record it in the pool's status, with an Event when it moves.
+
+    The pace loop's ownership rules hold here too (docs/reliability.md): a pod set handed
+    to another autoscaler (`sageserve.io/scaling: external`), one whose replicas another
+    writer changed, or one with an unknown `scaling` annotation is left as it is, with a
+    `PoolResizeHeld` Event naming why; a write that loses a race with another writer
+    (`ReplicasMoved`) is not retried over it and does not stop the other pools or the
+    plan's status."""
     sets = k.deployments_by_owner(namespace)
     for raw, pool in pools:
         name = pool.metadata.name
@@ -362,7 +371,23 @@ def apply_pool_targets(
             before = int(observed["spec"].get("replicas") or 0)
             if before == target or dry_run:
                 continue
-            k.set_replicas(namespace, observed, target)
+            own = ownership(observed)
+            if own.sizing in HELD:
+                k.event(
+                    dict(raw),
+                    "Warning",
+                    "PoolResizeHeld",
+                    f"the plan asks {target} pooled pod(s) of {set_name}, held at {before}: "
+                    + held_message(own, namespace),
+                )
+                continue
+            try:
+                k.set_replicas(
+                    namespace, observed, target, drop_scaling=own.sizing is Sizing.RESUME
+                )
+            except ReplicasMoved as exc:
+                logger.info("pool %s changed while being resized (%s); next plan", set_name, exc)
+                continue
             message = (
                 f"pool {set_name}: {before} → {target} pooled pod(s) for "
                 f"{expected_active.get(name, 0.0):.2f} expected active model(s)"

@@ -66,6 +66,9 @@ class EndpointSnapshot:
     to meet every deadline (`dispatch.deadlines`), `batch_capacity_tps` the batch tokens/s its
     serving instances give below the Queue Manager's release threshold; both 0 where the
     world does not keep a batch queue with deadlines (`pace.pressure.deadline_pressure`).
+    `stuck_terminating` counts the endpoint's instances past their deletion deadline (a
+    finalizer that never clears, a kubelet gone): a scale-in there would strand more GPUs
+    the same way; 0 where the world has none (the simulator).
     """
 
     key: EndpointKey
@@ -84,6 +87,7 @@ class EndpointSnapshot:
     ttft_slo_s: Mapping[str, float] = field(default_factory=dict)
     batch_need_tps: float = 0.0
     batch_capacity_tps: float = 0.0
+    stuck_terminating: int = 0
 
     def __post_init__(self) -> None:
         # one canonical order, whatever order a world lists its instances in

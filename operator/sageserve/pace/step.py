@@ -352,6 +352,8 @@ def decide(
             )
         if decision is None:
             continue
+        if decision.kind is ActionKind.SCALE_IN and ep.stuck_terminating:
+            continue  # an earlier scale-in is stuck: held, and no cooldown booked for it
         decisions.append(decision)
         last[key] = now
         if decision.kind is ActionKind.SCALE_IN:
