@@ -367,6 +367,17 @@ def simulator_planner() -> Any:
     return scenario.planner()
 
 
+def per_minute(values: list[float]) -> list[float]:
+    """A series on the policy's step as the simulator counts it: one value a minute."""
+    return [x for x in values for _ in range(plan_fakes.STEP_S // 60)]
+
+
+def per_minute_all(
+    series: dict[tuple[str, str], list[float]],
+) -> dict[tuple[str, str], list[float]]:
+    return {k: per_minute(v) for k, v in series.items()}
+
+
 @pytest.mark.parametrize(
     ("need", "observed", "grows"),
     [
@@ -381,7 +392,11 @@ def test_both_worlds_plan_alike_from_the_same_hour(
 ) -> None:
     level = {"us-east": 800.0, "us-central": 600.0, "us-west": 400.0}
     steps = plan_fakes.TRAINING_S // plan_fakes.STEP_S
-    interactive = {(LLAMA, r): [level[r] + 25.0 * (i % 4) for i in range(steps)] for r in observed}
+    # the last step is not the hour's peak, so a world that read the wrong steps would show
+    interactive = {
+        (LLAMA, r): [level[r] + 25.0 * ((steps - 1 - i) % 4) for i in range(steps)]
+        for r in observed
+    }
     served = {(LLAMA, r): [100.0] * 6 for r in observed}  # the troughs let 100 tokens/s through
     received = {(LLAMA, r): [400.0] * 6 for r in PLAN_REGIONS}  # while 400 arrive: β = 40
     current = {(LLAMA, "us-east", "h100"): 4, (LLAMA, "us-central", "h100"): 4}
@@ -398,12 +413,17 @@ def test_both_worlds_plan_alike_from_the_same_hour(
     now = 3600.0
     operator = cycle.in_force(now)
     planner = simulator_planner()
-    simulator = planner(now, interactive, served, current, received, need or {})
+    # the simulator counts per minute and keeps more than the training window: it must give
+    # the forecaster what Prometheus gives the operator (the policy's step and window)
+    older = {k: [3.0 * level[k[1]]] * 120 for k in interactive}
+    sim_interactive = {k: older[k] + per_minute(v) for k, v in interactive.items()}
+    sim_served, sim_received = per_minute_all(served), per_minute_all(received)
+    simulator = planner(now, sim_interactive, sim_served, current, sim_received, need or {})
     assert simulator == operator
     # and that plan is the one the need calls for: more instances only when it exceeds β
     shares = {f["region"]: f["batchDeadlineNeedTokensPerSecond"] for f in kube.plan()["forecasts"]}
     assert sum(shares.values()) == pytest.approx(sum((need or {}).values()), abs=1e-2)
-    paper = planner(now, interactive, served, current, received, {})
+    paper = planner(now, sim_interactive, sim_served, current, sim_received, {})
     grown = [k for k, n in operator.targets.items() if n > paper.targets[k]]
     assert bool(grown) == grows
     assert all(n >= paper.targets[k] for k, n in operator.targets.items())

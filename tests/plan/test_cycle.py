@@ -13,7 +13,7 @@ from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import ScalingPolicySpec, spill_from_status
 from sageserve.controller.plan_loop import plan_status
 from sageserve.core.types import EndpointKey
-from sageserve.plan.cycle import run_plan_cycle
+from sageserve.plan.cycle import history_at_policy_step, run_plan_cycle, training_points
 
 ROOT = Path(__file__).resolve().parents[2]
 REGIONS = ("us-east", "us-central", "us-west")
@@ -181,3 +181,32 @@ def test_regions_peaking_at_different_times_share_capacity_when_epsilon_allows()
     assert sum(shared.values()) < 0.8 * peaks  # the sum's peak, not the sum of peaks
     _, alone = planned(1.0)
     assert sum(alone.values()) >= 0.99 * peaks  # ε = 1: every region covers its own peak
+
+
+def _grid(step_s: int, training_s: int) -> ScalingPolicySpec:
+    return ScalingPolicySpec.model_validate(
+        {"forecast": {"granularitySeconds": step_s, "trainingWindowSeconds": training_s}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("step_s", "training_s", "minutes", "expected"),
+    [
+        # the paper's grid: one step a minute, the last hour of what the world kept
+        (60, 180, [float(m) for m in range(10)], [7.0, 8.0, 9.0]),
+        # 5-minute steps: each the mean of its five minutes, counted back from now (the
+        # oldest incomplete step dropped), the last two steps of a 10-minute window
+        (300, 600, [float(m) for m in range(12)], [4.0, 9.0]),
+        # a window longer than what was kept: all of it
+        (60, 3600, [1.0, 2.0], [1.0, 2.0]),
+        # 30-second steps: a minute's rate twice, as `rate` sampled twice a minute reads it
+        (30, 120, [1.0, 2.0, 3.0], [2.0, 2.0, 3.0, 3.0]),
+    ],
+)
+def test_a_per_minute_history_is_given_to_the_forecaster_on_the_policys_grid(
+    step_s: int, training_s: int, minutes: list[float], expected: list[float]
+) -> None:
+    key = ("m", "r")
+    got = history_at_policy_step(_grid(step_s, training_s), {key: minutes})
+    assert got == {key: expected}
+    assert training_points(_grid(step_s, training_s)) == training_s // step_s

@@ -224,7 +224,9 @@ def test_history_before_the_window_gives_a_plan_at_the_start() -> None:
     r = Simulation(
         cfg, make_strategy("lt-immediate"), poisson(1.0, cfg.end_s, [IW_F]), None, planner, before
     ).run()
-    assert calls[0][0] == 0.0 and calls[0][1] == [5.0] * 90
+    # the last training window of it (the policy's trainingWindowSeconds, 1 h by default)
+    assert calls[0][0] == 0.0 and calls[0][1] == [5.0] * cfg.history_minutes
+    assert cfg.history_minutes == 60
     assert [c[0] for c in calls[1:]] == [3600.0]  # then hourly (the drain included)
     # the plan's target of 1 applied at once: the fleet shrank from its initial 3
     assert r.events["scale_in"] == 2

@@ -44,7 +44,7 @@ def test_preserve_plans_each_window_and_moves_the_fleet_to_it() -> None:
     strategy = Recording(sc.strategy("preserve"))
     cfg = sc.sim_config()
     assert strategy.plan_cadence.interval_s == 600.0  # preserve.windowSeconds' default
-    inner = sc.planner_for(strategy, cfg.history_minutes)
+    inner = sc.planner_for(strategy)
     plans: list[Plan] = []
 
     def planner(*args):  # type: ignore[no-untyped-def]
@@ -69,7 +69,7 @@ def test_static_holds_one_size_per_endpoint_from_the_first_minute() -> None:
     sc = load_scenario(TINY)
     strategy = sc.strategy("static")
     cfg = sc.sim_config()
-    planner = sc.planner_for(strategy, cfg.history_minutes)
+    planner = sc.planner_for(strategy)
     result = Simulation(cfg, strategy, sc.requests(), None, planner, None).run()
     later = [m for m in result.minutes if 2 <= m.minute <= 20]
     sizes = {(m.model, m.region, m.serving + m.provisioning) for m in later}

@@ -185,7 +185,7 @@ def bench_sim(
     history = sc.history(cfg.history_minutes) if strat.plan_cadence.plans else None
 
     def simulation(requests: Iterable[Request]) -> Simulation:
-        planner = sc.planner_for(strat, cfg.history_minutes) if history is not None else None
+        planner = sc.planner_for(strat) if history is not None else None
         return Simulation(cfg, strat, requests, None, planner, history)
 
     res = simulation(reqs).run()

@@ -104,6 +104,40 @@ def forecast_spec(policy: ScalingPolicySpec) -> ForecastSpec:
     )
 
 
+def training_points(policy: ScalingPolicySpec) -> int:
+    """How many steps of history the plan's forecaster is given: `trainingWindowSeconds` at
+    `granularitySeconds` (SageServe §4.2: 60 steps of 1 min), as the operator's plan loop
+    asks Prometheus for them."""
+    f = policy.forecast
+    return max(1, int(f.training_window_seconds // f.granularity_seconds))
+
+
+def history_at_policy_step(
+    policy: ScalingPolicySpec, per_minute: Mapping[tuple[str, str], Sequence[float]]
+) -> dict[tuple[str, str], list[float]]:
+    """A world that counts tokens/s per minute (the simulator) gives the forecaster what the
+    operator reads from Prometheus: the policy's step (`rate` over max(step, 1 min) sampled
+    every step: a step of k minutes is the mean of its k minutes, counted back from now; a
+    step under a minute repeats the minute's rate), the last `training_points` of it.
+
+    Why here: the forecast depends on how much history it is fitted on; a simulator that
+    fitted on more than the policy declares would measure a forecast the operator never
+    makes."""
+    step = float(policy.forecast.granularity_seconds)
+    keep = training_points(policy)
+    out: dict[tuple[str, str], list[float]] = {}
+    for key, values in per_minute.items():
+        xs = list(values)
+        if step >= 60.0:
+            k = max(1, round(step / 60.0))
+            xs = xs[len(xs) % k :]
+            xs = [sum(xs[i : i + k]) / k for i in range(0, len(xs), k)]
+        else:
+            xs = [x for x in xs for _ in range(round(60.0 / step))]
+        out[key] = xs[-keep:]
+    return out
+
+
 def plan_options(policy: ScalingPolicySpec) -> PlanOptions:
     """The solver's settings from a ScalingPolicy's `spec.optimizer`: the node limit is the
     deterministic budget, the time limit a safety stop."""

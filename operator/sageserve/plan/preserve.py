@@ -111,7 +111,7 @@ def window_history_minutes(policy: ScalingPolicySpec) -> int:
     policy's forecaster to fit on (its `min_points` on the window grid: 15 windows, 150
     minutes, for the default seasonal AR) and at least the training window. Fewer, and
     every window plan would run on the fallback forecaster. The operator reads this much
-    (`controller.window_loop`); the simulator at least this much."""
+    (`controller.window_loop`), and so does the simulator."""
     from sageserve.forecast.methods import get_forecaster
 
     spec = window_forecast_spec(policy)

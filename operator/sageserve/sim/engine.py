@@ -111,7 +111,9 @@ class SimConfig:
     inter_region_latency_s: float = 0.05
     delays: Delays = field(default_factory=Delays)
     max_batched_tokens: int = 16384
-    history_minutes: int = 180
+    #: minutes of tokens/s history kept for the hourly plan: the policy's
+    #: `trainingWindowSeconds`, which the operator's plan loop reads (`Scenario.sim_config`)
+    history_minutes: int = 60
     #: in-region instance picker (`dispatch.instance_picker`), by name
     picker: str = DEFAULT_PICKER
     #: output-length predictor (`dispatch.length_predictor`), by name, one per model

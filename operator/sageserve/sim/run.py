@@ -52,7 +52,7 @@ def run_policies(
         t0 = time.perf_counter()
         planner = None
         if strategy.plan_cadence.plans:
-            planner = scenario.planner_for(strategy, cfg.history_minutes)
+            planner = scenario.planner_for(strategy)
             if history is None:
                 history = scenario.history(cfg.history_minutes)
         result = Simulation(

@@ -24,6 +24,7 @@ Without it, every `*.yaml` of the directory is read and documents are sorted by 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -120,6 +121,7 @@ class Scenario:
                 route_threshold=route_threshold_of(sp),
                 release_rules=release_rules_of(sp),
                 pace_s=float(sp.intervals.pace_seconds),
+                history_minutes=math.ceil(sp.forecast.training_window_seconds / 60),
                 scale_in_stabilization_s=float(sp.intervals.scale_in_stabilization_seconds),
                 delays=Delays(
                     reclaim_same_model_median_s=float(sp.spot.reclaim_same_model_seconds),
@@ -205,13 +207,13 @@ class Scenario:
         """The planner's history before the window: (interactive, batch) tokens/s per minute."""
         return tokens_per_minute(self.workload, self.tiers, minutes, self.contexts())
 
-    def planner_for(self, strategy: PacingStrategy, history_minutes: int) -> Planner:
+    def planner_for(self, strategy: PacingStrategy) -> Planner:
         """The planner of the plan `strategy` follows (`PlanCadence.source`): PreServe's
         window plan (`plan.preserve`), the peak-sized fleet, else the hourly cycle
         (`planner`)."""
         source = strategy.plan_cadence.source
         if source is PlanSource.WINDOW:
-            return self.window_planner(history_minutes)
+            return self.window_planner()
         if source is PlanSource.PEAK:
             return self.static_planner()
         return self.planner()
@@ -219,7 +221,7 @@ class Scenario:
     def _token_series(self, history_minutes: int) -> TokenSeries:
         return token_series(self.workload, self.tiers, history_minutes, self.contexts())
 
-    def window_planner(self, history_minutes: int) -> Planner:
+    def window_planner(self) -> Planner:
         """PreServe's planner for the sim: prompt and decode tokens/s per minute of each
         (model, home region), read from the trace up to `now` only (what a router has
         counted), forecast per window (`plan.preserve.plan_window`)."""
@@ -227,7 +229,7 @@ class Scenario:
         from sageserve.plan.preserve import plan_window, window_history_minutes
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
-        history_minutes = max(history_minutes, window_history_minutes(spec))
+        history_minutes = window_history_minutes(spec)
         series = self._token_series(history_minutes)
         models = self.models
 
@@ -306,7 +308,7 @@ class Scenario:
         the routers' gauge) enters ρ as max(β, need) (`plan.batch_demand`).
         """
         from sageserve.api.scaling_policy import ScalingPolicySpec
-        from sageserve.plan.cycle import run_plan_cycle
+        from sageserve.plan.cycle import history_at_policy_step, run_plan_cycle
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
         capacity: dict[tuple[str, str], int] = {}
@@ -325,11 +327,11 @@ class Scenario:
             cycle = run_plan_cycle(
                 models,
                 spec,
-                history,
-                batch,
+                history_at_policy_step(spec, history),
+                history_at_policy_step(spec, batch),
                 current,
                 capacity,
-                batch_received=received or None,
+                batch_received=history_at_policy_step(spec, received) or None,
                 batch_need=need,
             )
             return cycle.in_force(now)
