@@ -9,6 +9,7 @@ import pytest
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.pace import make_strategy
+from sageserve.pace.base import simulation_only, sizes_pools
 from sageserve.pace.step import StepState, decide, split_over_variants
 
 KEY = EndpointKey("llama", "us-east")
@@ -177,3 +178,27 @@ def test_the_api_enum_and_the_registry_name_the_same_strategies() -> None:
     from sageserve.pace import available_strategies
 
     assert sorted(s.value for s in Strategy) == available_strategies()
+
+
+@pytest.mark.parametrize(
+    ("name", "refused", "pools"),
+    [
+        ("reactive", None, False),
+        ("reactive-paper", None, False),
+        ("siloed", "separate interactive and batch pod sets", False),
+        ("static", "whole trace's peak", False),
+        ("preserve", None, False),
+        ("lt-immediate", None, True),
+        ("lt-utilization", None, True),
+        ("lt-utilization-arima", None, True),
+    ],
+)
+def test_what_the_operator_runs_and_which_plans_size_pools_follow_from_the_strategy(
+    name: str, refused: str | None, pools: bool
+) -> None:
+    strategy = make_strategy(name)
+    why = simulation_only(strategy)
+    assert (why is None) == (refused is None)
+    if refused is not None:
+        assert why is not None and refused in why and "sageserve simulate" in why
+    assert sizes_pools(strategy) is pools

@@ -60,7 +60,7 @@ from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsTooSlow, MetricsUnavailable, PodLoad, Series
-from sageserve.pace.base import PacingStrategy, PlanSource
+from sageserve.pace.base import PacingStrategy, PlanSource, simulation_only
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.from_policy import strategy_for
 from sageserve.pace.step import Held, StepState, decide
@@ -252,24 +252,10 @@ class PacePass:
         """`Ready`: False (and nothing paced) for a simulation-only strategy or a policy
         whose objects do not fit together; True naming how the fleet is paced."""
         strategy = self.policy.spec.strategy
-        if strategy is Strategy.SILOED:
-            self.condition(
-                "Ready",
-                False,
-                "UnsupportedStrategy",
-                "spec.strategy: siloed needs separate interactive and batch pod sets; it is "
-                "a simulation baseline (sageserve simulate), the operator runs unified pools",
-            )
-            return False
-        if strategy is Strategy.STATIC:
-            self.condition(
-                "Ready",
-                False,
-                "UnsupportedStrategy",
-                "spec.strategy: static sizes a fleet from a whole trace's peak; it is a "
-                "simulation baseline (sageserve simulate), pin minInstances = maxInstances "
-                "for a fixed fleet",
-            )
+        refused = simulation_only(strategy_for(self.policy.spec))
+        if refused is not None:
+            message = f"spec.strategy: {strategy.value} {refused}"
+            self.condition("Ready", False, "UnsupportedStrategy", message)
             return False
         problems = self.problems()
         if problems:

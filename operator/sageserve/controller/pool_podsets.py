@@ -50,6 +50,7 @@ from sageserve.core.pooled_engines import (
     PooledEngine,
     encode_engines,
 )
+from sageserve.pace.base import make_strategy, sizes_pools
 from sageserve.plan.pool_cycle import bounded
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -225,27 +226,19 @@ def pool_problems(
     return out
 
 
-#: The strategies whose plan sizes ModelPools: the hourly cycle's (`plan/pool_cycle.py`).
-SIZING_STRATEGIES = (
-    Strategy.LT_IMMEDIATE,
-    Strategy.LT_UTILIZATION,
-    Strategy.LT_UTILIZATION_ARIMA,
-)
-
-
 def pool_sizing(policy: str, strategy: Strategy) -> tuple[bool, str, str]:
     """The pool's `Sized` condition under its policy's strategy: (status, reason, message).
 
     Only the hourly plan cycle forecasts each pooled model's request rate and sizes the pool
     from E[m] (Aegaeon §3, in the same ILP as the ModelDeployments); under any other
     strategy the pool would silently keep its initial size, so it says so."""
-    if strategy in SIZING_STRATEGIES:
+    if sizes_pools(make_strategy(strategy.value)):
         return (
             True,
             "Planned",
             f"sized by ScalingPolicy {policy!r}'s hourly plan (strategy {strategy.value})",
         )
-    planners = ", ".join(s.value for s in SIZING_STRATEGIES)
+    planners = ", ".join(s.value for s in Strategy if sizes_pools(make_strategy(s.value)))
     return (
         False,
         "StrategyDoesNotSizePools",

@@ -142,6 +142,31 @@ class PacingStrategy(Protocol):
         ...
 
 
+def sizes_pools(strategy: PacingStrategy) -> bool:
+    """Whether the plan `strategy` follows sizes ModelPools: only the hourly cycle forecasts
+    each pooled model's request rate and puts the pool into the ILP (Aegaeon §3,
+    `plan.pool_cycle`); under any other plan a pool keeps its size."""
+    return strategy.plan_cadence.source is PlanSource.CYCLE
+
+
+def simulation_only(strategy: PacingStrategy) -> str | None:
+    """Why the operator cannot run `strategy` (None when it can), read off what the strategy
+    declares: separate interactive and batch pools (the operator runs one pool per model
+    and region), or a fleet sized for a whole trace's peak (only a simulation knows the
+    trace in advance). Both are baselines for `sageserve simulate`."""
+    if strategy.layout.siloed:
+        return (
+            "needs separate interactive and batch pod sets; it is a simulation baseline "
+            "(sageserve simulate), the operator runs unified pools"
+        )
+    if strategy.plan_cadence.source is PlanSource.PEAK:
+        return (
+            "sizes a fleet from a whole trace's peak; it is a simulation baseline (sageserve "
+            "simulate), pin minInstances = maxInstances for a fixed fleet"
+        )
+    return None
+
+
 StrategyFactory = Callable[[Mapping[str, Any]], PacingStrategy]
 _REGISTRY: dict[str, StrategyFactory] = {}
 
