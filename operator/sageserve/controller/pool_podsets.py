@@ -25,8 +25,15 @@ import kopf
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import pod_set_name
-from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
-from sageserve.api.scaling_policy import ScalingPolicy, Strategy
+from sageserve.api.model_pool import (
+    ModelPool,
+    PoolRegion,
+    initial_size,
+    model_port,
+    parse_pool,
+    served_name,
+)
+from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.podset import engine_probes, gpu_deployment, pod_set_metadata
 from sageserve.controller.semantics import SemanticProblem
@@ -48,7 +55,7 @@ from sageserve.core.pooled_engines import (
     PooledEngine,
     encode_engines,
 )
-from sageserve.plan.pool_cycle import bounded
+from sageserve.plan.pool_cycle import bounded, pool_sizing
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: GPU memory all awake engines of a pod may use together (vLLM's default per engine).
@@ -173,10 +180,6 @@ def render_pool_pod_set(
     )
 
 
-def initial_size(region: PoolRegion) -> int:
-    return region.min_instances if region.initial_instances is None else region.initial_instances
-
-
 def render_pool_pod_sets(
     pool: ModelPool,
     replicas: Mapping[str, int],
@@ -221,43 +224,6 @@ def pool_problems(
             )
         )
     return out
-
-
-#: The strategies whose plan sizes ModelPools: the hourly cycle's (`plan/pool_cycle.py`).
-SIZING_STRATEGIES = (
-    Strategy.LT_IMMEDIATE,
-    Strategy.LT_UTILIZATION,
-    Strategy.LT_UTILIZATION_ARIMA,
-)
-
-
-def pool_sizing(policy: str, strategy: Strategy) -> tuple[bool, str, str]:
-    """The pool's `Sized` condition under its policy's strategy: (status, reason, message).
-
-    Only the hourly plan cycle forecasts each pooled model's request rate and sizes the pool
-    from E[m] (Aegaeon §3, in the same ILP as the ModelDeployments); under any other
-    strategy the pool would silently keep its initial size, so it says so."""
-    if strategy in SIZING_STRATEGIES:
-        return (
-            True,
-            "Planned",
-            f"sized by ScalingPolicy {policy!r}'s hourly plan (strategy {strategy.value})",
-        )
-    planners = ", ".join(s.value for s in SIZING_STRATEGIES)
-    return (
-        False,
-        "StrategyDoesNotSizePools",
-        f"spec.policyRef.name: ScalingPolicy {policy!r} uses strategy {strategy.value}, which "
-        f"does not size ModelPools; each region keeps initialInstances (else minInstances). "
-        f"Point the pool at a policy with strategy {planners}, or pin the size with "
-        "minInstances = maxInstances",
-    )
-
-
-def parse_pool(body: Mapping[str, Any]) -> ModelPool:
-    return ModelPool.model_validate(
-        {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
-    )
 
 
 def reconcile_pool(body: Mapping[str, Any], namespace: str, uid: str) -> dict[str, Any]:
