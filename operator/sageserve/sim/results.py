@@ -246,7 +246,11 @@ def pool_summary(r: RunResult) -> dict[str, Any]:
         doc = dict(pool)
         regions = {}
         for region, got in pool["regions"].items():
-            items = [(s, v) for (m, reg, s), v in r.gpu_seconds.items() if (m, reg) == (name, region)]
+            items = [
+                (state, sec)
+                for (m, reg, state), sec in r.gpu_seconds.items()
+                if (m, reg) == (name, region)
+            ]
             regions[region] = {**got, "gpu_hours": _gpu_hours(items)}
         doc["regions"] = regions
         models = set(pool["models"])
