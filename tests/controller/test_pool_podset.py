@@ -14,10 +14,10 @@ from sageserve.controller.pool_podsets import (
     engine_args,
     launcher_script,
     pool_problems,
-    pool_sizing,
     render_pool_pod_sets,
 )
 from sageserve.core.pooled_engines import pooled_engines
+from sageserve.plan.pool_cycle import pool_sizing
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 

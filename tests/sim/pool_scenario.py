@@ -75,9 +75,9 @@ def pool_scenario(
     them) for `quiet_s` before the window, busy (`busy_rps`) in the window of `window_s`."""
     shutil.copytree(TINY, root)
     names = [f"ft-{i}" for i in range(models)]
-    (root / "pool.yaml").write_text(POOL % {"models": ", ".join(
-        f"{{name: {n}, model: acme/{n}}}" for n in names
-    )})
+    (root / "pool.yaml").write_text(
+        POOL % {"models": ", ".join(f"{{name: {n}, model: acme/{n}}}" for n in names)}
+    )
     index = root / "scenario.yaml"
     index.write_text(index.read_text().replace("policy.yaml]", "policy.yaml, pool.yaml]"))
     end = quiet_s + window_s
