@@ -570,13 +570,13 @@ def load_scenario(path: Path) -> Scenario:
         raise ValueError(f"{root}: no ModelDeployment manifest found")
     if not tiers:
         raise ValueError(f"{root}: no WorkloadTier manifest found")
-    workload = load_workload(wl_file)
-    _check_models(wl_file, workload, models, m.pools)
     nodes = nodes_from_manifests(m.node_docs)
     if not nodes:
         raise ValueError(f"{root}: no GPU Node in the inventory")
     catalog = load_catalog()
     _check_pools(m.pools, models, nodes, catalog, m.pool_files)
+    workload = load_workload(wl_file)
+    _check_models(wl_file, workload, models, m.pools)
     scenario = Scenario(
         name=str(meta.get("name", root.name)),
         root=root,
