@@ -156,3 +156,42 @@ def test_lt_ua_resizes_the_pool_when_its_models_get_busy_and_reactive_keeps_its_
     assert "spec.policyRef.name" in r_pool["sized"]["message"]
     # the busy hour on one pod means more waking and waiting than on the resized pool
     assert r_pool["regions"]["us-east"]["wakes"] > _pool(lt)["regions"]["us-east"]["wakes"]
+
+
+@pytest.mark.slow
+def test_the_plan_grant_is_applied_new_pods_from_the_inventory_and_drained_pods_donated(
+    tmp_path: Path,
+) -> None:
+    from sageserve.core.snapshot import Plan
+    from sageserve.plan.pool_cycle import PoolTarget
+    from sageserve.sim.pooled_pods import PoolObservation
+
+    sc = load_scenario(pool_scenario(tmp_path / "s", quiet_rps=0.0002, busy_rps=0.05))
+    cfg = sc.sim_config()
+    grants = [3, 1]  # the first plan grants 3 pods, the next ones 1
+    seen: list[dict[tuple[str, str], int]] = []
+
+    def planner(*_args: Any, pools: PoolObservation | None = None) -> Plan:
+        assert pools is not None  # lt-* sizes pools: the planner gets them
+        seen.append(dict(pools.current))
+        n = grants[min(len(seen), len(grants)) - 1]
+        pools.granted = (
+            PoolTarget("tail", "us-east", "NVIDIA-H100-80GB-HBM3", {}, 0.0, 0, n, n, {}),
+        )
+        return Plan(_args[0], {})
+
+    history = sc.history(cfg.history_minutes)  # so that the first plan is at the start
+    strategy = make_strategy("lt-immediate")
+    result = Simulation(cfg, strategy, sc.requests(), planner=planner, history=history).run()
+    assert seen[:2] == [{("tail", "us-east"): 1}, {("tail", "us-east"): 3}]
+    east = result.pools["tail"]["regions"]["us-east"]
+    by_minute = east["pods"]["by_minute"]
+    assert max(by_minute[:60]) == 3 and by_minute[-1] == 1
+    assert east["served"] == east["requests"] > 100
+    assert result.events["scale_in"] == 2
+    donated = sum(
+        sec
+        for (m, _r, state), sec in result.gpu_seconds.items()
+        if m == "tail" and state.name == "SPOT"
+    )
+    assert donated > 0  # the drained pods' GPUs went back to spot
