@@ -42,8 +42,8 @@ def test_a_scenario_with_a_model_pool_loads_with_its_pods_profile_and_switch_tim
             "workload.yaml",
             "ft-0: 1",
             "ft-0: 1, nope: 1",
-            r"sources\[pooled\]\.models: model 'nope' is neither a ModelDeployment nor a "
-            r"pooled model",
+            r"sources\[pooled\]\.models names model 'nope', which is neither a "
+            r"ModelDeployment nor a pooled model",
         ),
         (
             "pool.yaml",

@@ -428,14 +428,16 @@ def _check_models(
     known = {md.metadata.name for md in models}
     pooled = {m.name: p for p in pools for m in p.spec.models}
     for src in workload.sources:
-        for m in [*src.models, *src.overflow]:
-            if m not in known and m not in pooled:
+        for where, names in (("models", src.models), ("overflow", src.overflow)):
+            for m in names:
+                if m in known or m in pooled:
+                    continue
                 have = ", ".join(sorted(known))
                 also = f"; pooled: {', '.join(sorted(pooled))}" if pooled else ""
                 raise ValueError(
-                    f"{path}: sources[{src.name}].models: model {m!r} is neither a "
-                    f"ModelDeployment nor a pooled model (a ModelPool's spec.models[].name) of "
-                    f"the scenario (ModelDeployments: {have}{also})"
+                    f"{path}: sources[{src.name}].{where} names model {m!r}, which is neither "
+                    f"a ModelDeployment nor a pooled model (a ModelPool's spec.models[].name) "
+                    f"of the scenario (ModelDeployments: {have}{also})"
                 )
         for m in src.overflow:
             if m in pooled:
