@@ -148,8 +148,28 @@ def simulate(
             else ""
         )
     )
+    for line in pool_lines(cmp.summary):
+        wide.print(line)
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return cmp
+
+
+def pool_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per policy and ModelPool: pods per region (initial → end, max), wakes,
+    requests served and the pooled IW attainment; a pool the strategy does not size says
+    so with the operator's `Sized` reason."""
+    out = []
+    for policy, pdoc in doc["policies"].items():
+        for name, pool in (pdoc.get("pools") or {}).items():
+            regions = ", ".join(
+                f"{r} {x['pods']['initial']}→{x['pods']['end']} pods (max {x['pods']['max']}), "
+                f"{x['wakes']} wakes, {x['served']}/{x['requests']} served"
+                for r, x in pool["regions"].items()
+            )
+            sized = pool["sized"]
+            how = "sized by the plan" if sized["status"] else f"not sized ({sized['reason']})"
+            out.append(f"pool {name} under {policy}: {regions}; {how}")
+    return out
 
 
 def bench_sim(
