@@ -107,8 +107,11 @@ def test_a_sleeping_model_is_woken_and_its_first_token_waits_for_the_switch(
     reqs = [
         Request(i, t0 + t, model, tier, "us-east", 800, 20) for i, (t, model) in enumerate(arrivals)
     ]
+    # longer than the base model's 4,096-token context: refused at arrival, as vLLM does
+    reqs.append(Request(9, t0 + 90.0, "ft-3", tier, "us-east", 4000, 200))
     sim = Simulation(cfg, make_strategy("reactive"), iter(reqs))
     result = sim.run()
+    assert result.refused == 1 and result.stats[("iw-n", "ft-3")].refused == 1
     ttft = {m: list(result.stats[("iw-n", m)].ttft) for m in ("ft-0", "ft-1", "ft-2")}
     served_awake = ttft["ft-0"][1]  # prefill alone
     assert ttft["ft-0"][0] == pytest.approx(served_awake + switch, abs=0.005)

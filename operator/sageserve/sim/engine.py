@@ -390,6 +390,7 @@ class Simulation(InstanceHooks):
         self._batch_released: Counter[tuple[str, str]] = Counter()
         #: model -> its context length (requests beyond it are refused at arrival)
         self._context = {m.name: m.context_length for m in config.models if m.context_length}
+        self._context.update(c for pool in config.pools for c in pool.contexts)
         self.sim_events = 0
         self.preemptions = 0
         self.qm_active = strategy.batch_via_queue_manager

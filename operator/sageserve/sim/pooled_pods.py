@@ -70,6 +70,8 @@ class PoolSetup:
     switch_s: float
     #: the manifest, for the plan cycle
     manifest: ModelPool
+    #: (pooled model, context length): longer requests are refused at arrival (vLLM's 400)
+    contexts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -346,10 +348,6 @@ class PooledPods:
             pe.rates[model].extend(values)
         if self.endpoints:
             self.host.call_at(self.start_s + IDLE_SWEEP_SECONDS, self._sweep)
-
-    @property
-    def models(self) -> Mapping[str, list[PooledEndpoint]]:
-        return self.by_model
 
     def _endpoint(self, model: str, home: str) -> PooledEndpoint:
         key = (model, home)

@@ -154,6 +154,7 @@ class Scenario:
         profile = self.pool_profile(pool)
         gpu, gpus = s.variant.gpu_type, s.variant.gpus_per_instance
         perf = self.catalog.get(profile, gpu, gpus)
+        base = self.catalog.context_length(profile)
         return PoolSetup(
             name=pool.metadata.name,
             policy=s.policy_ref.name,
@@ -167,6 +168,9 @@ class Scenario:
             idle_sleep_s=float(s.idle_sleep_seconds),
             switch_s=sleep_mode_switch_seconds(profile, gpu, gpus),
             manifest=pool,
+            contexts=tuple(
+                (m.name, m.context_length or base) for m in s.models if m.context_length or base
+            ),
         )
 
     def check_simulated(self) -> None:
