@@ -203,10 +203,11 @@ def bench_sim(
     strat = sc.strategy(policy)
     # a plan-following strategy plans from the history before the window, as in `simulate`
     history = sc.history(cfg.history_minutes) if strat.plan_cadence.plans else None
+    pool_history = sc.pool_history(cfg.history_minutes) if history is not None else None
 
     def simulation(requests: Iterable[Request]) -> Simulation:
         planner = sc.planner_for(strat, cfg.history_minutes) if history is not None else None
-        return Simulation(cfg, strat, requests, None, planner, history)
+        return Simulation(cfg, strat, requests, None, planner, history, pool_history=pool_history)
 
     res = simulation(reqs).run()
     wall = time.perf_counter() - t0
