@@ -18,11 +18,12 @@ from sageserve.controller.pool_podsets import (
     engine_args,
     launcher_script,
     pool_problems,
-    pool_sizing,
     render_pool_pod_sets,
 )
 from sageserve.core.labels import ANNOTATION_REPLICAS, ANNOTATION_SCALING, SCALING_EXTERNAL
 from sageserve.core.pooled_engines import pooled_engines
+from sageserve.pace.base import make_strategy
+from sageserve.plan.pool_cycle import pool_sizing
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -123,7 +124,7 @@ def test_a_missing_policy_or_tier_is_named_with_its_fix() -> None:
 def test_a_pool_under_a_strategy_that_does_not_plan_says_it_keeps_its_size(
     strategy: Strategy, sized: bool, reason: str
 ) -> None:
-    got, why, message = pool_sizing("fleet", strategy)
+    got, why, message = pool_sizing("fleet", make_strategy(strategy.value))
     assert (got, why) == (sized, reason)
     if not sized:  # the field, the strategy and both ways out
         assert message.startswith("spec.policyRef.name: ScalingPolicy 'fleet'")

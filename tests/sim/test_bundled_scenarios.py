@@ -54,7 +54,8 @@ def test_a_bundled_scenario_maps_its_traces_to_models_whose_context_holds_them(
     from sageserve.sim.context import refusals
 
     sc = load_scenario(ROOT / name)
-    assert set(sc.contexts()) == {md.metadata.name for md in sc.models}  # every model has one
+    pooled = {m.name for pool in sc.pools for m in pool.spec.models}
+    assert set(sc.contexts()) == {md.metadata.name for md in sc.models} | pooled  # all have one
     rows = refusals(sc, replace(sc.workload, duration_s=3600.0))
     assert sum(sum(r.requests.values()) for r in rows) > 0
     for r in rows:

@@ -100,39 +100,35 @@ def _tiny_copy(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize(
-    ("change", "expect"),
-    [
-        (
-            "pool",
-            r"ModelPool long-tail \(pool\.yaml\): the fleet simulator runs ModelDeployments "
-            r"only; pooled models are simulated by `sageserve bench pool`",
-        ),
-        (
-            "layouts",
-            r"ScalingPolicy fleet sets spec\.layouts: .* would ignore the layouts; `sageserve "
-            r"bench oserve` simulates them .* `--set layouts=` simulates the policy without them",
-        ),
-    ],
-)
-def test_what_the_fleet_simulator_would_leave_out_is_refused_naming_it(
-    tmp_path: Path, change: str, expect: str
+def test_layouts_the_fleet_simulator_would_leave_out_are_refused_naming_them(
+    tmp_path: Path,
 ) -> None:
     root = _tiny_copy(tmp_path)
-    index = root / "scenario.yaml"
-    if change == "pool":
-        pool = Path(__file__).parents[2] / "policies" / "pools" / "long-tail.yaml"
-        (root / "pool.yaml").write_text(pool.read_text())
-        index.write_text(index.read_text().replace("policy.yaml]", "policy.yaml, pool.yaml]"))
-    else:
-        policy = root / "policy.yaml"
-        policy.write_text(policy.read_text() + "  layouts: {replanSeconds: 600}\n")
+    policy = root / "policy.yaml"
+    policy.write_text(policy.read_text() + "  layouts: {replanSeconds: 600}\n")
     sc = load_scenario(root)  # the scenario loads: its other commands may use it
-    with pytest.raises(ValueError, match=expect):
+    with pytest.raises(
+        ValueError,
+        match=r"ScalingPolicy fleet sets spec\.layouts: .* would ignore the layouts; `sageserve "
+        r"bench oserve` simulates them .* `--set layouts=` simulates the policy without them",
+    ):
         run_policies(sc, ["reactive"])
-    if change == "layouts":  # without the layouts it simulates
-        without = with_policy_settings(sc, ["layouts="]).policy
-        assert without is not None and without.spec.layouts is None
+    without = with_policy_settings(sc, ["layouts="]).policy  # without the layouts it simulates
+    assert without is not None and without.spec.layouts is None
+
+
+@pytest.mark.slow
+def test_the_example_model_pool_simulates_next_to_the_fleet(tmp_path: Path) -> None:
+    root = _tiny_copy(tmp_path)
+    pool = Path(__file__).parents[2] / "policies" / "pools" / "long-tail.yaml"
+    (root / "pool.yaml").write_text(pool.read_text())
+    index = root / "scenario.yaml"
+    index.write_text(index.read_text().replace("policy.yaml]", "policy.yaml, pool.yaml]"))
+    doc = run_policies(load_scenario(root), ["reactive"]).summary["policies"]["reactive"]
+    east = doc["pools"]["long-tail"]["regions"]["us-east"]
+    # no request names a pooled model: the pool holds its one pod, whose GPUs count
+    assert (east["requests"], east["pods"]["max"]) == (0, 1)
+    assert doc["fleet"]["by_model"]["long-tail"]["gpu_hours"]["serving"] > 0
 
 
 @pytest.mark.slow

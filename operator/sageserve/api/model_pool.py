@@ -17,7 +17,8 @@ than a whole ModelDeployment whose variants and instance bounds would mean nothi
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -279,3 +280,16 @@ def served_name(model: PooledModel) -> str:
 def model_port(spec: ModelPoolSpec, index: int) -> int:
     """The port of the engine of `spec.models[index]` in every pooled pod."""
     return spec.engine.port + index
+
+
+def parse_pool(body: Mapping[str, Any]) -> ModelPool:
+    """A ModelPool from its manifest or API object (status and server fields dropped): the
+    one parser of the operator's loops and the simulator's scenario loader."""
+    return ModelPool.model_validate(
+        {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    )
+
+
+def initial_size(region: PoolRegion) -> int:
+    """Pooled pods of a region before any plan: initialInstances, else minInstances."""
+    return region.min_instances if region.initial_instances is None else region.initial_instances

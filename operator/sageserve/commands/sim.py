@@ -148,8 +148,28 @@ def simulate(
             else ""
         )
     )
+    for line in pool_lines(cmp.summary):
+        wide.print(line)
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return cmp
+
+
+def pool_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per policy and ModelPool: pods per region (initial → end, max), wakes,
+    requests served and the pooled IW attainment; a pool the strategy does not size says
+    so with the operator's `Sized` reason."""
+    out = []
+    for policy, pdoc in doc["policies"].items():
+        for name, pool in (pdoc.get("pools") or {}).items():
+            regions = ", ".join(
+                f"{r} {x['pods']['initial']}→{x['pods']['end']} pods (max {x['pods']['max']}), "
+                f"{x['wakes']} wakes, {x['served']}/{x['requests']} served"
+                for r, x in pool["regions"].items()
+            )
+            sized = pool["sized"]
+            how = "sized by the plan" if sized["status"] else f"not sized ({sized['reason']})"
+            out.append(f"pool {name} under {policy}: {regions}; {how}")
+    return out
 
 
 def bench_sim(
@@ -183,10 +203,11 @@ def bench_sim(
     strat = sc.strategy(policy)
     # a plan-following strategy plans from the history before the window, as in `simulate`
     history = sc.history(cfg.history_minutes) if strat.plan_cadence.plans else None
+    pool_history = sc.pool_history(cfg.history_minutes) if history is not None else None
 
     def simulation(requests: Iterable[Request]) -> Simulation:
         planner = sc.planner_for(strat) if history is not None else None
-        return Simulation(cfg, strat, requests, None, planner, history)
+        return Simulation(cfg, strat, requests, None, planner, history, pool_history=pool_history)
 
     res = simulation(reqs).run()
     wall = time.perf_counter() - t0

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
-from sageserve.api.model_pool import ModelPool
+from sageserve.api.model_pool import ModelPool, parse_pool
 from sageserve.api.scaling_policy import ScalingPolicy, Strategy
 from sageserve.controller import deadlines
 from sageserve.controller.faults import lost_pods
@@ -44,7 +44,6 @@ from sageserve.controller.layout_loop import LayoutPass, LayoutState
 from sageserve.controller.leader import LeaderElection, identity
 from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
-from sageserve.controller.pool_podsets import parse_pool
 from sageserve.controller.semantics import SemanticProblem, node_shapes, policy_problems
 from sageserve.controller.spot import SpotPass
 from sageserve.controller.status import essence, is_ready, set_condition

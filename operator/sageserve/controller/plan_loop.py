@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
-from sageserve.api.model_pool import ModelPool
+from sageserve.api.model_pool import ModelPool, parse_pool
 from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.api.workload_tier import TierType
 from sageserve.controller.guard import dry_run
 from sageserve.controller.kube import Kube
-from sageserve.controller.pool_podsets import apply_pool_targets, parse_pool
+from sageserve.controller.pool_podsets import apply_pool_targets
 from sageserve.controller.status import essence, set_condition
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes

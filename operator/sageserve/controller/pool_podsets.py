@@ -25,8 +25,15 @@ import kopf
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import pod_set_name
-from sageserve.api.model_pool import ModelPool, PoolRegion, model_port, served_name
-from sageserve.api.scaling_policy import ScalingPolicy, Strategy
+from sageserve.api.model_pool import (
+    ModelPool,
+    PoolRegion,
+    initial_size,
+    model_port,
+    parse_pool,
+    served_name,
+)
+from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.controller.faults import HELD, Sizing, ownership
 from sageserve.controller.guard import held_message
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
@@ -50,8 +57,8 @@ from sageserve.core.pooled_engines import (
     PooledEngine,
     encode_engines,
 )
-from sageserve.pace.base import make_strategy, sizes_pools
-from sageserve.plan.pool_cycle import bounded
+from sageserve.pace.from_policy import strategy_for
+from sageserve.plan.pool_cycle import bounded, pool_sizing
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 #: GPU memory all awake engines of a pod may use together (vLLM's default per engine).
@@ -176,10 +183,6 @@ def render_pool_pod_set(
     )
 
 
-def initial_size(region: PoolRegion) -> int:
-    return region.min_instances if region.initial_instances is None else region.initial_instances
-
-
 def render_pool_pod_sets(
     pool: ModelPool,
     replicas: Mapping[str, int],
@@ -226,35 +229,6 @@ def pool_problems(
     return out
 
 
-def pool_sizing(policy: str, strategy: Strategy) -> tuple[bool, str, str]:
-    """The pool's `Sized` condition under its policy's strategy: (status, reason, message).
-
-    Only the hourly plan cycle forecasts each pooled model's request rate and sizes the pool
-    from E[m] (Aegaeon §3, in the same ILP as the ModelDeployments); under any other
-    strategy the pool would silently keep its initial size, so it says so."""
-    if sizes_pools(make_strategy(strategy.value)):
-        return (
-            True,
-            "Planned",
-            f"sized by ScalingPolicy {policy!r}'s hourly plan (strategy {strategy.value})",
-        )
-    planners = ", ".join(s.value for s in Strategy if sizes_pools(make_strategy(s.value)))
-    return (
-        False,
-        "StrategyDoesNotSizePools",
-        f"spec.policyRef.name: ScalingPolicy {policy!r} uses strategy {strategy.value}, which "
-        f"does not size ModelPools; each region keeps initialInstances (else minInstances). "
-        f"Point the pool at a policy with strategy {planners}, or pin the size with "
-        "minInstances = maxInstances",
-    )
-
-
-def parse_pool(body: Mapping[str, Any]) -> ModelPool:
-    return ModelPool.model_validate(
-        {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
-    )
-
-
 def reconcile_pool(body: Mapping[str, Any], namespace: str, uid: str) -> dict[str, Any]:
     """One level-triggered pass over a ModelPool; returns its new status."""
     pool = parse_pool(body)
@@ -296,9 +270,11 @@ def reconcile_pool(body: Mapping[str, Any], namespace: str, uid: str) -> dict[st
         if raw["metadata"]["name"] != name:
             continue
         try:
-            strategy = ScalingPolicy.model_validate(
-                {f: raw[f] for f in ("apiVersion", "kind", "metadata", "spec") if f in raw}
-            ).spec.strategy
+            strategy = strategy_for(
+                ScalingPolicy.model_validate(
+                    {f: raw[f] for f in ("apiVersion", "kind", "metadata", "spec") if f in raw}
+                ).spec
+            )
         except ValueError:
             break  # the policy reports its own problem
         sized, reason, message = pool_sizing(name, strategy)

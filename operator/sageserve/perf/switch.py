@@ -92,3 +92,12 @@ def kv_transfer_seconds(
 ) -> float:
     """Moving ``tokens`` of KV cache between host and an instance of ``gpus`` GPUs."""
     return tokens * kv_bytes_per_token / gpus / (gb_per_s * 1e9)
+
+
+def sleep_mode_switch_seconds(profile: str, gpu_type: str, gpus: int) -> float:
+    """One vLLM level-1 sleep or wake of a pooled engine: the model's weights over each
+    GPU's host link at the link's rate (β = 1, no Aegaeon component reuse); what the twin's
+    sleep mode takes and what the simulators charge a switch of the router's rule."""
+    return switch_seconds(
+        model_size(profile).weight_bytes, max(1, gpus), link_gb_per_s(gpu_type), beta=1.0
+    )

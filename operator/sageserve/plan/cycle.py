@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -104,6 +105,10 @@ def forecast_spec(policy: ScalingPolicySpec) -> ForecastSpec:
     )
 
 
+#: a series key: (model, region), or a pooled model's name
+K = TypeVar("K")
+
+
 def training_points(policy: ScalingPolicySpec) -> int:
     """How many steps of history the plan's forecaster is given: `trainingWindowSeconds` at
     `granularitySeconds` (SageServe §4.2: 60 steps of 1 min), as the operator's plan loop
@@ -113,8 +118,8 @@ def training_points(policy: ScalingPolicySpec) -> int:
 
 
 def history_at_policy_step(
-    policy: ScalingPolicySpec, per_minute: Mapping[tuple[str, str], Sequence[float]]
-) -> dict[tuple[str, str], list[float]]:
+    policy: ScalingPolicySpec, per_minute: Mapping[K, Sequence[float]]
+) -> dict[K, list[float]]:
     """A world that counts tokens/s per minute (the simulator) gives the forecaster what the
     operator reads from Prometheus: the policy's step (`rate` over max(step, 1 min) sampled
     every step: a step of k minutes is the mean of its k minutes, counted back from now; a
@@ -125,7 +130,7 @@ def history_at_policy_step(
     makes."""
     step = float(policy.forecast.granularity_seconds)
     keep = training_points(policy)
-    out: dict[tuple[str, str], list[float]] = {}
+    out: dict[K, list[float]] = {}
     for key, values in per_minute.items():
         xs = list(values)
         if step >= 60.0:

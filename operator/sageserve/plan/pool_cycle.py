@@ -20,12 +20,37 @@ from sageserve.api.model_pool import ModelPool, PoolRegion
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.forecast.api import forecast_peak
 from sageserve.forecast.types import ForecastSpec
+from sageserve.pace.base import PacingStrategy, available_strategies, make_strategy, sizes_pools
 from sageserve.plan.pool_sizing import POOL_MODEL_PREFIX, size_switching_pool, with_pool
 from sageserve.plan.problem import InstanceBounds, PlanProblem
 from sageserve.plan.result import PlanResult
 
 #: (pool, region) → pooled model name → its request rate per forecast step (requests/s)
 PoolRates = Mapping[tuple[str, str], Mapping[str, Sequence[float]]]
+
+
+def pool_sizing(policy: str, strategy: PacingStrategy) -> tuple[bool, str, str]:
+    """The pool's `Sized` condition under its policy's strategy: (status, reason, message).
+
+    Only the hourly plan cycle forecasts each pooled model's request rate and sizes the pool
+    from E[m] (Aegaeon §3, in the same ILP as the ModelDeployments); under any other
+    strategy the pool would silently keep its initial size, so it says so (the operator in
+    the ModelPool's condition, the simulator in its summary)."""
+    if sizes_pools(strategy):
+        return (
+            True,
+            "Planned",
+            f"sized by ScalingPolicy {policy!r}'s hourly plan (strategy {strategy.name})",
+        )
+    planners = ", ".join(n for n in available_strategies() if sizes_pools(make_strategy(n)))
+    return (
+        False,
+        "StrategyDoesNotSizePools",
+        f"spec.policyRef.name: ScalingPolicy {policy!r} uses strategy {strategy.name}, which "
+        f"does not size ModelPools; each region keeps initialInstances (else minInstances). "
+        f"Point the pool at a policy with strategy {planners}, or pin the size with "
+        "minInstances = maxInstances",
+    )
 
 
 @dataclass(frozen=True)

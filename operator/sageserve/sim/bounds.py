@@ -15,6 +15,10 @@ save. Three figures, all from the request stream alone (one pass, `sim.lower_bou
   moment they are needed (no spill-over between regions, load measured at arrival, batch
   served at arrival). Policies that defer batch work or run instances above θ come in
   under it.
+
+A ModelPool's pods count in all three at its regions' `minInstances` for the whole window:
+no policy runs fewer, and what its pooled models need beyond that is not modelled here (the
+bounds stay bounds, looser by the pool's share).
 """
 
 from __future__ import annotations
@@ -50,7 +54,14 @@ def gpu_hour_bounds(scenario: Scenario) -> GpuHourBounds:
             for tps in series if series is not None else [0.0] * minutes:
                 n = max(region.min_instances, math.ceil(float(tps) / theta - 1e-9))
                 oracle += min(n, region.max_instances) * gpus / 60.0
-    return GpuHourBounds(floor, oracle, fluid_lower_bound(load.work).gpu_hours)
+    pools = sum(
+        r.min_instances * pool.spec.variant.gpus_per_instance * minutes / 60.0
+        for pool in scenario.pools
+        for r in pool.spec.regions
+        if r.max_instances > 0
+    )
+    lower = fluid_lower_bound(load.work).gpu_hours
+    return GpuHourBounds(floor + pools, oracle + pools, lower + pools)
 
 
 def bounds_dict(b: GpuHourBounds) -> dict[str, float]:

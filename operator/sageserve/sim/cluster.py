@@ -25,7 +25,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from sageserve.core.labels import SERVING_POOL, SPOT_POOL
 from sageserve.core.nodes import OUTSIDE_POOLS, parse_nodes
@@ -124,6 +124,15 @@ class TtftWindow:
         self.counts = {}
 
 
+class PooledHooks(Protocol):
+    """What a ModelPool's endpoint tells the simulator when a pod comes up or one of its
+    requests ends (`sim.pooled_pods`)."""
+
+    def ready(self, inst: Instance, now: float) -> None: ...
+
+    def finished(self, job: Job, now: float) -> None: ...
+
+
 class Deployment:
     """One pod set: instances of one model on one variant in one region and pool."""
 
@@ -161,6 +170,7 @@ class Endpoint:
         "key",
         "max_instances",
         "min_instances",
+        "pooled",
         "provisioning",
         "refresh_s",
         "tokens_minute",
@@ -193,6 +203,9 @@ class Endpoint:
         #: TTFT per interactive tier over the last minute, and each tier's SLO (seconds)
         self.ttft = TtftWindow()
         self.ttft_slo: dict[str, float] = {}
+        #: a ModelPool's endpoint: its pooled pods' hooks (`sim.pooled_pods`); None for a
+        #: ModelDeployment's
+        self.pooled: PooledHooks | None = None
 
     @property
     def serving(self) -> int:
@@ -458,6 +471,13 @@ class Cluster:
         if dep is None:
             self.acct.events["scale_out_no_capacity"] += 1
             return None
+        return self.place(dep, now)
+
+    def place(self, dep: Deployment, now: float) -> tuple[Instance, str] | None:
+        """Start one instance of `dep`, its GPUs in `reclaim_order`'s order (`scale_out`);
+        a ModelPool's pods are placed here too, from the same inventory."""
+        ep = dep.endpoint
+        key = ep.key
         perf = dep.perf
         nodes, by_name = self._spot_nodes(key.region)
         ident = f"{key.model}/{dep.variant}"
@@ -543,6 +563,12 @@ class Cluster:
             first = drain_order(views)[0].name
             chosen = next((d, i) for d, i in mine if i.id == first)
         dep, inst = chosen
+        self.drain(dep, inst, now)
+        return inst
+
+    def drain(self, dep: Deployment, inst: Instance, now: float) -> None:
+        """Take `inst` out of serving: it takes nothing new and is donated when idle."""
+        ep = dep.endpoint
         dep.instances.remove(inst)
         ep.invalidate()
         self.set_state(inst, InstanceState.DRAINING, now)
@@ -550,7 +576,6 @@ class Cluster:
         self.acct.events["scale_in"] += 1
         if inst.idle:
             self.donate(inst, now)
-        return inst
 
     def donate(self, inst: Instance, now: float) -> None:
         """A drained instance goes to the region's spot pool, weights still loaded."""

@@ -17,6 +17,7 @@ from array import array
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
@@ -49,6 +50,7 @@ from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
+from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
 
 _INF = math.inf
 _heappush = heapq.heappush
@@ -121,10 +123,14 @@ class SimConfig:
     #: scale out for batch work its deadlines need (`pace.pressure.deadline_pressure`);
     #: False: the paper's trough release alone (batch never causes a scale-out)
     deadline_pressure: bool = True
+    #: ModelPools: pooled models served by sleep-mode engines on shared pods
+    #: (`sim.pooled_pods`)
+    pools: tuple[PoolSetup, ...] = ()
 
 
 #: (model, region) -> one value per minute.
 PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
+
 
 #: (now, interactive tokens/s per minute per (model, region), batch tokens/s served per
 #: minute over the last hour, current instances per (model, region, variant), batch tokens/s
@@ -135,17 +141,21 @@ PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 #: in); served is what the troughs let through, per serving region. The need is the tokens/s
 #: each model's queue needs to meet every deadline now (`dispatch.deadlines.required_tps`, as
 #: the routers export it to the operator); empty without deadline pressure.
-Planner = Callable[
-    [
-        float,
-        Mapping[tuple[str, str], Sequence[float]],
-        Mapping[tuple[str, str], Sequence[float]],
-        Mapping[tuple[str, str, str], int],
-        Mapping[tuple[str, str], Sequence[float]],
-        Mapping[str, float],
-    ],
-    Plan,
-]
+#: With `pools` (only when the run's ModelPools are sized by its plan), the planner also
+#: sizes them from their observation and sets what the plan grants in `pools.granted`.
+class Planner(Protocol):
+    def __call__(
+        self,
+        now: float,
+        history: Mapping[tuple[str, str], Sequence[float]],
+        batch: Mapping[tuple[str, str], Sequence[float]],
+        current: Mapping[tuple[str, str, str], int],
+        received: Mapping[tuple[str, str], Sequence[float]],
+        need: Mapping[str, float],
+        /,
+        *,
+        pools: PoolObservation | None = None,
+    ) -> Plan: ...
 
 
 #: PreServe §5's aggregation interval for the mean normalized latency.
@@ -253,6 +263,8 @@ class RunResult:
     after_window_gpu_seconds: dict[tuple[str, str, InstanceState], float] = field(
         default_factory=dict
     )
+    #: pool -> what its pods did (`sim.pooled_pods.PooledPods.summary`); empty: no pool
+    pools: dict[str, Any] = field(default_factory=dict)
 
 
 class _Clock:
@@ -308,11 +320,14 @@ class Simulation(InstanceHooks):
         planner: Planner | None = None,
         history: tuple[PerKeySeries, PerKeySeries] | None = None,
         predictors: Callable[[str], LengthPredictor] | None = None,
+        pool_history: PerKeySeries | None = None,
     ) -> None:
         """`history` = (interactive, batch) tokens/s per minute per (model, region) before the
         window (`workload.tokens_per_minute`), which the planner's first cycles see as the
-        operator sees Prometheus history. `predictors` builds each model's output-length
-        predictor (default: `config.predictor` by name), e.g. one fitted beforehand."""
+        operator sees Prometheus history; `pool_history` the same for pooled models, in
+        requests/s per (pooled model, home region) (`workload.requests_per_minute`).
+        `predictors` builds each model's output-length predictor (default:
+        `config.predictor` by name), e.g. one fitted beforehand."""
         self.cfg = config
         self._start = config.start_s
         #: the in-region picker and, per model, the output-length predictor it relies on
@@ -377,6 +392,7 @@ class Simulation(InstanceHooks):
         self._batch_released: Counter[tuple[str, str]] = Counter()
         #: model -> its context length (requests beyond it are refused at arrival)
         self._context = {m.name: m.context_length for m in config.models if m.context_length}
+        self._context.update(c for pool in config.pools for c in pool.contexts)
         self.sim_events = 0
         self.preemptions = 0
         self.qm_active = strategy.batch_via_queue_manager
@@ -388,6 +404,22 @@ class Simulation(InstanceHooks):
         #: model -> its endpoints, regions in the scenario's order
         self._eps_of_model: dict[str, list[Endpoint]] = {}
         self._build()
+        #: the ModelPools' pods and the router's rule over them; None: no pool (the hot
+        #: path checks only this)
+        self._pools: PooledPods | None = None
+        if config.pools:
+            self._pools = PooledPods(
+                self,
+                config.pools,
+                strategy.name,
+                self.planner is not None,
+                config.start_s,
+                config.end_s,
+                config.emu_refresh_s,
+                config.history_minutes,
+                config.region_order,
+                pool_history or {},
+            )
 
     # ---- set-up --------------------------------------------------------------------------
 
@@ -422,13 +454,24 @@ class Simulation(InstanceHooks):
                     self._eps_by_model_pool.setdefault((m.name, pool), []).append(ep)
                     self._eps_of_model.setdefault(m.name, []).append(ep)
 
+    def call_at(self, when: float, fn: Callable[[float], None]) -> None:
+        """Call `fn(when)` at `when`, in the event heap's order (the pooled pods' switches,
+        sweeps and releases)."""
+        seq = self._seq = self._seq + 1
+        _heappush(self.heap, (when, seq, 2, fn))
+
+    def instance_ready_at(self, inst: Instance) -> None:
+        """A placed instance becomes serving at its `ready_at`."""
+        seq = self._seq = self._seq + 1
+        _heappush(self.heap, (inst.ready_at, seq, 1, inst))
+
     # ---- InstanceHooks -------------------------------------------------------------------
 
     def schedule(self, inst: Instance, when: float) -> None:
         seq = self._seq = self._seq + 1
         _heappush(self.heap, (when, seq, 0, inst))
 
-    def on_finish(self, job: Job, now: float) -> None:
+    def on_finish(self, job: Job, now: float) -> None:  # noqa: C901 — every request, one frame
         req = job.req
         load = job.load
         if load is not None:
@@ -436,6 +479,11 @@ class Simulation(InstanceHooks):
             job.load = None
         tier = req.tier
         arrival = req.arrival
+        ep = job.ep
+        if ep is not None:
+            assert isinstance(ep, Endpoint)
+            if ep.pooled is not None:  # a ModelPool's engine is free again
+                ep.pooled.finished(job, now)
         st = self.stats[(tier.name, req.model)]
         if now < 0:  # dropped: could never fit in KV
             st.dropped += 1
@@ -479,9 +527,7 @@ class Simulation(InstanceHooks):
             day[1] += 1
         if job.preemptions:
             self.preemptions += job.preemptions
-        ep = job.ep
         if ep is not None:
-            assert isinstance(ep, Endpoint)
             ep.finished_minute += 1
             if self.qm_active and self.qm.pending(req.model):
                 self._signal.add(ep)
@@ -554,8 +600,10 @@ class Simulation(InstanceHooks):
                         continue
                     obj.event_time = _INF  # type: ignore[attr-defined]
                     obj.update(when)  # type: ignore[attr-defined]
-                else:
+                elif kind == 1:
                     self._ready(obj, when)  # type: ignore[arg-type]
+                else:
+                    obj(when)  # type: ignore[operator]
                 n_ev += 1
                 if self._signal:
                     self._feed_batch(when)
@@ -608,6 +656,10 @@ class Simulation(InstanceHooks):
         pred = job.pred_out = self._predict(req)
         if deadline_s is not None:
             job.deadline = req.arrival + deadline_s
+        pools = self._pools
+        if pools is not None and model in pools.by_model:
+            pools.arrive(job, req.arrival, self.cfg.inter_region_latency_s)
+            return
         if not interactive:
             if self.planner is not None:
                 self._rcv_tok[(model, self._home(req))] += tokens
@@ -861,6 +913,8 @@ class Simulation(InstanceHooks):
 
     def _minute_tick(self, now: float) -> None:
         minute = round((now - self.cfg.start_s) / 60.0)
+        if self._pools is not None:
+            self._pools.minute()
         if self.planner is not None:
             for hk in {(k.model, k.region) for k in self.cluster.endpoints}:
                 self._iw_hist[hk].append(self._iw_tok.pop(hk, 0) / 60.0)
@@ -928,7 +982,7 @@ class Simulation(InstanceHooks):
                 d = inst.endpoint
                 if isinstance(d, Deployment):
                     current[(key.model, key.region, d.variant)] += 1
-        plan = self.planner(
+        args = (
             now,
             {k: list(v) for k, v in self._iw_hist.items()},
             {k: list(v) for k, v in self._niw_hist.items()},
@@ -936,6 +990,13 @@ class Simulation(InstanceHooks):
             {k: list(v) for k, v in self._rcv_hist.items()},
             self._deadline_need(now),
         )
+        pools = self._pools
+        if pools is not None and pools.planned:
+            seen = pools.observe()
+            plan = self.planner(*args, pools=seen)
+            pools.apply(seen.granted, now)
+        else:
+            plan = self.planner(*args)
         self.plans += 1
         self.step_state = decide(now, Snapshot(now, {}), plan, self.step_state, self.strategy).state
 
@@ -971,6 +1032,9 @@ class Simulation(InstanceHooks):
         if dep is None:
             return
         ep = dep.endpoint
+        if ep.pooled is not None:
+            ep.pooled.ready(inst, now)
+            return
         if ep.backlog:
             backlog, ep.backlog = ep.backlog, []
             for job in backlog:
@@ -989,6 +1053,8 @@ class Simulation(InstanceHooks):
             left.extend(inst.abandon_all())
         for ep in self.cluster.endpoints.values():
             left.extend(ep.backlog)
+        if self._pools is not None:
+            left.extend(self._pools.left())
         for job in left:
             key = (job.req.tier.name, job.req.model)
             unfinished[key] += 1
@@ -1023,6 +1089,7 @@ class Simulation(InstanceHooks):
             },
             horizon_s=self.cfg.end_s + self.cfg.drain_s,
             batch_released=self._released_by_model(),
+            pools=self._pools.summary() if self._pools is not None else {},
         )
 
 

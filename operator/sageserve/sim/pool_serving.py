@@ -24,7 +24,8 @@ attainment (Aegaeon §2.1, Fig. 3) and the GPUs and GPU-hours spent.
 - ``dedicated``: one instance per model, started when a request comes (weights from host
   memory) and stopped after ``keep_alive_s`` idle: scale-to-zero.
 - ``router``: what ``sageserve router`` does with a ModelPool (``router/pool_switcher.py``), its
-  rules called, not rewritten (``dispatch.pool_switch``): each pod keeps at most
+  rules called, not rewritten (``dispatch.pool_switch``, applied by ``sim.pool_router``, the
+  implementation the fleet simulator's pooled pods use too): each pod keeps at most
   ``awake_per_instance`` models awake; a request goes to the pod ``choose_pod`` picks (its
   model awake there, else waking, else a free slot, else an idle model to put to sleep,
   else the least-loaded pod, where it waits) and waits there, in arrival order, until
@@ -64,13 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sageserve.core.types import Request, Tier, TierKind
-from sageserve.dispatch.pool_switch import (
-    IDLE_SWEEP_SECONDS,
-    EngineState,
-    choose_pod,
-    idle_models,
-    plan_wake,
-)
+from sageserve.dispatch.pool_switch import IDLE_SWEEP_SECONDS
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.switch import (
     AEGAEON_BETA,
@@ -81,6 +76,7 @@ from sageserve.perf.switch import (
 )
 from sageserve.plan.pool_sizing import Q_MAX_S, decode_quotas
 from sageserve.sim.instance import Instance, InstanceHooks, Job
+from sageserve.sim.pool_router import RouterEngine, RouterPod, RouterRule, SwitchDone
 
 STRATEGIES = ("pooled", "request", "mux2", "dedicated", "router")
 #: Aegaeon §4.2: the largest prefill group (MAX_GPSIZE, chosen by grid search).
@@ -745,42 +741,16 @@ class _RequestLevel(_Base):
             self._switch(sl, model, jobs, now)
 
 
-# ---- the router's request-level rule (dispatch.pool_switch) -------------------------------------
+# ---- the router's request-level rule (dispatch.pool_switch, via sim.pool_router) -------------
 
 
-class _Engine:
-    """One model's engine on one pooled pod: its instance and the state the router keeps."""
-
-    __slots__ = ("awake", "inst", "last_used", "switching")
-
-    def __init__(self, inst: Instance) -> None:
-        self.inst = inst
-        self.awake = False
-        self.switching = False
-        self.last_used = 0.0
-
-    def state(self) -> EngineState:
-        busy = 0 if self.inst.idle else self.inst.running + self.inst.waiting
-        return EngineState(self.awake, busy, self.last_used, self.switching)
-
-
-class _Pod:
-    __slots__ = ("engines", "live", "name", "waiting")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.engines: dict[str, _Engine] = {}
-        #: the engines awake or on their way up or down (those whose weights may be on the
-        #: GPUs); the others sleep
-        self.live: dict[str, _Engine] = {}
-        #: requests held on this pod until `plan_wake` finds their model a slot
-        self.waiting: deque[_R] = deque()
-
-
-_WOKEN, _SLEPT, _SWEEP = 2, 3, 4
+_SWITCHED, _SWEEP = 2, 4
 
 
 class _RouterRule(_Base):
+    """`sim.pool_router.RouterRule` on a fixed set of pods, each engine its own instance
+    (its share of the pod's KV cache, the whole pod's compute)."""
+
     def __init__(
         self,
         setup: PoolSetup,
@@ -796,108 +766,69 @@ class _RouterRule(_Base):
             raise ValueError(f"router: needs >= 1 pod, got {n}")
         if quota < 1:
             raise ValueError(f"router: awake_per_instance must be >= 1, got {quota}")
-        self.pods = {name: _Pod(name) for name in (f"pod-{i:04d}" for i in range(n))}
-        self.quota = quota
-        self.idle_sleep_s = idle_sleep_s
+        self.rule: RouterRule[_R] = RouterRule(self, quota, idle_sleep_s, setup.load_s)
+        for name in (f"pod-{i:04d}" for i in range(n)):
+            self.rule.add_pod(name)
         self.engine_perf = dataclasses.replace(
             setup.perf, kv_capacity_tokens=setup.perf.kv_capacity_tokens // quota
         )
         #: each engine's instance (by id) to its pod and engine
-        self.of_inst: dict[int, tuple[_Pod, _Engine]] = {}
+        self.of_inst: dict[int, tuple[RouterPod[_R], str]] = {}
         self.push(start_s + IDLE_SWEEP_SECONDS, _SWEEP, None)
 
     def gpus(self) -> int:
-        return len(self.pods) * self.s.perf.gpus + self.hot_gpus
+        return len(self.rule.pods) * self.s.perf.gpus + self.hot_gpus
 
-    def _engine(self, pod: _Pod, model: str) -> _Engine:
-        e = pod.engines.get(model)
-        if e is None:
-            e = pod.engines[model] = _Engine(
-                self._instance(f"{pod.name}-{model}", self.engine_perf)
-            )
-            self.of_inst[id(e.inst)] = (pod, e)
-        return e
+    # ---- PoolServing ---------------------------------------------------------------------
 
-    @staticmethod
-    def _view(pod: _Pod) -> dict[str, EngineState]:
-        """The pod's engines as the router knows them; a sleeping engine is left out: the
-        rules read it as they read a model with no engine there (asleep, no request)."""
-        return {m: e.state() for m, e in pod.live.items()}
+    def model_of(self, item: _R) -> str:
+        return item.model
+
+    def busy(self, engine: RouterEngine) -> int:
+        inst = engine.handle
+        assert isinstance(inst, Instance)
+        return 0 if inst.idle else inst.running + inst.waiting
+
+    def load(self, pod: RouterPod[_R], now: float) -> float:
+        return sum(
+            e.handle.remaining_tokens_at(now)  # type: ignore[attr-defined]
+            for e in pod.live.values()
+            if e.awake
+        )
+
+    def new_engine(self, pod: RouterPod[_R], model: str) -> object:
+        inst = self._instance(f"{pod.name}-{model}", self.engine_perf)
+        self.of_inst[id(inst)] = (pod, model)
+        return inst
+
+    def forward(self, pod: RouterPod[_R], engine: RouterEngine, item: _R, now: float) -> None:
+        inst = engine.handle
+        assert isinstance(inst, Instance)
+        inst.enqueue(self._job(item), now)
+
+    def schedule_switch(self, when: float, done: SwitchDone[_R]) -> None:
+        self.push(when, _SWITCHED, done)
+
+    # ---- the loop ------------------------------------------------------------------------
 
     def arrive(self, r: _R, now: float) -> None:
-        """`PoolSwitcher.prefer`: the pod by `choose_pod`, least tokens left first."""
-        pods = self.pods.values()
-        views = [(p.name, self._view(p)) for p in pods]
-        load = {
-            p.name: sum(e.inst.remaining_tokens_at(now) for e in p.live.values() if e.awake)
-            for p in pods
-        }
-        name = choose_pod(views, r.model, self.quota, load)
-        assert name is not None  # there is always a pod
-        pod = self.pods[name]
-        pod.waiting.append(r)
-        self._serve(pod, now)
-
-    def _serve(self, pod: _Pod, now: float) -> None:
-        """`PoolSwitcher.acquire` for each request held on the pod, in arrival order: wait
-        while `plan_wake` says so; otherwise put its victims to sleep and wake its model
-        (the request waits for that), or, awake, forward it."""
-        held: deque[_R] = deque()
-        view = self._view(pod)
-        for r in pod.waiting:
-            plan = plan_wake(view, r.model, self.quota)
-            if plan.wait:
-                held.append(r)
-                continue
-            e = self._engine(pod, r.model)
-            if plan.wake:
-                for victim in plan.sleep:
-                    pod.engines[victim].switching = True
-                e.switching = True
-                pod.live[r.model] = e
-                self.switches += 1
-                # the sleeps run together, then the wake: each moves one model's weights
-                delay = (self.s.load_s if plan.sleep else 0.0) + self.s.load_s
-                self.push(now + delay, _WOKEN, (pod, r.model, plan.sleep))
-                held.append(r)
-                view = self._view(pod)
-                continue
-            e.last_used = now
-            e.inst.enqueue(self._job(r), now)
-            view[r.model] = e.state()  # busy now: not a model to put to sleep
-        pod.waiting = held
+        self.rule.arrive(r, now)
 
     def event(self, kind: int, obj: object, when: float) -> None:
         if kind == _SWEEP:
-            for pod in self.pods.values():
-                for model in idle_models(self._view(pod), when, self.idle_sleep_s):
-                    pod.engines[model].switching = True
-                    self.push(when + self.s.load_s, _SLEPT, (pod, model, ()))
+            self.rule.sweep(when)
             if when + IDLE_SWEEP_SECONDS <= self.end_s:
                 self.push(when + IDLE_SWEEP_SECONDS, _SWEEP, None)
             return
-        assert isinstance(obj, tuple)
-        pod, model, victims = obj
-        for victim in victims:
-            v = pod.engines[victim]
-            v.awake = v.switching = False
-            del pod.live[victim]
-        e = pod.engines[model]
-        e.switching = False
-        e.awake = kind == _WOKEN
-        if not e.awake:
-            del pod.live[model]
-        e.last_used = when
-        self._serve(pod, when)
+        assert isinstance(obj, SwitchDone)
+        self.rule.switch_done(obj, when)
 
     def after_update(self, inst: Instance, now: float) -> None:
         found = self.of_inst.get(id(inst))
         if found is None or not inst.idle:
             return
-        pod, e = found
-        e.last_used = now  # the lease released: last used now
-        if pod.waiting:
-            self._serve(pod, now)
+        pod, model = found
+        self.rule.released(pod, pod.engines[model], now)
 
 
 # ---- static multiplexing, <= 2 models per instance (MuxServe-like) --------------------------
@@ -1058,6 +989,8 @@ def simulate_pool(
         raise ValueError(f"strategy: unknown {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     t0, c0 = time.perf_counter(), time.process_time()
     n, tokens, on_time = sim.run(requests, drain_s)
+    if isinstance(sim, _RouterRule):
+        sim.switches = sim.rule.wakes
     if isinstance(sim, _Dedicated):
         sim.close(end_s + drain_s)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -165,6 +165,61 @@ def refused_table(doc: Mapping[str, Any]) -> str:
     )
 
 
+def pools_table(doc: Mapping[str, Any]) -> str:
+    """Per policy, ModelPool and region: whether the plan sized the pool, its pods, GPU-hours,
+    wakes and sleeps, requests served and held time, and its models' attainment per tier
+    (empty when the scenario has no pool)."""
+    rows = []
+    for policy, pdoc in doc["policies"].items():
+        for name, pool in (pdoc.get("pools") or {}).items():
+            sized = "yes" if pool["sized"]["status"] else f"no ({pool['sized']['reason']})"
+            tiers = ", ".join(
+                f"{t} {v['slo_attainment']:.1%}"
+                for t, v in pool["tiers"].items()
+                if v["slo_attainment"] is not None
+            )
+            for region, r in pool["regions"].items():
+                pods = r["pods"]
+                cells = (
+                    policy,
+                    name,
+                    region,
+                    sized,
+                    f"{pods['initial']} → {pods['end']} (min {pods['min']}, max {pods['max']})",
+                    r["gpu_hours"]["internal"],
+                    f"{r['wakes']} / {r['sleeps']}",
+                    f"{r['served']} / {r['requests']}",
+                    _fmt(r["held_s"]["mean"]),
+                    tiers or "-",
+                )
+                rows.append(
+                    "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
+                )
+    if not rows:
+        return ""
+    head = (
+        "policy",
+        "pool",
+        "region",
+        "sized by the plan",
+        "pods",
+        "GPU-h",
+        "wakes / sleeps",
+        "served / requests",
+        "mean held s",
+        "attainment (pool)",
+    )
+    return (
+        "<h2>ModelPools</h2><table><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(rows)
+        + "</table><p>Pooled models are served by the router's request-level rule (a request "
+        "is held while its model wakes); only the hourly plan (lt-*) sizes a pool, as the "
+        "operator's <code>Sized</code> condition says.</p>"
+    )
+
+
 def _fmt(v: float | None) -> str:
     return f"{v:.3f}" if v is not None else "-"
 
@@ -224,7 +279,7 @@ def write_report(
         + "</tr>"
         for r, n in zip(table, niw, strict=True)
     )
-    refused = refused_table(doc)
+    refused = refused_table(doc) + pools_table(doc)
     sc = doc["scenario"]
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>sageserve simulate: {html.escape(str(sc.get("name")))}</title>

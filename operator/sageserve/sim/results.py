@@ -225,6 +225,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
                 for k in sorted(by_mr)
             },
         },
+        **({"pools": pool_summary(r)} if r.pools else {}),
         "scaling_events": dict(sorted(r.events.items())),
         "batch_queue": batch_queue(r.batch_released),
         "sim": {
@@ -234,6 +235,44 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "requests_per_wall_s": round(r.arrived / wall_s, 1) if wall_s > 0 else None,
         },
     }
+
+
+def pool_summary(r: RunResult) -> dict[str, Any]:
+    """Per ModelPool: whether the plan sized it (the operator's `Sized` condition), its
+    pods over time, GPU-hours, wakes and sleeps, requests and held time per region, and
+    per tier the attainment and latencies of its models' requests (counted as any
+    request's, hold time included in the TTFT)."""
+    out: dict[str, Any] = {}
+    for name, pool in sorted(r.pools.items()):
+        doc = dict(pool)
+        regions = {}
+        for region, got in pool["regions"].items():
+            items = [
+                (state, sec)
+                for (m, reg, state), sec in r.gpu_seconds.items()
+                if (m, reg) == (name, region)
+            ]
+            regions[region] = {**got, "gpu_hours": _gpu_hours(items)}
+        doc["regions"] = regions
+        models = set(pool["models"])
+        tiers: dict[str, Any] = {}
+        for tier in sorted({t for t, m in r.stats if m in models}):
+            mine = [st for (t, m), st in r.stats.items() if t == tier and m in models]
+            fin = sum(st.finished for st in mine)
+            met = sum(st.slo_met for st in mine)
+            unf = sum(r.unfinished_by_key.get((tier, m), 0) for m in models)
+            ttft = np.concatenate([np.frombuffer(st.ttft, dtype=np.float64) for st in mine])
+            tbt = np.concatenate([np.frombuffer(st.tbt, dtype=np.float64) for st in mine])
+            tiers[tier] = {
+                "finished": fin,
+                "unfinished": unf,
+                "slo_attainment": round(met / (fin + unf), 5) if fin + unf else None,
+                "ttft_s": _pct(ttft),
+                "tbt_s": _pct(tbt),
+            }
+        doc["tiers"] = tiers
+        out[name] = doc
+    return out
 
 
 def interactive_ttft_p95(r: RunResult, interactive_tiers: Sequence[str]) -> float | None:

@@ -41,6 +41,7 @@ def run_policies(
     span = max(1e-9, cfg.end_s - cfg.start_s)
     runs: dict[str, tuple[RunResult, float]] = {}
     history: tuple[PerKeySeries, PerKeySeries] | None = None  # read once, for every LT run
+    pool_history: PerKeySeries | None = None
     for name in policies:
         strategy = scenario.strategy(name)
         cb = None
@@ -55,8 +56,15 @@ def run_policies(
             planner = scenario.planner_for(strategy)
             if history is None:
                 history = scenario.history(cfg.history_minutes)
+                pool_history = scenario.pool_history(cfg.history_minutes)
         result = Simulation(
-            cfg, strategy, scenario.requests(), cb, planner, history if planner else None
+            cfg,
+            strategy,
+            scenario.requests(),
+            cb,
+            planner,
+            history if planner else None,
+            pool_history=pool_history if planner else None,
         ).run()
         runs[name] = (result, time.perf_counter() - t0)
         if on_progress is not None:

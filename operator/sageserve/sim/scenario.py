@@ -1,8 +1,10 @@
 """Scenario = the files a user keeps in Git, read into a simulator configuration.
 
 A scenario is a directory holding:
-- manifests: ModelDeployment / WorkloadTier / ScalingPolicy YAML (validated with the
-  pydantic models of `sageserve.api`, the same ones the CRDs are generated from);
+- manifests: ModelDeployment / ModelPool / WorkloadTier / ScalingPolicy YAML (validated
+  with the pydantic models of `sageserve.api`, the same ones the CRDs are generated from);
+  a ModelPool's pooled models are served by its pods (`sim.pooled_pods`), and a workload
+  source names them by `spec.models[].name` like any model;
 - a node inventory: plain v1.Node YAML (the format of `e2e/inventory/*.yaml`);
 - `workload.yaml`: trace sources and their mapping to (model, region, tier), see
   `sim.workload`.
@@ -34,6 +36,7 @@ import numpy as np
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
+from sageserve.api.model_pool import ModelPool, initial_size, parse_pool
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.snapshot import Plan
@@ -42,14 +45,17 @@ from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
 from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems
 from sageserve.perf.model import PerfCatalog, load_catalog
+from sageserve.perf.switch import sleep_mode_switch_seconds
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
+from sageserve.sim.pooled_pods import PoolObservation, PoolSetup
 from sageserve.sim.workload import (
     TokenSeries,
     Workload,
     load_workload,
     parse_duration,
     requests,
+    requests_per_minute,
     token_series,
     tokens_per_minute,
 )
@@ -70,8 +76,8 @@ class Scenario:
     drain_s: float
     policies: list[str] = field(default_factory=lambda: ["reactive", "siloed"])
     catalog: PerfCatalog = field(default_factory=load_catalog)
-    #: ModelPool manifests of the scenario, as "name (file)": `simulate` does not run them
-    pools: list[str] = field(default_factory=list)
+    #: ModelPools of the scenario (`sim.pooled_pods`)
+    pools: list[ModelPool] = field(default_factory=list)
 
     # ---- what one run needs --------------------------------------------------------------
 
@@ -134,21 +140,45 @@ class Scenario:
         promo = [t.promotion_age_s for t in self.tiers.values() if t.promotion_age_s]
         if promo:
             cfg = replace(cfg, promotion_age_s=min(promo))
+        if self.pools:
+            cfg = replace(cfg, pools=tuple(self.pool_setup(p) for p in self.pools))
         return cfg
 
+    def pool_profile(self, pool: ModelPool) -> str:
+        """The perf profile of a pool's pods: its `sageserve.io/perf-profile` annotation,
+        else its name (as for a ModelDeployment); every pooled model is a fine-tune of it."""
+        return pool.metadata.annotations.get(PERF_PROFILE_ANNOTATION, pool.metadata.name)
+
+    def pool_setup(self, pool: ModelPool) -> PoolSetup:
+        """One ModelPool for the simulator: one pod = one instance of the base model's
+        profile on the variant's GPUs; a switch as the twin charges it."""
+        s = pool.spec
+        profile = self.pool_profile(pool)
+        gpu, gpus = s.variant.gpu_type, s.variant.gpus_per_instance
+        perf = self.catalog.get(profile, gpu, gpus)
+        base = self.catalog.context_length(profile)
+        return PoolSetup(
+            name=pool.metadata.name,
+            policy=s.policy_ref.name,
+            models=tuple(m.name for m in s.models),
+            variant=s.variant.name,
+            perf=replace(perf, model=pool.metadata.name),
+            regions=tuple(
+                (r.name, r.min_instances, r.max_instances, initial_size(r)) for r in s.regions
+            ),
+            awake_per_instance=s.awake_per_instance,
+            idle_sleep_s=float(s.idle_sleep_seconds),
+            switch_s=sleep_mode_switch_seconds(profile, gpu, gpus),
+            manifest=pool,
+            contexts=tuple(
+                (m.name, m.context_length or base) for m in s.models if m.context_length or base
+            ),
+        )
+
     def check_simulated(self) -> None:
-        """Refuse what the fleet simulator would otherwise leave out without a word: pooled
-        models (ModelPools) and OServe layouts (`spec.layouts`), which run in their own
-        fixed-budget benchmarks. A result that silently drops part of the fleet would be
-        read as the fleet's."""
-        if self.pools:
-            raise ValueError(
-                f"scenario {self.name}: ModelPool {', '.join(self.pools)}: the fleet simulator "
-                "runs ModelDeployments only; pooled models are simulated by `sageserve bench "
-                "pool` (the router's request-level rule and Aegaeon's token-level variant, on "
-                "scenarios/long-tail); remove the ModelPool from the scenario's manifests to "
-                "simulate the rest"
-            )
+        """Refuse what the fleet simulator would otherwise leave out without a word: OServe
+        layouts (`spec.layouts`), which run in their own fixed-budget benchmark. A result
+        that silently drops part of the fleet would be read as the fleet's."""
         if self.policy is not None and self.policy.spec.layouts is not None:
             raise ValueError(
                 f"scenario {self.name}: ScalingPolicy {self.policy.metadata.name} sets "
@@ -179,8 +209,13 @@ class Scenario:
         return md.spec.model.context_length or self.catalog.context_length(pname)
 
     def contexts(self) -> dict[str, int]:
-        """Context length per model (those that have one)."""
+        """Context length per model (those that have one); a pooled model's is its
+        `contextLength`, else its pool's profile's."""
         out = {md.metadata.name: self.context_length(md) for md in self.models}
+        for pool in self.pools:
+            base = self.catalog.context_length(self.pool_profile(pool))
+            for m in pool.spec.models:
+                out[m.name] = m.context_length or base
         return {m: c for m, c in out.items() if c}
 
     def strategy(self, name: str | None = None) -> PacingStrategy:
@@ -206,6 +241,15 @@ class Scenario:
     def history(self, minutes: int) -> tuple[PerKeySeries, PerKeySeries]:
         """The planner's history before the window: (interactive, batch) tokens/s per minute."""
         return tokens_per_minute(self.workload, self.tiers, minutes, self.contexts())
+
+    def pool_history(self, minutes: int) -> PerKeySeries:
+        """The pooled models' requests/s per minute before the window, per (model, home
+        region): what the router's counter holds when the window starts."""
+        if not self.pools:
+            return {}
+        pooled = {m.name for p in self.pools for m in p.spec.models}
+        got = requests_per_minute(self.workload, self.tiers, minutes, self.contexts())
+        return {k: v for k, v in got.items() if k[0] in pooled}
 
     def planner_for(self, strategy: PacingStrategy) -> Planner:
         """The planner of the plan `strategy` follows (`PlanCadence.source`): PreServe's
@@ -240,6 +284,9 @@ class Scenario:
             current: Mapping[tuple[str, str, str], int],
             _received: Mapping[tuple[str, str], Sequence[float]],
             _need: Mapping[str, float],
+            /,
+            *,
+            pools: PoolObservation | None = None,
         ) -> Plan:
             window = plan_window(
                 models,
@@ -290,6 +337,9 @@ class Scenario:
             _current: Mapping[tuple[str, str, str], int],
             _received: Mapping[tuple[str, str], Sequence[float]],
             _need: Mapping[str, float],
+            /,
+            *,
+            pools: PoolObservation | None = None,
         ) -> Plan:
             return Plan(now, targets)
 
@@ -305,7 +355,10 @@ class Scenario:
         region) still give the expected batch load of the window. Received and served
         differ exactly while the Queue Manager holds work for the troughs. Each model's batch
         deadline need at plan time (its Queue Manager's `required_tps`, as the operator reads
-        the routers' gauge) enters ρ as max(β, need) (`plan.batch_demand`).
+        the routers' gauge) enters ρ as max(β, need) (`plan.batch_demand`). With `pools`, the
+        ModelPools are sized in the same cycle from each pooled model's requests/s per minute
+        and their pods now (`plan.pool_cycle`, as the operator's plan loop passes them), and
+        what the plan grants is set in `pools.granted`.
         """
         from sageserve.api.scaling_policy import ScalingPolicySpec
         from sageserve.plan.cycle import history_at_policy_step, run_plan_cycle
@@ -315,6 +368,7 @@ class Scenario:
         for n in self.nodes:
             capacity[(n.region, n.gpu_type)] = capacity.get((n.region, n.gpu_type), 0) + n.gpus
         models = self.models
+        manifests = list(self.pools)
 
         def plan(
             now: float,
@@ -323,6 +377,9 @@ class Scenario:
             current: Mapping[tuple[str, str, str], int],
             received: Mapping[tuple[str, str], Sequence[float]],
             need: Mapping[str, float],
+            /,
+            *,
+            pools: PoolObservation | None = None,
         ) -> Plan:
             cycle = run_plan_cycle(
                 models,
@@ -333,7 +390,16 @@ class Scenario:
                 capacity,
                 batch_received=history_at_policy_step(spec, received) or None,
                 batch_need=need,
+                pools=manifests if pools is not None else (),
+                pool_rates=(
+                    {k: history_at_policy_step(spec, v) for k, v in pools.rates.items()}
+                    if pools is not None
+                    else None
+                ),
+                pool_current=pools.current if pools is not None else None,
             )
+            if pools is not None:
+                pools.granted = cycle.pools
             return cycle.in_force(now)
 
         return plan
@@ -358,17 +424,103 @@ def _docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def _check_models(path: Path, workload: Workload, models: Sequence[ModelDeployment]) -> None:
-    """Every model a workload source names (shares and overflow) is a ModelDeployment:
-    otherwise its requests would find no endpoint and count as lost, silently."""
+def _check_models(
+    path: Path,
+    workload: Workload,
+    models: Sequence[ModelDeployment],
+    pools: Sequence[ModelPool] = (),
+) -> None:
+    """Every model a workload source names (shares and overflow) is a ModelDeployment or a
+    pooled model (`spec.models[].name` of a ModelPool): otherwise its requests would find no
+    endpoint and count as lost, silently. A source's tiers must all be served by the pool
+    of each pooled model it names (`spec.tiers`); a pooled model takes no overflow (a pool's
+    models share one context)."""
     known = {md.metadata.name for md in models}
+    pooled = {m.name: p for p in pools for m in p.spec.models}
     for src in workload.sources:
-        for m in [*src.models, *src.overflow]:
-            if m not in known:
+        for where, names in (("models", src.models), ("overflow", src.overflow)):
+            for m in names:
+                if m in known or m in pooled:
+                    continue
+                have = ", ".join(sorted(known))
+                also = f"; pooled: {', '.join(sorted(pooled))}" if pooled else ""
                 raise ValueError(
-                    f"{path}: source {src.name} names model {m!r}, which no ModelDeployment "
-                    f"of the scenario serves (have {', '.join(sorted(known))})"
+                    f"{path}: sources[{src.name}].{where} names model {m!r}, which is neither "
+                    f"a ModelDeployment nor a pooled model (a ModelPool's spec.models[].name) "
+                    f"of the scenario (ModelDeployments: {have}{also})"
                 )
+        for m in src.overflow:
+            if m in pooled:
+                raise ValueError(
+                    f"{path}: sources[{src.name}].overflow: {m!r} is a pooled model; list "
+                    "ModelDeployments only"
+                )
+        for m in src.models:
+            pool = pooled.get(m)
+            if pool is None:
+                continue
+            missing = sorted(t for t in src.tiers if t not in pool.spec.tiers)
+            if missing:
+                raise ValueError(
+                    f"{path}: sources[{src.name}].tiers: {', '.join(missing)} not in ModelPool "
+                    f"{pool.metadata.name}'s spec.tiers ({', '.join(pool.spec.tiers)}), yet the "
+                    f"source sends pooled model {m!r} requests of it; add the tier to "
+                    "spec.tiers or give the pooled models a source of their own"
+                )
+
+
+def _check_pools(
+    pools: Sequence[ModelPool],
+    models: Sequence[ModelDeployment],
+    nodes: Sequence[Node],
+    catalog: PerfCatalog,
+    files: Mapping[str, Path],
+) -> None:
+    """What the simulator cannot run, each error naming the pool's file and field: a pooled
+    model named like a ModelDeployment or like another pool's model, a variant whose GPU
+    type or size no node of the inventory has, a pool with no perf profile."""
+    deployments = {md.metadata.name for md in models}
+    seen: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for n in nodes:
+        sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.gpus)
+    for pool in pools:
+        name = pool.metadata.name
+        where = f"{files[name]}: ModelPool {name}"
+        for m in pool.spec.models:
+            if m.name in deployments:
+                raise ValueError(
+                    f"{where}: spec.models[].name {m.name!r} is also a ModelDeployment; "
+                    "requests could not tell them apart: rename one"
+                )
+            if m.name in seen:
+                raise ValueError(
+                    f"{where}: spec.models[].name {m.name!r} is pooled by ModelPool "
+                    f"{seen[m.name]} too: keep it in one pool"
+                )
+            seen[m.name] = name
+        v = pool.spec.variant
+        if v.gpu_type not in sizes:
+            raise ValueError(
+                f"{where}: spec.variant.gpuType {v.gpu_type}: no node of the inventory has "
+                f"this GPU type (have {', '.join(sorted(sizes))}); the pool could never place "
+                "a pod"
+            )
+        if v.gpus_per_instance > sizes[v.gpu_type]:
+            raise ValueError(
+                f"{where}: spec.variant.gpusPerInstance {v.gpus_per_instance}: the largest "
+                f"{v.gpu_type} node has {sizes[v.gpu_type]} GPUs; lower gpusPerInstance"
+            )
+        profile = pool.metadata.annotations.get(PERF_PROFILE_ANNOTATION, name)
+        try:
+            catalog.get(profile, v.gpu_type, v.gpus_per_instance)
+        except KeyError:
+            raise ValueError(
+                f"{where}: no perf profile {profile!r} on {v.gpus_per_instance}×{v.gpu_type} "
+                f"for its pods; name the pooled models' base model with the annotation "
+                f"metadata.annotations[{PERF_PROFILE_ANNOTATION}] (have "
+                f"{', '.join(sorted(catalog.models()))})"
+            ) from None
 
 
 @dataclass
@@ -379,7 +531,9 @@ class _Manifests:
     tiers: dict[str, Tier] = field(default_factory=dict)
     policy: ScalingPolicy | None = None
     node_docs: list[dict[str, Any]] = field(default_factory=list)
-    pools: list[str] = field(default_factory=list)
+    pools: list[ModelPool] = field(default_factory=list)
+    #: pool name -> the file it came from
+    pool_files: dict[str, Path] = field(default_factory=dict)
 
 
 def _read_manifests(docs: Sequence[tuple[Path, dict[str, Any]]]) -> _Manifests:
@@ -397,7 +551,9 @@ def _read_manifests(docs: Sequence[tuple[Path, dict[str, Any]]]) -> _Manifests:
             elif kind == "Node":
                 m.node_docs.append(d)
             elif kind == "ModelPool":
-                m.pools.append(f"{d['metadata']['name']} ({f.name})")
+                pool = parse_pool(d)
+                m.pools.append(pool)
+                m.pool_files[pool.metadata.name] = f
         except Exception as e:  # pydantic's message names the field; add the file
             raise ValueError(f"{f}: invalid {kind}: {e}") from e
     return m
@@ -426,11 +582,13 @@ def load_scenario(path: Path) -> Scenario:
         raise ValueError(f"{root}: no ModelDeployment manifest found")
     if not tiers:
         raise ValueError(f"{root}: no WorkloadTier manifest found")
-    workload = load_workload(wl_file)
-    _check_models(wl_file, workload, models)
     nodes = nodes_from_manifests(m.node_docs)
     if not nodes:
         raise ValueError(f"{root}: no GPU Node in the inventory")
+    catalog = load_catalog()
+    _check_pools(m.pools, models, nodes, catalog, m.pool_files)
+    workload = load_workload(wl_file)
+    _check_models(wl_file, workload, models, m.pools)
     scenario = Scenario(
         name=str(meta.get("name", root.name)),
         root=root,
@@ -443,6 +601,7 @@ def load_scenario(path: Path) -> Scenario:
         drain_s=parse_duration(meta.get("drain", "1h")),
         policies=[str(p) for p in meta.get("policies", ["reactive", "siloed"])],
         pools=m.pools,
+        catalog=catalog,
     )
     scenario.check_layouts()  # at load, as the operator's Ready=False would stop it
     return scenario

@@ -370,3 +370,28 @@ def tokens_per_minute(
         return {}, {}
     before = replace(wl, start_s=wl.start_s - 60.0 * minutes, duration_s=60.0 * minutes)
     return window_tokens_per_minute(before, tiers, contexts)
+
+
+def requests_per_minute(
+    wl: Workload,
+    tiers: Mapping[str, Tier],
+    minutes: int,
+    contexts: Mapping[str, int] | None = None,
+) -> dict[tuple[str, str], list[float]]:
+    """Requests/s per minute of each (model, home region) over the `minutes` before the
+    window: a pooled model's rate history, as the router's per-model request counter holds
+    it when the window starts (the plan sizes ModelPools on requests, not tokens)."""
+    minutes = min(minutes, int(wl.start_s // 60.0))
+    if minutes <= 0:
+        return {}
+    before = replace(wl, start_s=wl.start_s - 60.0 * minutes, duration_s=60.0 * minutes)
+    out: dict[tuple[str, str], list[float]] = {}
+    for req in requests(before, tiers, contexts):
+        if contexts and not fits(req.model, req.prompt_tokens + req.output_tokens, contexts):
+            continue
+        key = (req.model, req.region)
+        if key not in out:
+            out[key] = [0.0] * minutes
+        idx = min(minutes - 1, max(0, int((req.arrival - before.start_s) // 60.0)))
+        out[key][idx] += 1 / 60.0
+    return out

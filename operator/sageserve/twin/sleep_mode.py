@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from sageserve.core.pooled_engines import PooledEngine
-from sageserve.perf.switch import link_gb_per_s, model_size, switch_seconds
+from sageserve.perf.switch import sleep_mode_switch_seconds
 
 
 class EngineMode(Enum):
@@ -52,9 +52,7 @@ class OutOfMemory(RuntimeError):
 
 def transfer_seconds(profile: str, gpu_type: str, gpus: int) -> float:
     """Seconds one engine's weights take over the host links (level-1 sleep or wake)."""
-    return switch_seconds(
-        model_size(profile).weight_bytes, max(1, gpus), link_gb_per_s(gpu_type), beta=1.0
-    )
+    return sleep_mode_switch_seconds(profile, gpu_type, gpus)
 
 
 @dataclass
