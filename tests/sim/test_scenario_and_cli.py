@@ -110,8 +110,8 @@ def _tiny_copy(tmp_path: Path) -> Path:
         ),
         (
             "layouts",
-            r"ScalingPolicy fleet sets spec\.layouts: .* would ignore the layouts; `sageserve "
-            r"bench oserve` simulates them .* `--set layouts=` simulates the policy without them",
+            r"ScalingPolicy fleet sets spec\.layouts, but no ModelDeployment lists two or more "
+            r"variants of one GPU type .* or simulate the policy without layouts \(--set layouts=\)",
         ),
     ],
 )

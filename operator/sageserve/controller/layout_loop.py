@@ -44,8 +44,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
-
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import LayoutForecast, Layouts, ScalingPolicy
 from sageserve.controller.kube import Kube
@@ -79,7 +77,6 @@ from sageserve.plan.layout_step import replan_layout
 from sageserve.plan.layout_switch import Window
 from sageserve.plan.oserve_layouts import (
     TYPE_CAPACITY_ANNOTATION,
-    TYPE_CAPACITY_KEY,
     LayoutGroup,
     LayoutTargets,
     MeasuredCapacity,
@@ -89,8 +86,8 @@ from sageserve.plan.oserve_layouts import (
     layout_forecast_spec,
     layout_groups,
     layout_history_seconds,
+    measured_capacity,
     mix_from_buckets,
-    parse_measured,
     type_series,
 )
 
@@ -309,35 +306,8 @@ class LayoutPass:
         name = md.metadata.annotations.get(TYPE_CAPACITY_ANNOTATION)
         if not name:
             return None
-        where = f"ConfigMap {self.namespace}/{name} (annotation {TYPE_CAPACITY_ANNOTATION})"
         data = self.kube.config_map_data(self.namespace, name)
-        if data is None:
-            raise ValueError(
-                f"{where} does not exist; create it with the file of `sageserve calibrate "
-                f"--by-type --out n.yaml` under the key {TYPE_CAPACITY_KEY}, or remove the "
-                "annotation for analytical n"
-            )
-        text = data.get(TYPE_CAPACITY_KEY)
-        if text is None:
-            raise ValueError(f"{where} has no key {TYPE_CAPACITY_KEY} (keys: {sorted(data)})")
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{where}, key {TYPE_CAPACITY_KEY}: not YAML or JSON: {exc}") from None
-        try:
-            table = parse_measured(raw)
-            matching = [g for g in groups if g.gpu_type == table.gpu_type]
-            if not matching:
-                raise ValueError(
-                    f"{TYPE_CAPACITY_KEY}: gpuType {table.gpu_type} is none of the GPU types "
-                    f"with several variants {[g.gpu_type for g in groups]}; measure n on that "
-                    "GPU type (calibrate --by-type --gpu-type)"
-                )
-            for g in matching:
-                table.rows(g)  # every declared variant has a row
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        return table
+        return measured_capacity(md, groups, self.namespace, data)
 
     def capacity(
         self,

@@ -43,12 +43,14 @@ from sageserve.dispatch.region_router import SpillLedger, pick_region, preferenc
 from sageserve.pace.base import PacingStrategy
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
-from sageserve.pace.step import StepState, decide
+from sageserve.pace.step import StepState, adopt, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
+from sageserve.plan.oserve_layouts import with_layouts
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
+from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
 
 _INF = math.inf
 _heappush = heapq.heappush
@@ -119,6 +121,8 @@ class SimConfig:
     #: scale out for batch work its deadlines need (`pace.pressure.deadline_pressure`);
     #: False: the paper's trough release alone (batch never causes a scale-out)
     deadline_pressure: bool = True
+    #: OServe layouts (`spec.layouts`, `sim.layout_loop`); None: off
+    layouts: SimLayouts | None = None
 
 
 #: (model, region) -> one value per minute.
@@ -251,6 +255,9 @@ class RunResult:
     after_window_gpu_seconds: dict[tuple[str, str, InstanceState], float] = field(
         default_factory=dict
     )
+    #: OServe layouts: switches and the layout in force at the end per (model, region, GPU
+    #: type), requests dispatched per type and variant (`SimLayoutLoop.summary`); None: off
+    layouts: dict[str, object] | None = None
 
 
 class _Clock:
@@ -386,6 +393,17 @@ class Simulation(InstanceHooks):
         #: model -> its endpoints, regions in the scenario's order
         self._eps_of_model: dict[str, list[Endpoint]] = {}
         self._build()
+        #: the plan the planner made last (the layouts are laid over it, `with_layouts`)
+        self._planned: Plan | None = None
+        self.layouts: SimLayoutLoop | None = None
+        if config.layouts is not None:
+            if strategy.layout.siloed:
+                raise ValueError(
+                    f"strategy {strategy.name}: spec.layouts needs one unified pod set per "
+                    "variant, as on Kubernetes (the operator refuses siloed); simulate the "
+                    "layouts with another strategy, or the policy without them (--set layouts=)"
+                )
+            self.layouts = SimLayoutLoop(config.layouts, self.cluster)
 
     # ---- set-up --------------------------------------------------------------------------
 
@@ -426,7 +444,7 @@ class Simulation(InstanceHooks):
         seq = self._seq = self._seq + 1
         _heappush(self.heap, (when, seq, 0, inst))
 
-    def on_finish(self, job: Job, now: float) -> None:
+    def on_finish(self, job: Job, now: float) -> None:  # noqa: C901 — per request, one frame
         req = job.req
         load = job.load
         if load is not None:
@@ -483,6 +501,8 @@ class Simulation(InstanceHooks):
             ep.finished_minute += 1
             if self.qm_active and self.qm.pending(req.model):
                 self._signal.add(ep)
+            if self.layouts is not None:  # the router's shape counter
+                self.layouts.shapes.count(req.model, ep.key.region, req.prompt_tokens, out)
 
     def on_idle(self, inst: Instance, now: float) -> None:
         if inst.state is InstanceState.DRAINING:
@@ -759,6 +779,10 @@ class Simulation(InstanceHooks):
         inst.enqueue(job, t)
 
     def _pick_instance(self, ep: Endpoint, t: float, job: Job) -> Instance | None:
+        if ep.dispatch is not None:
+            inst = self._by_type(ep, t, job)
+            if inst is not None:
+                return inst
         deps = ep.deployments
         if len(deps) == 1:
             dep: Deployment | None = deps[0] if deps[0].instances else None
@@ -776,6 +800,29 @@ class Simulation(InstanceHooks):
             Arrival(job.req.prompt_tokens, job.pred_out),
             [(i, views.get(i) or view(i)) for i in insts],
         )
+
+    def _by_type(self, ep: Endpoint, t: float, job: Job) -> Instance | None:
+        """The OServe layout's dispatch by request type (`SimLayoutLoop.dispatch`, the
+        router's rule): the in-region picker within the chosen variant, and tokens left
+        (the anticipators', as the router's picker reads them) for the overflow."""
+        assert self.layouts is not None and ep.dispatch is not None
+        self._clock.t = t
+        views, view = self._views, self._view
+        arrival = Arrival(job.req.prompt_tokens, job.pred_out)
+
+        def pick(insts: list[Instance]) -> Instance:
+            if len(insts) == 1:
+                return insts[0]
+            return self.picker.pick(arrival, [(i, views.get(i) or view(i)) for i in insts])
+
+        def load(inst: Instance) -> float:
+            v = views.get(inst) or view(inst)
+            return float(v.anticipator.tokens_left(v.iteration))
+
+        got = self.layouts.dispatch(
+            ep, ep.dispatch, job.req.prompt_tokens, job.pred_out, pick, load
+        )
+        return got if isinstance(got, Instance) else None
 
     def _lost(self, job: Job) -> None:
         st = self.stats[(job.req.tier.name, job.req.model)]
@@ -822,6 +869,8 @@ class Simulation(InstanceHooks):
         return jobs
 
     def _pace_tick(self, now: float) -> None:
+        if self.layouts is not None:
+            self._layout_pass(now)
         # every endpoint signals the Queue Manager; aged batch work is released at once
         if self.qm_active and self.cfg.deadline_pressure:
             qm = self.qm
@@ -845,6 +894,30 @@ class Simulation(InstanceHooks):
         else:
             self._check_idle(now)
 
+    def _layout_pass(self, now: float) -> None:
+        """The layout loop before the pace pass (the operator's order): its targets laid over
+        the plan in force (`with_layouts`), so the decision step moves each layout variant
+        (`pace.step.layout_move`). An event-driven strategy decides on the endpoints whose
+        layout variants are off their targets at once, as the operator's pace pass does
+        every pace period."""
+        assert self.layouts is not None
+        if self.layouts.run(now, self._planned):
+            merged = with_layouts(self._planned, self.layouts.targets())
+            self.step_state = adopt(self.step_state, merged)
+        if self.strategy.periodic:
+            return
+        plan = self.step_state.plan
+        if plan is None or not plan.layout_variants:
+            return
+        moving = [
+            ep
+            for key, ep in self.cluster.endpoints.items()
+            if (managed := plan.layout_targets(key))
+            and any(ep.replicas().get(v, 0) != n for v, n in managed.items())
+        ]
+        if moving:
+            self._decide(moving, now)
+
     def _check_idle(self, now: float) -> None:
         """Run the decision step on endpoints no request reached for a scrape interval.
 
@@ -859,6 +932,8 @@ class Simulation(InstanceHooks):
 
     def _minute_tick(self, now: float) -> None:
         minute = round((now - self.cfg.start_s) / 60.0)
+        if self.layouts is not None:
+            self.layouts.shapes.roll()
         if self.planner is not None:
             for hk in {(k.model, k.region) for k in self.cluster.endpoints}:
                 self._iw_hist[hk].append(self._iw_tok.pop(hk, 0) / 60.0)
@@ -935,6 +1010,9 @@ class Simulation(InstanceHooks):
             self._deadline_need(now),
         )
         self.plans += 1
+        self._planned = plan
+        if self.layouts is not None:
+            plan = with_layouts(plan, self.layouts.targets()) or plan
         self.step_state = decide(now, Snapshot(now, {}), plan, self.step_state, self.strategy).state
 
     def _deadline_need(self, now: float) -> dict[str, float]:
@@ -1021,6 +1099,7 @@ class Simulation(InstanceHooks):
             },
             horizon_s=self.cfg.end_s + self.cfg.drain_s,
             batch_released=self._released_by_model(),
+            layouts=self.layouts.summary() if self.layouts is not None else None,
         )
 
 

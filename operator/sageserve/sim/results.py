@@ -159,6 +159,9 @@ def attainment_by_day(stats: Iterable[TierModelStats], start_s: float) -> list[d
 
 
 def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
+    """One run's summary. With OServe layouts, `layouts`: per (model, region, GPU type) the
+    re-plans, switches and the layout in force at the end, and the requests dispatched per
+    type and variant (`SimLayoutLoop.summary`)."""
     tiers: dict[str, dict[str, Any]] = defaultdict(dict)
     keys = sorted(set(r.stats) | set(r.unfinished_by_key))
     unfinished_total = 0
@@ -196,7 +199,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
         by_mr_i[f"{m}/{reg}"].append((state, sec))
     all_gpu = [(s, v) for (_, _, s), v in r.gpu_seconds.items()]
     all_inst = [(s, v) for (_, _, s), v in r.instance_seconds.items()]
-    return {
+    out: dict[str, Any] = {
         "requests": {
             "arrived": r.arrived,
             "finished": r.finished,
@@ -233,6 +236,9 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "requests_per_wall_s": round(r.arrived / wall_s, 1) if wall_s > 0 else None,
         },
     }
+    if r.layouts is not None:
+        out["layouts"] = r.layouts
+    return out
 
 
 def interactive_ttft_p95(r: RunResult, interactive_tiers: Sequence[str]) -> float | None:
