@@ -111,7 +111,8 @@ def _tiny_copy(tmp_path: Path) -> Path:
         (
             "layouts",
             r"ScalingPolicy fleet sets spec\.layouts, but no ModelDeployment lists two or more "
-            r"variants of one GPU type .* or simulate the policy without layouts \(--set layouts=\)",
+            r"variants of one GPU type .* or simulate the policy without layouts "
+            r"\(--set layouts=\)",
         ),
     ],
 )

@@ -96,6 +96,7 @@ def scenario(
     layouts: dict[str, Any] | None = None,
     config_map: bool = True,
     strategy: str = "reactive",
+    startup_s: int = 60,
 ) -> Path:
     """A one-region scenario of Llama-2-70B on three 8-GPU H100 nodes, starting on 3 × TP4
     (its floor, so the reactive strategy holds 12 GPUs when the layout loop first sees them),
@@ -110,7 +111,10 @@ def scenario(
         },
         "spec": {
             "model": {"name": "meta-llama/Llama-2-70b-hf"},
-            "variants": variants if variants is not None else [TP4, TP4PP2],
+            "variants": [
+                {**v, "startupSeconds": startup_s}
+                for v in (variants if variants is not None else [TP4, TP4PP2])
+            ],
             "regions": [
                 {"name": "us-east", "minInstances": 3, "maxInstances": 6, "initialInstances": 3}
             ],
