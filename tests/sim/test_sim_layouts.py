@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from sageserve.cli import app
 from sageserve.sim.cluster import Cluster
 from sageserve.sim.engine import Simulation
-from sageserve.sim.run import run_policies
 from sageserve.sim.scenario import load_scenario
 
 GPU = "NVIDIA-H100-80GB-HBM3"
@@ -277,15 +278,23 @@ def test_the_mix_moves_to_long_prompts_and_the_run_switches_to_the_pipeline(
         return real(self, key, now, variant, *a)
 
     monkeypatch.setattr(Cluster, "scale_in", scale_in)
-    sc = load_scenario(scenario(tmp_path / "s"))
-    cmp = run_policies(sc, ["reactive"])
-    result, _ = cmp.runs["reactive"]
-    assert result.arrived > 0
+    root = scenario(tmp_path / "s")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        app, ["simulate", "-s", str(root), "-o", str(out), "--no-report"], env={"COLUMNS": "240"}
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "summary.json").read_text())["policies"]["reactive"]
     # every request is served
-    assert result.finished == result.arrived
-    assert cmp.summary["policies"]["reactive"]["requests"]["unfinished"] == 0
+    requests = doc["requests"]
+    assert requests["arrived"] > 0
+    assert requests["finished"] == requests["arrived"] and requests["unfinished"] == 0
 
-    layouts = cmp.summary["policies"]["reactive"]["layouts"]
+    # the printed table names the switch and the layout at the end
+    assert "OServe layouts" in res.output
+    assert f"llama-2-70b/us-east/{GPU}" in res.output and "TP4xPP2 + TP4" in res.output
+
+    layouts = doc["layouts"]
     group = layouts["groups"][f"llama-2-70b/us-east/{GPU}"]
     # short requests only: TP4 × 3 kept; once long prompts come, one TP4 makes way for the
     # pipeline, make-before-break (12 of the 24 GPUs are free)

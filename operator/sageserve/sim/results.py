@@ -241,6 +241,28 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
     return out
 
 
+def layout_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per (policy, model, region, GPU type) with OServe layouts: re-plans, switches
+    started / finished / abandoned, the layout in force at the end and its replicas per
+    variant (what `simulate` prints and the report shows)."""
+    rows = []
+    for policy, p in doc.get("policies", {}).items():
+        for group, g in (p.get("layouts") or {}).get("groups", {}).items():
+            rows.append(
+                {
+                    "policy": policy,
+                    "group": group,
+                    "replans": g["replans"],
+                    "switches": g["switches"],
+                    "finished": g["switches_finished"],
+                    "abandoned": g["switches_abandoned"],
+                    "layout": g["layout"] + (" (switching)" if g["switching"] else ""),
+                    "replicas": ", ".join(f"{v}={n}" for v, n in g["replicas"].items()),
+                }
+            )
+    return rows
+
+
 def interactive_ttft_p95(r: RunResult, interactive_tiers: Sequence[str]) -> float | None:
     arrs = [
         np.frombuffer(st.ttft, dtype=np.float64)
