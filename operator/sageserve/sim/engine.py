@@ -17,6 +17,7 @@ from array import array
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
@@ -46,11 +47,12 @@ from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
 from sageserve.pace.step import StepState, adopt, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
-from sageserve.plan.oserve_layouts import with_layouts
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
-from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
+
+if TYPE_CHECKING:  # imported when a run has layouts: they pull in the plan cycle
+    from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
 
 _INF = math.inf
 _heappush = heapq.heappush
@@ -403,6 +405,8 @@ class Simulation(InstanceHooks):
                     "variant, as on Kubernetes (the operator refuses siloed); simulate the "
                     "layouts with another strategy, or the policy without them (--set layouts=)"
                 )
+            from sageserve.sim.layout_loop import SimLayoutLoop
+
             self.layouts = SimLayoutLoop(config.layouts, self.cluster)
 
     # ---- set-up --------------------------------------------------------------------------
@@ -900,6 +904,9 @@ class Simulation(InstanceHooks):
         (`pace.step.layout_move`). An event-driven strategy decides on the endpoints whose
         layout variants are off their targets at once, as the operator's pace pass does
         every pace period."""
+
+        from sageserve.plan.oserve_layouts import with_layouts
+
         assert self.layouts is not None
         if self.layouts.run(now, self._planned):
             merged = with_layouts(self._planned, self.layouts.targets())
@@ -1012,6 +1019,8 @@ class Simulation(InstanceHooks):
         self.plans += 1
         self._planned = plan
         if self.layouts is not None:
+            from sageserve.plan.oserve_layouts import with_layouts
+
             plan = with_layouts(plan, self.layouts.targets()) or plan
         self.step_state = decide(now, Snapshot(now, {}), plan, self.step_state, self.strategy).state
 

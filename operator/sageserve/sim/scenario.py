@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -41,15 +41,11 @@ from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
 from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems, variant_parallelism
 from sageserve.perf.model import DEFAULT_NODE_GPUS, PerfCatalog, VariantPerf, load_catalog
-from sageserve.plan.oserve_layouts import (
-    TYPE_CAPACITY_ANNOTATION,
-    analytical_capacity,
-    layout_groups,
-    measured_capacity,
-)
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
-from sageserve.sim.layout_loop import LayoutModel, SimLayouts
+
+if TYPE_CHECKING:
+    from sageserve.sim.layout_loop import SimLayouts
 from sageserve.sim.workload import (
     TokenSeries,
     Workload,
@@ -180,6 +176,14 @@ class Scenario:
         variants)."""
         if self.policy is None or self.policy.spec.layouts is None:
             return None
+        from sageserve.plan.oserve_layouts import (
+            TYPE_CAPACITY_ANNOTATION,
+            analytical_capacity,
+            layout_groups,
+            measured_capacity,
+        )
+        from sageserve.sim.layout_loop import LayoutModel, SimLayouts
+
         node_gpus = self.node_gpus()
         models = []
         for md in self.models:
