@@ -217,6 +217,8 @@ class SimLayoutLoop:
         self.published: dict[EndpointKey, EndpointLayout] = {}
         #: (model, region, type, variant, overflowed) → requests dispatched by type
         self.dispatched: Counter[tuple[str, str, int, str, bool]] = Counter()
+        #: the last weights computed (the assignment LP), by what they depend on
+        self._weights: dict[GroupKey, tuple[Any, list[dict[str, float]]]] = {}
         #: (model, GPU type) → its group
         self.group_of = {
             (lm.md.metadata.name, gr.gpu_type): gr for lm in setup.models for gr in lm.groups
@@ -374,7 +376,7 @@ class SimLayoutLoop:
         published types did not change keeps its round robin's credits."""
         entries = []
         for (model, region, gpu), g in self.groups.items():
-            weights = self.weights(g, model, gpu)
+            weights = self.weights((model, region, gpu), g)
             entries.append(
                 {"model": model, "region": region, "types": published_types(g.mix, weights)}
             )
@@ -414,13 +416,20 @@ class SimLayoutLoop:
         self.dispatched[(ep.key.model, ep.key.region, j, _variant_of(inst), overflowed)] += 1
         return inst
 
-    def weights(self, g: GroupState, model: str, gpu: str) -> list[dict[str, float]]:
+    def weights(self, key: GroupKey, g: GroupState) -> list[dict[str, float]]:
         """The group's per-type weights per variant (`group_weights`); none when the LP
         fails, as the operator then publishes none."""
+        inputs = (g.layout, g.mix, tuple(sorted(g.capacity.items())))
+        cached = self._weights.get(key)
+        if cached is not None and cached[0] == inputs:
+            return cached[1]
         try:
-            return group_weights(self.group_of[(model, gpu)], g)
+            weights = group_weights(self.group_of[(key[0], key[2])], g)
         except (RuntimeError, ValueError):
-            return []
+            weights = []
+        # they change only with a re-plan or a switch
+        self._weights[key] = (inputs, weights)
+        return weights
 
     # ---- the run's record ------------------------------------------------------------------
 
@@ -440,7 +449,7 @@ class SimLayoutLoop:
                 "layout": describe(g.layout),
                 "replicas": dict(sorted(g.targets.items())),
                 "switching": g.switch is not None,
-                "types": published_types(g.mix, self.weights(g, model, gpu)),
+                "types": published_types(g.mix, self.weights((model, region, gpu), g)),
                 "message": g.message,
                 "events": [{"t": t, "message": m} for t, m in rec.events],
             }
