@@ -314,3 +314,25 @@ def test_the_mix_moves_to_long_prompts_and_the_run_switches_to_the_pipeline(
     short, long_ = dispatched["type 0"], dispatched["type 1"]
     assert long_["tp4pp2"] > long_["tp4"]
     assert short["tp4"] > 10 * short.get("tp4pp2", 0)
+
+
+def test_the_shape_counter_counts_as_the_routers_metric_and_reads_back_like_prometheus() -> None:
+    """Answered requests per log-2 (prompt, output) bucket, the labels of
+    `sageserve_router_request_shapes_total`; `counts` over the history in whole minutes,
+    `series` as `rate()` per step, missing (NaN) before the run's first minute."""
+    from sageserve.sim.layout_loop import ShapeCounter
+
+    shapes = ShapeCounter(keep_minutes=10)
+    for n in (3, 0, 6):  # three minutes
+        for _ in range(n):
+            shapes.count("m", "r", 1500, 20)  # buckets 2048 and 32
+        shapes.count("m", "other-region", 100, 100)
+        shapes.count("m", "r", 100, 0)  # no output known: not counted, as the router
+        shapes.roll()
+    assert shapes.counts("m", "r", 3600) == {("2048", "32"): 9.0}
+    assert shapes.counts("m", "r", 60) == {("2048", "32"): 6.0}
+    series = shapes.series("m", "r", 300, 60)[("2048", "32")]
+    assert series[:2] == pytest.approx([float("nan")] * 2, nan_ok=True)
+    assert series[2:] == [3 / 60, 0.0, 6 / 60]
+    two_minutes = shapes.series("m", "r", 240, 120)[("2048", "32")]
+    assert two_minutes[0] != two_minutes[0] and two_minutes[1] == (0 + 6) / 120
