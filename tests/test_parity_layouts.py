@@ -1,17 +1,21 @@
-"""One recorded sequence of request mixes, two worlds, the same layout switches.
+"""One recorded sequence of request mixes, three worlds, the same layout switches.
 
 The operator's layout loop (`controller.layout_loop.LayoutPass`, against fakes of the API
-server and Prometheus) and the OServe benchmark's controller (`commands.bench_oserve`, on a
-stand-in for its simulated fleet) both observe their world and call
-`plan.layout_step.replan_layout`. Given the same world (the layout in force, the budget, no
-GPU free beyond it, the same per-type rates and capacities), each step must start the same
-switch, or none, and keep the same gate. The switch's execution is one rule too:
-`plan.layout_step.step_switch` in the operator and `sim.oserve_fleet.Fleet` in the benchmark
-both step it by `plan.layout_switch.switch_targets`.
+server and Prometheus), the OServe benchmark's controller (`commands.bench_oserve`, on a
+stand-in for its simulated fleet) and the fleet simulator's layout loop
+(`sim.layout_loop.SimLayoutLoop`, on a simulated cluster whose router counted the same
+request shapes) all observe their world and call `plan.layout_step.replan_layout`. Given the
+same world (the layout in force, the budget, no GPU free beyond it, the same per-type rates
+and capacities), each step must start the same switch, or none, and keep the same gate. The
+switch's execution is one rule too: `plan.layout_step.step_switch` in the operator and the
+fleet simulator (`plan.layout_group.advance`) and `sim.oserve_fleet.Fleet` in the benchmark
+all step it by `plan.layout_switch.switch_targets`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,9 +24,13 @@ import pytest
 from sageserve.commands import bench_oserve
 from sageserve.controller import layout_loop
 from sageserve.controller.layout_loop import LayoutState
+from sageserve.forecast.request_types import shape_bucket
 from sageserve.plan import layout_step
 from sageserve.plan.layout_search import Layout, canonical
 from sageserve.plan.layout_switch import SwitchPlan
+from sageserve.sim import layout_loop as sim_layout_loop
+from sageserve.sim.engine import Simulation
+from sageserve.sim.scenario import load_scenario
 from tests.controller.test_layout_loop import (
     TABLE,
     FakeKube,
@@ -30,6 +38,7 @@ from tests.controller.test_layout_loop import (
     pod,
     run,
 )
+from tests.sim.test_sim_layouts import scenario
 
 #: (now, short-type requests over the hour, long-prompt requests over the hour)
 RECORDING = [
@@ -113,21 +122,52 @@ def bench_world(space: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any],
     return starts, spy
 
 
-def test_both_worlds_start_the_same_switches_from_the_same_mixes(
-    monkeypatch: pytest.MonkeyPatch,
+def sim_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Spy:
+    """The fleet simulator's layout loop on 2 × TP4 of Llama-2-70B (the operator world's
+    variants, start-up and measured table), the second node's GPUs taken by another model;
+    its router's shape counter holding, at each recorded time, that hour's requests."""
+    spy = Spy(monkeypatch, sim_layout_loop)
+    layouts = {"replanSeconds": 10, "confirmations": 1, "forecast": "persist"}
+    root = scenario(tmp_path / "s", layouts=layouts, startup_s=5)
+    sc = load_scenario(root)
+    sim = Simulation(sc.sim_config(), sc.strategy("reactive"), iter(()))
+    tp4 = next(iter(sim.cluster.endpoints.values())).deployments[0]
+    tp4.instances.pop()  # from the scenario's 3 × TP4 to the operator world's 2, on n0
+    for n in sim.cluster.nodes:
+        if n.free_gpus > 0 and n.name != "n0":
+            n.free_gpus = 0  # taken by another model
+    loop = sim.layouts
+    assert loop is not None
+    short, long_ = (shape_bucket(100), shape_bucket(100)), (shape_bucket(2000), shape_bucket(20))
+    for now, s, lg in RECORDING:
+        loop.shapes.minutes.clear()
+        loop.shapes.minutes.append({("llama-2-70b", "us-east"): Counter({short: s, long_: lg})})
+        loop.run(now, None)
+    return spy
+
+
+def test_every_world_starts_the_same_switches_from_the_same_mixes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     op = operator_world(monkeypatch)
     operator_starts = [out.switch for _, out in op.calls]
     space = op.calls[0][0].space
     assert space is not None
     bench_starts, bench = bench_world(space, monkeypatch)
+    sim = sim_world(tmp_path, monkeypatch)
 
     assert [s is not None for s in operator_starts] == [False, True]
     assert operator_starts == bench_starts  # the same SwitchPlan, action for action
-    for (o_obs, o_out), (b_obs, b_out) in zip(op.calls, bench.calls, strict=True):
+    assert operator_starts == [out.switch for _, out in sim.calls]
+    for (o_obs, o_out), (b_obs, b_out), (s_obs, s_out) in zip(
+        op.calls, bench.calls, sim.calls, strict=True
+    ):
         # the same world seen: layout in force, budget, room, rates, capacities, horizon
         assert (o_obs.current, o_obs.budget, o_obs.spare) == (b_obs.current, b_obs.budget, 0)
-        assert o_obs.mix is not None and b_obs.mix is not None
+        assert (s_obs.current, s_obs.budget, s_obs.spare) == (o_obs.current, o_obs.budget, 0)
+        assert o_obs.mix is not None and b_obs.mix is not None and s_obs.mix is not None
         assert o_obs.mix.rates == pytest.approx(b_obs.mix.rates)
-        assert o_obs.space == b_obs.space
-        assert o_out.memory == b_out.memory
+        assert s_obs.mix == o_obs.mix
+        assert o_obs.space == b_obs.space == s_obs.space
+        assert s_obs.windows == o_obs.windows
+        assert o_out.memory == b_out.memory == s_out.memory

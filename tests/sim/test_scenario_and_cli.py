@@ -100,17 +100,16 @@ def _tiny_copy(tmp_path: Path) -> Path:
     return root
 
 
-def test_layouts_the_fleet_simulator_would_leave_out_are_refused_naming_them(
-    tmp_path: Path,
-) -> None:
+def test_layouts_no_model_can_run_are_refused_naming_the_fix(tmp_path: Path) -> None:
     root = _tiny_copy(tmp_path)
     policy = root / "policy.yaml"
     policy.write_text(policy.read_text() + "  layouts: {replanSeconds: 600}\n")
     sc = load_scenario(root)  # the scenario loads: its other commands may use it
     with pytest.raises(
         ValueError,
-        match=r"ScalingPolicy fleet sets spec\.layouts: .* would ignore the layouts; `sageserve "
-        r"bench oserve` simulates them .* `--set layouts=` simulates the policy without them",
+        match=r"ScalingPolicy fleet sets spec\.layouts, but no ModelDeployment lists two or more "
+        r"variants of one GPU type .* or simulate the policy without layouts "
+        r"\(--set layouts=\)",
     ):
         run_policies(sc, ["reactive"])
     without = with_policy_settings(sc, ["layouts="]).policy  # without the layouts it simulates

@@ -17,6 +17,7 @@ from rich.table import Table
 from sageserve.core.types import Request
 from sageserve.sim.bounds import bounds_dict, describe_bounds, gpu_hour_bounds
 from sageserve.sim.deadlines import describe
+from sageserve.sim.results import layout_rows
 from sageserve.sim.run import Comparison, run_policies, write_outputs
 from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
 
@@ -71,6 +72,31 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
             *[cells[key] for _, key in (NIW_COLUMNS if batch else ())],
             str(r["unfinished"]),
             str(r["scale_events"]),
+        )
+    return table
+
+
+def layouts_table(cmp: Comparison) -> Table | None:
+    """OServe layouts per policy and (model, region, GPU type): switches and the layout in
+    force at the end; None when no run had layouts."""
+    rows = layout_rows(cmp.summary)
+    if not rows:
+        return None
+    table = Table(title="OServe layouts", box=box.SIMPLE_HEAD)
+    for col in ("policy", "model/region/GPU type", "re-plans", "switches", "finished"):
+        table.add_column(col, no_wrap=True)
+    for col in ("abandoned", "layout at the end", "replicas"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r["policy"],
+            r["group"],
+            str(r["replans"]),
+            str(r["switches"]),
+            str(r["finished"]),
+            str(r["abandoned"]),
+            r["layout"],
+            r["replicas"],
         )
     return table
 
@@ -137,6 +163,9 @@ def simulate(
     by_day = attainment_by_day_table(cmp)
     if by_day is not None:
         wide.print(by_day)
+    layouts = layouts_table(cmp)
+    if layouts is not None:
+        wide.print(layouts)
     lower = bounds.lower_bound_gpu_hours
     wide.print(
         f"bounds: {describe_bounds(cmp.summary['bounds'])}"

@@ -44,8 +44,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
-
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import LayoutForecast, Layouts, ScalingPolicy
 from sageserve.controller.kube import Kube
@@ -54,60 +52,47 @@ from sageserve.controller.status import essence, is_ready, set_condition
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT, NodeLabels
 from sageserve.core.nodes import parse_nodes
 from sageserve.core.snapshot import Plan
-from sageserve.core.types import EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
 from sageserve.perf.model import PerfCatalog, load_catalog
+from sageserve.plan.layout_group import (
+    GroupKey,
+    GroupState,
+    abandoned_message,
+    advance,
+    begin,
+    finished_message,
+    group_weights,
+    layout_settings,
+    managed_targets,
+    observation,
+    published_types,
+    take_in_force,
+    with_mix,
+)
 from sageserve.plan.layout_search import (
-    Layout,
-    LayoutSpace,
     Strategy,
-    canonical,
-    describe,
 )
-from sageserve.plan.layout_step import (
-    LayoutMemory,
-    LayoutSettings,
-    ReplanObservation,
-    gated,
-    memory_after_abandon,
-    replan_layout,
-    step_switch,
-)
-from sageserve.plan.layout_switch import (
-    SwitchPlan,
-    Window,
-)
+from sageserve.plan.layout_step import replan_layout
+from sageserve.plan.layout_switch import Window
 from sageserve.plan.oserve_layouts import (
     TYPE_CAPACITY_ANNOTATION,
-    TYPE_CAPACITY_KEY,
     LayoutGroup,
     LayoutTargets,
     MeasuredCapacity,
     Mix,
     analytical_capacity,
-    budget_gpus,
     forecast_windows,
     layout_forecast_spec,
     layout_groups,
     layout_history_seconds,
+    measured_capacity,
     mix_from_buckets,
-    parse_measured,
     type_series,
-    variant_weights,
 )
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
-#: (model deployment, region, GPU type)
-GroupKey = tuple[str, str, str]
 _CATALOG: list[PerfCatalog] = []
-
-
-def layout_settings(spec: Layouts) -> LayoutSettings:
-    """The re-plan's knobs from `spec.layouts`."""
-    return LayoutSettings(
-        confirmations=spec.confirmations, min_relative_gain=spec.min_gain_fraction
-    )
 
 
 def catalog() -> PerfCatalog:
@@ -115,24 +100,6 @@ def catalog() -> PerfCatalog:
     if not _CATALOG:
         _CATALOG.append(load_catalog())
     return _CATALOG[0]
-
-
-@dataclass
-class GroupState:
-    """One (model, region, GPU type)'s layout in force and what the loop keeps for it."""
-
-    layout: Layout = ()
-    #: the re-plan's gate and abandoned target (`plan.layout_step`)
-    memory: LayoutMemory = field(default_factory=LayoutMemory)
-    switch: SwitchPlan | None = None
-    done: int = 0
-    #: when the switch in progress began (the loop's clock), to find it stuck
-    switch_since: float = 0.0
-    targets: dict[str, int] = field(default_factory=dict)
-    message: str = ""
-    computed_at: float = 0.0
-    mix: Mix | None = None
-    capacity: dict[Strategy, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,16 +114,8 @@ class LayoutState:
     reported: set[str] = field(default_factory=set)
 
     def targets(self) -> LayoutTargets:
-        """The layouts in force as the decision step's targets (`with_layouts`). An empty
-        layout (no instance, no switch) is not managed: the strategy's floor and from-zero
-        rules size the endpoint until it holds GPUs again."""
-        out = {
-            (EndpointKey(model, region), variant): n
-            for (model, region, _), g in self.groups.items()
-            if g.switch is not None or any(g.targets.values())
-            for variant, n in g.targets.items()
-        }
-        return LayoutTargets(out, self.changed_at)
+        """The layouts in force as the decision step's targets (`managed_targets`)."""
+        return managed_targets(self.groups, self.changed_at)
 
 
 def ready_per_variant(pods: Sequence[Mapping[str, Any]], model: str, region: str) -> dict[str, int]:
@@ -205,20 +164,6 @@ def layout_entry(
     group: LayoutGroup, region: str, g: GroupState, weights: list[dict[str, float]]
 ) -> dict[str, Any]:
     """One `status.layouts` entry (pure)."""
-    types = []
-    if g.mix is not None:
-        for j, (p, o) in enumerate(g.mix.centroids):
-            types.append(
-                {
-                    "promptTokens": round(p, 1),
-                    "outputTokens": round(o, 1),
-                    "rate": round(g.mix.rates[j], 4),
-                    "weights": [
-                        {"variant": v, "weight": w}
-                        for v, w in sorted((weights[j] if j < len(weights) else {}).items())
-                    ],
-                }
-            )
     at = datetime.fromtimestamp(g.computed_at or time.time(), UTC)
     return {
         "model": group.model,
@@ -228,7 +173,7 @@ def layout_entry(
         "replicas": [
             {"variant": v.name, "replicas": g.targets.get(v.name, 0)} for v in group.variants
         ],
-        "types": types,
+        "types": published_types(g.mix, weights),
         "message": g.message[:2048],
     }
 
@@ -333,10 +278,7 @@ class LayoutPass:
         replicas = {
             v: int((d or {}).get("spec", {}).get("replicas") or 0) for v, d in found.items()
         }
-        if g.switch is None and not any(g.targets.values()):
-            # first pass, or an empty layout: the layout in force is what runs
-            g.targets = dict(replicas)
-            g.layout = group.layout(replicas)
+        take_in_force(g, group, replicas)
         ready = ready_per_variant(self.pods, name, region)
         self.step(raw, group, g, ready)
         if self.due and g.switch is None:
@@ -364,35 +306,8 @@ class LayoutPass:
         name = md.metadata.annotations.get(TYPE_CAPACITY_ANNOTATION)
         if not name:
             return None
-        where = f"ConfigMap {self.namespace}/{name} (annotation {TYPE_CAPACITY_ANNOTATION})"
         data = self.kube.config_map_data(self.namespace, name)
-        if data is None:
-            raise ValueError(
-                f"{where} does not exist; create it with the file of `sageserve calibrate "
-                f"--by-type --out n.yaml` under the key {TYPE_CAPACITY_KEY}, or remove the "
-                "annotation for analytical n"
-            )
-        text = data.get(TYPE_CAPACITY_KEY)
-        if text is None:
-            raise ValueError(f"{where} has no key {TYPE_CAPACITY_KEY} (keys: {sorted(data)})")
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{where}, key {TYPE_CAPACITY_KEY}: not YAML or JSON: {exc}") from None
-        try:
-            table = parse_measured(raw)
-            matching = [g for g in groups if g.gpu_type == table.gpu_type]
-            if not matching:
-                raise ValueError(
-                    f"{TYPE_CAPACITY_KEY}: gpuType {table.gpu_type} is none of the GPU types "
-                    f"with several variants {[g.gpu_type for g in groups]}; measure n on that "
-                    "GPU type (calibrate --by-type --gpu-type)"
-                )
-            for g in matching:
-                table.rows(g)  # every declared variant has a row
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        return table
+        return measured_capacity(md, groups, self.namespace, data)
 
     def capacity(
         self,
@@ -436,32 +351,16 @@ class LayoutPass:
         )
         # held: the layout in force, which the pod sets follow (their spec.replicas lag a
         # pace pass behind a switch's last step)
-        budget, source = budget_gpus(group, region, plan, g.targets or replicas)
-        g.computed_at = now
-        obs = ReplanObservation(
-            now,
-            g.layout,
-            budget,
-            source,
-            spare,
-            group.startup_seconds(),
-            tuple(group.strategy(v) for v in group.variants),
-            history_s=float(history),
-        )
+        obs = observation(g, group, region, plan, replicas, spare, now, float(history))
         if mix is not None:
             rows = self.capacity(md, group, table, mix.centroids, node_gpus)
-            g.mix, g.capacity = mix, rows
-            space = LayoutSpace(rows, node_gpus=node_gpus)
-            obs = replace(obs, space=space, mix=mix)
-            if gated(canonical(g.layout), budget, space):  # only the gate reads the horizon
+            obs, needs_windows = with_mix(g, obs, mix, rows, node_gpus)
+            if needs_windows:  # only the gate reads the horizon
                 windows, outlook = self.windows(md, region, mix)
                 obs = replace(obs, windows=tuple(windows), outlook=outlook)
         outcome = replan_layout(obs, g.memory, layout_settings(settings))
-        g.memory, g.message = outcome.memory, outcome.message
-        if outcome.switch is None:
+        if not begin(g, outcome, now):
             return
-        g.switch, g.done, g.switch_since = outcome.switch, 0, now
-        g.layout = canonical(outcome.switch.target)
         self.kube.event(raw, "Normal", "LayoutSwitch", g.message)
         OPERATOR_METRICS.layout_switches.labels(
             self.namespace, group.model, region, group.gpu_type
@@ -512,39 +411,14 @@ class LayoutPass:
         a switch whose new pods did not serve in time is abandoned: what serves is kept, a
         Warning names the variants that did not come up and where to look, and the target
         is not proposed again for an hour."""
-        if g.switch is None:
-            return
-        plan, by = g.switch, group.by_strategy
-        serving = {s: ready.get(v.name, 0) for s, v in by.items()}
-        step = step_switch(self.now, plan, g.done, g.switch_since, serving, group.startup_seconds())
-        g.done = step.done
-        g.targets = {by[s].name: n for s, n in step.targets.items() if s in by}
-        for v in group.variants:
-            g.targets.setdefault(v.name, 0)
-        if step.abandoned:
-            g.layout = group.layout(g.targets)
-            g.memory = memory_after_abandon(plan, self.now, layout_settings(self.settings))
-            g.switch = None
-            waited = ", ".join(
-                f"{n} pod(s) of variant {by[s].name}"
-                for s, n in sorted(step.missing.items(), key=lambda kv: by[kv[0]].name)
-                if s in by
-            )
-            g.message = (
-                f"switch {describe(plan.current)} → {describe(plan.target)} abandoned after "
-                f"{self.now - g.switch_since:.0f} s: {waited or 'started pods'} not Ready "
-                f"(see the pods' events: image pull, scheduling, crash loop); layout kept at "
-                f"{describe(g.layout)}"
-            )
+        since = g.switch_since
+        adv = advance(g, group, self.now, ready, layout_settings(self.settings))
+        if adv.abandoned:
+            g.message = abandoned_message(g, adv, self.now, since)
             self.kube.event(raw, "Warning", "LayoutSwitchAbandoned", g.message)
             self.logger.warning("%s: %s", group.model, g.message)
-            return
-        if step.finished:
-            waiting = sum(max(0, n - ready.get(v, 0)) for v, n in g.targets.items())
-            g.message = f"switched {describe(plan.current)} → {describe(plan.target)}" + (
-                f" ({waiting} pod(s) of the last starts not Ready yet)" if waiting else ""
-            )
-            g.switch = None
+        elif adv.finished:
+            g.message = finished_message(g, adv, ready)
             self.kube.event(raw, "Normal", "LayoutSwitched", g.message)
 
     # ---- output ---------------------------------------------------------------------------
@@ -555,12 +429,10 @@ class LayoutPass:
                 self.namespace, group.model, region, variant
             ).set(n)
         weights: list[dict[str, float]] = []
-        if g.mix is not None and g.capacity:
-            layout = canonical(g.layout)
-            try:
-                weights = variant_weights(group, g.capacity, layout, g.mix.rates)
-            except (RuntimeError, ValueError) as exc:  # the LP failed: no weights
-                self.logger.warning("layout weights of %s: %s", group.model, exc)
+        try:
+            weights = group_weights(group, g)
+        except (RuntimeError, ValueError) as exc:  # the LP failed: no weights
+            self.logger.warning("layout weights of %s: %s", group.model, exc)
         return layout_entry(group, region, g, weights)
 
     def write(self, entries: list[dict[str, Any]]) -> None:

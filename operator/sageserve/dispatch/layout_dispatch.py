@@ -16,6 +16,11 @@ the router cannot drift apart:
 - **overflow**: `overflow`, whether the preferred replica is swamped enough to send the
   request to another layout instead.
 
+`dispatch_by_type` puts the three together over one endpoint's candidates as `sageserve
+router` (`router/fleet.py`) and the fleet simulator (`sim/engine.py`) both dispatch
+between the variants of a ModelDeployment whose policy publishes `status.layouts`
+(`EndpointLayout`, built from the published types by `endpoint_layout`).
+
 Nothing here reads a clock, draws a random number or imports numpy: it runs once per
 request on the router's hot path.
 """
@@ -23,7 +28,8 @@ request on the router's hot path.
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 #: `overflow`'s threshold: tokens left on the preferred replica above OVERFLOW_RATIO × the
@@ -38,6 +44,7 @@ class _Ordered(Protocol):
 
 
 K = TypeVar("K", bound=_Ordered)
+B = TypeVar("B")
 
 
 def nearest_type(log_centroids: Sequence[tuple[float, float]], prompt: float, output: float) -> int:
@@ -127,10 +134,95 @@ def overflow(
     return preferred_load > ratio * alternative_load + tokens
 
 
+#: One endpoint's request types as the plan publishes them (`layouts_from_status`): per
+#: type, (prompt tokens, output tokens, variant → weight).
+LayoutTypes = Sequence[tuple[float, float, Mapping[str, float]]]
+
+
+@dataclass
+class EndpointLayout:
+    """One endpoint's OServe layout as requests are dispatched by it (OServe §4.2): the
+    request types' centroids in log(1 + tokens), each type's weights per variant with their
+    round robin, and every variant the plan names (with any weight, 0 included)."""
+
+    types: tuple[tuple[float, float, tuple[tuple[str, float], ...]], ...]
+    log_centroids: tuple[tuple[float, float], ...]
+    weights: TypeWeights[str]
+    variants: frozenset[str]
+
+
+def endpoint_layout(types: LayoutTypes) -> EndpointLayout | None:
+    """The layout of one endpoint from its published types; None when no type names a
+    variant with weight > 0 (nothing to dispatch by: the endpoint keeps the type-free
+    rule)."""
+    frozen = tuple(
+        (float(p), float(o), tuple(sorted((str(v), float(w)) for v, w in ws.items())))
+        for p, o, ws in types
+    )
+    weights = {j: dict(ws) for j, (_, _, ws) in enumerate(frozen)}
+    if not any(w > 0 for ws in weights.values() for w in ws.values()):
+        return None
+    return EndpointLayout(
+        types=frozen,
+        log_centroids=tuple(
+            (math.log1p(max(0.0, p)), math.log1p(max(0.0, o))) for p, o, _ in frozen
+        ),
+        weights=TypeWeights(weights),
+        variants=frozenset(v for ws in weights.values() for v in ws),
+    )
+
+
+def dispatch_by_type(
+    layout: EndpointLayout,
+    candidates: Sequence[B],
+    variant_of: Callable[[B], str],
+    pick: Callable[[list[B]], B],
+    load: Callable[[B], float],
+    prompt_tokens: float,
+    predicted_output: float,
+    ratio: float = OVERFLOW_RATIO,
+    tokens: float = OVERFLOW_TOKENS,
+) -> tuple[B, int, bool] | None:
+    """OServe §4.2 dispatch over one endpoint's `candidates` (not empty): the request's type
+    (nearest centroid of its prompt and *predicted* output), the variant by the type's
+    weights (smooth weighted round robin among the variants with a candidate), `pick` among
+    that variant's candidates (the in-region picker); then the overflow: if that candidate's
+    `load` (tokens left) exceeds `ratio` × the least-loaded candidate's of another variant
+    the type weighs (any other variant when it weighs only one) + `tokens`, that one
+    instead. Returns (chosen, type, overflowed).
+
+    None (the caller's type-free rule decides) when a candidate runs a variant the layout
+    does not name (another GPU type, or a variant the plan has not weighed yet: weights
+    over some candidates would starve the others), or when the type weighs no variant that
+    has a candidate."""
+    if any(variant_of(b) not in layout.variants for b in candidates):
+        return None
+    j = nearest_type(layout.log_centroids, prompt_tokens, predicted_output)
+    variant = layout.weights.choose(j, {variant_of(b) for b in candidates})
+    if variant is None:
+        return None
+    chosen = pick([b for b in candidates if variant_of(b) == variant])
+    weighed = layout.weights.of(j)
+    others = [
+        b
+        for b in candidates
+        if variant_of(b) != variant and (len(weighed) < 2 or variant_of(b) in weighed)
+    ]
+    if others:
+        alt = min(others, key=load)
+        if overflow(load(chosen), load(alt), ratio, tokens):
+            return alt, j, True
+    return chosen, j, False
+
+
 __all__ = [
     "OVERFLOW_RATIO",
     "OVERFLOW_TOKENS",
+    "EndpointLayout",
+    "LayoutTypes",
     "TypeWeights",
+    "dispatch_by_type",
+    "endpoint_layout",
     "nearest_type",
     "overflow",
 ]

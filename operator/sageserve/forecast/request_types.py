@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.cluster import KMeans
 
 #: the paper's four types: short/long input × short/long output (OServe §6, Table 1)
 DEFAULT_TYPES = 4
@@ -145,6 +144,8 @@ def fit_request_types(
     if x.shape[0] == 0:
         raise ValueError("prompt_tokens: the history window holds no request")
     k_eff = min(k, int(np.unique(x, axis=0).shape[0]))
+    from sklearn.cluster import KMeans  # here: importing scikit-learn takes seconds
+
     km = KMeans(n_clusters=k_eff, n_init=n_init, random_state=seed).fit(x, sample_weight=w)
     centers = np.asarray(km.cluster_centers_, dtype=np.float64)
     order = sorted(range(k_eff), key=lambda i: (centers[i, 0], centers[i, 1]))

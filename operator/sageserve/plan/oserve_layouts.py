@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import yaml
 
 from sageserve.api.model_deployment import ModelDeployment, Variant
 from sageserve.api.scaling_policy import ScalingPolicySpec
@@ -442,6 +443,51 @@ def parse_measured(raw: Any) -> MeasuredCapacity:
         raise ValueError(f"{TYPE_CAPACITY_KEY}: gpuType missing; the GPU type n was measured on")
     centroids = _centroids(raw.get("types"))
     return MeasuredCapacity(gpu, centroids, _capacity_rows(raw.get("capacity"), len(centroids)))
+
+
+def measured_capacity(
+    md: ModelDeployment,
+    groups: Sequence[LayoutGroup],
+    namespace: str,
+    data: Mapping[str, str] | None,
+) -> MeasuredCapacity | None:
+    """The measured table `md`'s annotation `sageserve.io/type-capacity` names, from the
+    ConfigMap's `data` (None: it does not exist); None when `md` names none. ValueError
+    naming the ConfigMap, the key, the field and the fix when it is missing or broken: no
+    key, not YAML, a table `parse_measured` refuses, a GPU type without layouts, a declared
+    variant without a row. The operator reports it as `LayoutsReady=False`; the simulator
+    refuses the scenario."""
+    name = md.metadata.annotations.get(TYPE_CAPACITY_ANNOTATION)
+    if not name:
+        return None
+    where = f"ConfigMap {namespace}/{name} (annotation {TYPE_CAPACITY_ANNOTATION})"
+    if data is None:
+        raise ValueError(
+            f"{where} does not exist; create it with the file of `sageserve calibrate "
+            f"--by-type --out n.yaml` under the key {TYPE_CAPACITY_KEY}, or remove the "
+            "annotation for analytical n"
+        )
+    text = data.get(TYPE_CAPACITY_KEY)
+    if text is None:
+        raise ValueError(f"{where} has no key {TYPE_CAPACITY_KEY} (keys: {sorted(data)})")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}, key {TYPE_CAPACITY_KEY}: not YAML or JSON: {exc}") from None
+    try:
+        table = parse_measured(raw)
+        matching = [g for g in groups if g.gpu_type == table.gpu_type]
+        if not matching:
+            raise ValueError(
+                f"{TYPE_CAPACITY_KEY}: gpuType {table.gpu_type} is none of the GPU types "
+                f"with several variants {[g.gpu_type for g in groups]}; measure n on that "
+                "GPU type (calibrate --by-type --gpu-type)"
+            )
+        for g in matching:
+            table.rows(g)  # every declared variant has a row
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return table
 
 
 def budget_gpus(

@@ -20,10 +20,9 @@ lays an endpoint out in several variants (parallelism layouts, ScalingPolicy
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sageserve.api.scaling_policy import LayoutWeights
@@ -42,9 +41,9 @@ from sageserve.dispatch.instance_picker import Arrival, InstancePicker, make_pic
 from sageserve.dispatch.layout_dispatch import (
     OVERFLOW_RATIO,
     OVERFLOW_TOKENS,
-    TypeWeights,
-    nearest_type,
-    overflow,
+    EndpointLayout,
+    dispatch_by_type,
+    endpoint_layout,
 )
 from sageserve.dispatch.queue_manager import DEFAULT_RELEASE_RULES, ReleaseRules
 from sageserve.dispatch.region_router import (
@@ -119,44 +118,12 @@ class ModelRoute:
     capacity_at_max_tps: float = 0.0
 
 
-#: One endpoint's request types as the plan publishes them (`layouts_from_status`): per
-#: type, (prompt tokens, output tokens, variant → weight).
-LayoutTypes = Sequence[tuple[float, float, Mapping[str, float]]]
 #: A layout dispatch as counted: (endpoint, type, variant sent to, overflowed).
 LayoutDispatch = tuple[EndpointId, int, str, bool]
 
 
-@dataclass
-class EndpointLayout:
-    """One endpoint's OServe layout as the router dispatches it (OServe §4.2): the request
-    types' centroids in log(1 + tokens), each type's weights per variant with their round
-    robin, and every variant the plan names (with any weight, 0 included)."""
-
-    types: tuple[tuple[float, float, tuple[tuple[str, float], ...]], ...]
-    log_centroids: tuple[tuple[float, float], ...]
-    weights: TypeWeights[str]
-    variants: frozenset[str]
-
-
-def endpoint_layout(types: LayoutTypes) -> EndpointLayout | None:
-    """The layout of one endpoint from its published types; None when no type names a
-    variant with weight > 0 (nothing to dispatch by: the endpoint keeps the type-free
-    rule)."""
-    frozen = tuple(
-        (float(p), float(o), tuple(sorted((str(v), float(w)) for v, w in ws.items())))
-        for p, o, ws in types
-    )
-    weights = {j: dict(ws) for j, (_, _, ws) in enumerate(frozen)}
-    if not any(w > 0 for ws in weights.values() for w in ws.values()):
-        return None
-    return EndpointLayout(
-        types=frozen,
-        log_centroids=tuple(
-            (math.log1p(max(0.0, p)), math.log1p(max(0.0, o))) for p, o, _ in frozen
-        ),
-        weights=TypeWeights(weights),
-        variants=frozenset(v for ws in weights.values() for v in ws),
-    )
+def _variant(b: Backend) -> str:
+    return b.variant
 
 
 def _set_event() -> asyncio.Event:
@@ -381,7 +348,8 @@ class Fleet:
     def _by_type(
         self, endpoint: EndpointId, layout: EndpointLayout, pods: list[Backend], arrival: Arrival
     ) -> Backend | None:
-        """OServe §4.2 dispatch (`dispatch.layout_dispatch`, the simulator's harness's rule):
+        """OServe §4.2 dispatch (`dispatch.layout_dispatch.dispatch_by_type`, the rule the
+        fleet simulator and the OServe harness follow too), counted per type and variant:
         the request's type (nearest centroid of its prompt and *predicted* output), the
         variant by the type's weights (smooth weighted round robin among the variants with
         a candidate pod), the picker among that variant's pods; then the overflow: if that
@@ -393,27 +361,20 @@ class Fleet:
         the layout does not name (another GPU type, or a variant the plan has not weighed
         yet: weights over some pods would starve the others), or when the type weighs no
         variant that has a candidate pod."""
-        if any(b.variant not in layout.variants for b in pods):
+        got = dispatch_by_type(
+            layout,
+            pods,
+            _variant,
+            lambda mine: self._pick(mine, arrival),
+            self.tokens_left,
+            arrival.prompt_tokens,
+            arrival.predicted_output,
+            self.overflow_ratio,
+            self.overflow_tokens,
+        )
+        if got is None:
             return None
-        j = nearest_type(layout.log_centroids, arrival.prompt_tokens, arrival.predicted_output)
-        variant = layout.weights.choose(j, {b.variant for b in pods})
-        if variant is None:
-            return None
-        chosen = self._pick([b for b in pods if b.variant == variant], arrival)
-        weighed = layout.weights.of(j)
-        others = [
-            b for b in pods if b.variant != variant and (len(weighed) < 2 or b.variant in weighed)
-        ]
-        overflowed = False
-        if others:
-            alt = min(others, key=self.tokens_left)
-            if overflow(
-                self.tokens_left(chosen),
-                self.tokens_left(alt),
-                self.overflow_ratio,
-                self.overflow_tokens,
-            ):
-                chosen, overflowed = alt, True
+        chosen, j, overflowed = got
         self.layout_dispatches[(endpoint, j, chosen.variant, overflowed)] += 1
         return chosen
 

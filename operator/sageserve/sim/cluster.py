@@ -31,6 +31,7 @@ from sageserve.core.labels import SERVING_POOL, SPOT_POOL
 from sageserve.core.nodes import OUTSIDE_POOLS, parse_nodes
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, drain_order
 from sageserve.core.types import EndpointKey, InstanceState
+from sageserve.dispatch.layout_dispatch import EndpointLayout
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.pace.spot import PoolNode, Source, reclaim_order
 from sageserve.perf.model import VariantPerf
@@ -165,6 +166,7 @@ class Endpoint:
         "backlog",
         "checked_version",
         "deployments",
+        "dispatch",
         "draining",
         "finished_minute",
         "key",
@@ -206,6 +208,9 @@ class Endpoint:
         #: a ModelPool's endpoint: its pooled pods' hooks (`sim.pooled_pods`); None for a
         #: ModelDeployment's
         self.pooled: PooledHooks | None = None
+        #: the OServe layout requests are dispatched by between its variants (by request
+        #: type, `sim.layout_loop`); None: one layout, the type-free rule
+        self.dispatch: EndpointLayout | None = None
 
     @property
     def serving(self) -> int:

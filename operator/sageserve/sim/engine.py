@@ -17,7 +17,7 @@ from array import array
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
@@ -44,13 +44,16 @@ from sageserve.dispatch.region_router import SpillLedger, pick_region, preferenc
 from sageserve.pace.base import PacingStrategy
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
-from sageserve.pace.step import StepState, decide
+from sageserve.pace.step import StepState, adopt, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
+
+if TYPE_CHECKING:  # imported when a run has layouts: they pull in the plan cycle
+    from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
 
 _INF = math.inf
 _heappush = heapq.heappush
@@ -126,6 +129,8 @@ class SimConfig:
     #: ModelPools: pooled models served by sleep-mode engines on shared pods
     #: (`sim.pooled_pods`)
     pools: tuple[PoolSetup, ...] = ()
+    #: OServe layouts (`spec.layouts`, `sim.layout_loop`); None: off
+    layouts: SimLayouts | None = None
 
 
 #: (model, region) -> one value per minute.
@@ -265,6 +270,9 @@ class RunResult:
     )
     #: pool -> what its pods did (`sim.pooled_pods.PooledPods.summary`); empty: no pool
     pools: dict[str, Any] = field(default_factory=dict)
+    #: OServe layouts: switches and the layout in force at the end per (model, region, GPU
+    #: type), requests dispatched per type and variant (`SimLayoutLoop.summary`); None: off
+    layouts: dict[str, object] | None = None
 
 
 class _Clock:
@@ -420,6 +428,19 @@ class Simulation(InstanceHooks):
                 config.region_order,
                 pool_history or {},
             )
+        #: the plan the planner made last (the layouts are laid over it, `with_layouts`)
+        self._planned: Plan | None = None
+        self.layouts: SimLayoutLoop | None = None
+        if config.layouts is not None:
+            if strategy.layout.siloed:
+                raise ValueError(
+                    f"strategy {strategy.name}: spec.layouts needs one unified pod set per "
+                    "variant, as on Kubernetes (the operator refuses siloed); simulate the "
+                    "layouts with another strategy, or the policy without them (--set layouts=)"
+                )
+            from sageserve.sim.layout_loop import SimLayoutLoop
+
+            self.layouts = SimLayoutLoop(config.layouts, self.cluster)
 
     # ---- set-up --------------------------------------------------------------------------
 
@@ -531,6 +552,8 @@ class Simulation(InstanceHooks):
             ep.finished_minute += 1
             if self.qm_active and self.qm.pending(req.model):
                 self._signal.add(ep)
+            if self.layouts is not None:  # the router's shape counter
+                self.layouts.shapes.count(req.model, ep.key.region, req.prompt_tokens, out)
 
     def on_idle(self, inst: Instance, now: float) -> None:
         if inst.state is InstanceState.DRAINING:
@@ -813,6 +836,10 @@ class Simulation(InstanceHooks):
         inst.enqueue(job, t)
 
     def _pick_instance(self, ep: Endpoint, t: float, job: Job) -> Instance | None:
+        if ep.dispatch is not None:
+            inst = self._by_type(ep, t, job)
+            if inst is not None:
+                return inst
         deps = ep.deployments
         if len(deps) == 1:
             dep: Deployment | None = deps[0] if deps[0].instances else None
@@ -830,6 +857,29 @@ class Simulation(InstanceHooks):
             Arrival(job.req.prompt_tokens, job.pred_out),
             [(i, views.get(i) or view(i)) for i in insts],
         )
+
+    def _by_type(self, ep: Endpoint, t: float, job: Job) -> Instance | None:
+        """The OServe layout's dispatch by request type (`SimLayoutLoop.dispatch`, the
+        router's rule): the in-region picker within the chosen variant, and tokens left
+        (the anticipators', as the router's picker reads them) for the overflow."""
+        assert self.layouts is not None and ep.dispatch is not None
+        self._clock.t = t
+        views, view = self._views, self._view
+        arrival = Arrival(job.req.prompt_tokens, job.pred_out)
+
+        def pick(insts: list[Instance]) -> Instance:
+            if len(insts) == 1:
+                return insts[0]
+            return self.picker.pick(arrival, [(i, views.get(i) or view(i)) for i in insts])
+
+        def load(inst: Instance) -> float:
+            v = views.get(inst) or view(inst)
+            return float(v.anticipator.tokens_left(v.iteration))
+
+        got = self.layouts.dispatch(
+            ep, ep.dispatch, job.req.prompt_tokens, job.pred_out, pick, load
+        )
+        return got if isinstance(got, Instance) else None
 
     def _lost(self, job: Job) -> None:
         st = self.stats[(job.req.tier.name, job.req.model)]
@@ -876,6 +926,8 @@ class Simulation(InstanceHooks):
         return jobs
 
     def _pace_tick(self, now: float) -> None:
+        if self.layouts is not None:
+            self._layout_pass(now)
         # every endpoint signals the Queue Manager; aged batch work is released at once
         if self.qm_active and self.cfg.deadline_pressure:
             qm = self.qm
@@ -899,6 +951,33 @@ class Simulation(InstanceHooks):
         else:
             self._check_idle(now)
 
+    def _layout_pass(self, now: float) -> None:
+        """The layout loop before the pace pass (the operator's order): its targets laid over
+        the plan in force (`with_layouts`), so the decision step moves each layout variant
+        (`pace.step.layout_move`). An event-driven strategy decides on the endpoints whose
+        layout variants are off their targets at once, as the operator's pace pass does
+        every pace period."""
+
+        from sageserve.plan.oserve_layouts import with_layouts
+
+        assert self.layouts is not None
+        if self.layouts.run(now, self._planned):
+            merged = with_layouts(self._planned, self.layouts.targets())
+            self.step_state = adopt(self.step_state, merged)
+        if self.strategy.periodic:
+            return
+        plan = self.step_state.plan
+        if plan is None or not plan.layout_variants:
+            return
+        moving = [
+            ep
+            for key, ep in self.cluster.endpoints.items()
+            if (managed := plan.layout_targets(key))
+            and any(ep.replicas().get(v, 0) != n for v, n in managed.items())
+        ]
+        if moving:
+            self._decide(moving, now)
+
     def _check_idle(self, now: float) -> None:
         """Run the decision step on endpoints no request reached for a scrape interval.
 
@@ -915,6 +994,8 @@ class Simulation(InstanceHooks):
         minute = round((now - self.cfg.start_s) / 60.0)
         if self._pools is not None:
             self._pools.minute()
+        if self.layouts is not None:
+            self.layouts.shapes.roll()
         if self.planner is not None:
             for hk in {(k.model, k.region) for k in self.cluster.endpoints}:
                 self._iw_hist[hk].append(self._iw_tok.pop(hk, 0) / 60.0)
@@ -998,6 +1079,11 @@ class Simulation(InstanceHooks):
         else:
             plan = self.planner(*args)
         self.plans += 1
+        self._planned = plan
+        if self.layouts is not None:
+            from sageserve.plan.oserve_layouts import with_layouts
+
+            plan = with_layouts(plan, self.layouts.targets()) or plan
         self.step_state = decide(now, Snapshot(now, {}), plan, self.step_state, self.strategy).state
 
     def _deadline_need(self, now: float) -> dict[str, float]:
@@ -1090,6 +1176,7 @@ class Simulation(InstanceHooks):
             horizon_s=self.cfg.end_s + self.cfg.drain_s,
             batch_released=self._released_by_model(),
             pools=self._pools.summary() if self._pools is not None else {},
+            layouts=self.layouts.summary() if self.layouts is not None else None,
         )
 
 

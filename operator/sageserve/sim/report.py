@@ -14,6 +14,7 @@ from typing import Any
 
 from sageserve.sim.deadlines import describe
 from sageserve.sim.engine import RunResult
+from sageserve.sim.results import layout_rows
 
 
 def _plt() -> Any:
@@ -220,6 +221,28 @@ def pools_table(doc: Mapping[str, Any]) -> str:
     )
 
 
+def layouts_html(doc: Mapping[str, Any]) -> str:
+    """The OServe layouts section (empty when no run had layouts)."""
+    rows = layout_rows(doc)
+    if not rows:
+        return ""
+    cols = ("policy", "group", "replans", "switches", "finished", "abandoned", "layout")
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in (*cols, "replicas"))
+        + "</tr>"
+        for r in rows
+    )
+    return (
+        "<h2>OServe layouts</h2><p>Per model, region and GPU type: re-plans, layout switches "
+        "(started, finished, abandoned) and the layout in force at the end. Requests "
+        "dispatched per type and variant: <code>layouts</code> in summary.json.</p>"
+        "<table><tr><th>policy</th><th>model/region/GPU type</th><th>re-plans</th>"
+        "<th>switches</th><th>finished</th><th>abandoned</th><th>layout at the end</th>"
+        f"<th>replicas</th></tr>{body}</table>"
+    )
+
+
 def _fmt(v: float | None) -> str:
     return f"{v:.3f}" if v is not None else "-"
 
@@ -279,7 +302,7 @@ def write_report(
         + "</tr>"
         for r, n in zip(table, niw, strict=True)
     )
-    refused = refused_table(doc) + pools_table(doc)
+    refused = refused_table(doc) + pools_table(doc) + layouts_html(doc)
     sc = doc["scenario"]
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>sageserve simulate: {html.escape(str(sc.get("name")))}</title>

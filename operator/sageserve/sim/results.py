@@ -160,6 +160,9 @@ def attainment_by_day(stats: Iterable[TierModelStats], start_s: float) -> list[d
 
 
 def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
+    """One run's summary. With OServe layouts, `layouts`: per (model, region, GPU type) the
+    re-plans, switches and the layout in force at the end, and the requests dispatched per
+    type and variant (`SimLayoutLoop.summary`)."""
     tiers: dict[str, dict[str, Any]] = defaultdict(dict)
     keys = sorted(set(r.stats) | set(r.unfinished_by_key))
     unfinished_total = 0
@@ -197,7 +200,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
         by_mr_i[f"{m}/{reg}"].append((state, sec))
     all_gpu = [(s, v) for (_, _, s), v in r.gpu_seconds.items()]
     all_inst = [(s, v) for (_, _, s), v in r.instance_seconds.items()]
-    return {
+    out: dict[str, Any] = {
         "requests": {
             "arrived": r.arrived,
             "finished": r.finished,
@@ -235,6 +238,31 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "requests_per_wall_s": round(r.arrived / wall_s, 1) if wall_s > 0 else None,
         },
     }
+    if r.layouts is not None:
+        out["layouts"] = r.layouts
+    return out
+
+
+def layout_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per (policy, model, region, GPU type) with OServe layouts: re-plans, switches
+    started / finished / abandoned, the layout in force at the end and its replicas per
+    variant (what `simulate` prints and the report shows)."""
+    rows = []
+    for policy, p in doc.get("policies", {}).items():
+        for group, g in (p.get("layouts") or {}).get("groups", {}).items():
+            rows.append(
+                {
+                    "policy": policy,
+                    "group": group,
+                    "replans": g["replans"],
+                    "switches": g["switches"],
+                    "finished": g["switches_finished"],
+                    "abandoned": g["switches_abandoned"],
+                    "layout": g["layout"] + (" (switching)" if g["switching"] else ""),
+                    "replicas": ", ".join(f"{v}={n}" for v, n in g["replicas"].items()),
+                }
+            )
+    return rows
 
 
 def pool_summary(r: RunResult) -> dict[str, Any]:

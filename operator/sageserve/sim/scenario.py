@@ -30,12 +30,12 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
-from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
+from sageserve.api.model_deployment import ModelDeployment, Variant, model_theta_tps
 from sageserve.api.model_pool import ModelPool, initial_size, parse_pool
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
@@ -43,12 +43,15 @@ from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey, Request, Tier, TierKind
 from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
 from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
-from sageserve.perf.layout_check import variant_layout_problems
-from sageserve.perf.model import PerfCatalog, load_catalog
+from sageserve.perf.layout_check import variant_layout_problems, variant_parallelism
+from sageserve.perf.model import DEFAULT_NODE_GPUS, PerfCatalog, VariantPerf, load_catalog
 from sageserve.perf.switch import sleep_mode_switch_seconds
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
 from sageserve.sim.pooled_pods import PoolObservation, PoolSetup
+
+if TYPE_CHECKING:
+    from sageserve.sim.layout_loop import SimLayouts
 from sageserve.sim.workload import (
     TokenSeries,
     Workload,
@@ -78,18 +81,18 @@ class Scenario:
     catalog: PerfCatalog = field(default_factory=load_catalog)
     #: ModelPools of the scenario (`sim.pooled_pods`)
     pools: list[ModelPool] = field(default_factory=list)
+    #: ConfigMaps of the scenario's manifests by name: their `data` (a measured capacity
+    #: table for OServe layouts, named by the annotation `sageserve.io/type-capacity`)
+    config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
 
     # ---- what one run needs --------------------------------------------------------------
 
     def sim_config(self, seed: int | None = None) -> SimConfig:
-        self.check_simulated()
         setups = []
         for md in self.models:
             pname = md.metadata.annotations.get(PERF_PROFILE_ANNOTATION, md.metadata.name)
-            variants = tuple(
-                (v.name, self.catalog.get(pname, v.gpu_type, v.gpus_per_instance))
-                for v in md.spec.variants
-            )
+            self.check_layouts([md])
+            variants = tuple((v.name, self.variant_perf(md, pname, v)) for v in md.spec.variants)
             regions = tuple(
                 RegionPlacement(
                     r.name,
@@ -100,7 +103,6 @@ class Scenario:
                 for r in md.spec.regions
             )
             context = self.context_length(md)
-            self.check_layouts([md])
             for vname, perf in variants:
                 if context > perf.kv_capacity_tokens:
                     raise ValueError(
@@ -142,6 +144,9 @@ class Scenario:
             cfg = replace(cfg, promotion_age_s=min(promo))
         if self.pools:
             cfg = replace(cfg, pools=tuple(self.pool_setup(p) for p in self.pools))
+        layouts = self.layout_setup()
+        if layouts is not None:
+            cfg = replace(cfg, layouts=layouts)
         return cfg
 
     def pool_profile(self, pool: ModelPool) -> str:
@@ -175,17 +180,79 @@ class Scenario:
             ),
         )
 
-    def check_simulated(self) -> None:
-        """Refuse what the fleet simulator would otherwise leave out without a word: OServe
-        layouts (`spec.layouts`), which run in their own fixed-budget benchmark. A result
-        that silently drops part of the fleet would be read as the fleet's."""
-        if self.policy is not None and self.policy.spec.layouts is not None:
+    def node_gpus(self) -> dict[str, int]:
+        """GPUs of the inventory's largest node per GPU type."""
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            out[n.gpu_type] = max(out.get(n.gpu_type, 0), n.gpus)
+        return out
+
+    def variant_perf(self, md: ModelDeployment, pname: str, v: Variant) -> VariantPerf:
+        """A variant's profile: with tensorParallel or pipelineParallel declared, the
+        (TP, PP) profile as the pod set renders it (TP = tensorParallel, else
+        gpusPerInstance / pipelineParallel; `PerfCatalog.layout`, PP > 1 derived, on the
+        inventory's node size), as the twin picks it from the pod's vLLM arguments; else the
+        measured profile of its GPU count."""
+        if v.tensor_parallel is None and v.pipeline_parallel == 1:
+            return self.catalog.get(pname, v.gpu_type, v.gpus_per_instance)
+        tp, pp = variant_parallelism(v)
+        node = self.node_gpus().get(v.gpu_type) or DEFAULT_NODE_GPUS
+        try:
+            return self.catalog.layout(pname, v.gpu_type, tp, pp, node_gpus=node)
+        except (KeyError, ValueError) as exc:
+            msg = exc.args[0] if exc.args else str(exc)
             raise ValueError(
-                f"scenario {self.name}: ScalingPolicy {self.policy.metadata.name} sets "
-                "spec.layouts: the fleet simulator runs one variant per (model, region, GPU "
-                "type) and would ignore the layouts; `sageserve bench oserve` simulates them "
-                "(scenarios/oserve-mixed); `--set layouts=` simulates the policy without them"
+                f"ModelDeployment {md.metadata.name}: spec.variants[{v.name}] "
+                f"(tensorParallel {tp} × pipelineParallel {pp}): {msg}"
+            ) from None
+
+    def layout_setup(self) -> SimLayouts | None:
+        """The OServe layouts the run simulates (`sim.layout_loop`), None when the policy
+        sets no `spec.layouts`. Refused, naming the field and the fix: two variants of one
+        GPU type with the same (TP, PP), a variant without a profile to compute n from, a
+        measured capacity table (the annotation `sageserve.io/type-capacity`) missing from
+        the scenario's ConfigMaps or broken (the operator's `LayoutsReady=False` texts), and
+        a policy with layouts that no ModelDeployment can run (no GPU type with two or more
+        variants)."""
+        if self.policy is None or self.policy.spec.layouts is None:
+            return None
+        from sageserve.plan.oserve_layouts import (
+            TYPE_CAPACITY_ANNOTATION,
+            analytical_capacity,
+            layout_groups,
+            measured_capacity,
+        )
+        from sageserve.sim.layout_loop import LayoutModel, SimLayouts
+
+        node_gpus = self.node_gpus()
+        models = []
+        for md in self.models:
+            name = md.metadata.name
+            try:
+                groups = layout_groups(md)
+                if not groups:
+                    continue
+                cm = md.metadata.annotations.get(TYPE_CAPACITY_ANNOTATION, "")
+                namespace = md.metadata.namespace or "default"
+                measured = measured_capacity(md, groups, namespace, self.config_maps.get(cm))
+                for group in groups:  # n analytical where no measured table covers it
+                    if measured is None or measured.gpu_type != group.gpu_type:
+                        node = node_gpus.get(group.gpu_type) or DEFAULT_NODE_GPUS
+                        analytical_capacity(self.catalog, md, group, [(512.0, 128.0)], node)
+            except ValueError as exc:
+                raise ValueError(f"ModelDeployment {name}: {exc}") from None
+            models.append(LayoutModel(md, tuple(groups), measured))
+        if not models:
+            policy = self.policy.metadata.name
+            raise ValueError(
+                f"scenario {self.name}: ScalingPolicy {policy} sets spec.layouts, but no "
+                "ModelDeployment lists two or more variants of one GPU type (with different "
+                "tensorParallel × pipelineParallel), so there is no layout to choose; add a "
+                "variant, e.g. {name: tp4pp2, gpusPerInstance: 8, tensorParallel: 4, "
+                "pipelineParallel: 2} next to a TP4 one, or simulate the policy without "
+                "layouts (--set layouts=)"
             )
+        return SimLayouts(self.policy.spec, tuple(models), self.catalog)
 
     def check_layouts(self, models: Sequence[ModelDeployment] | None = None) -> None:
         """Refuse a variant vLLM or the inventory's nodes cannot run: TP not dividing the
@@ -534,6 +601,7 @@ class _Manifests:
     pools: list[ModelPool] = field(default_factory=list)
     #: pool name -> the file it came from
     pool_files: dict[str, Path] = field(default_factory=dict)
+    config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _read_manifests(docs: Sequence[tuple[Path, dict[str, Any]]]) -> _Manifests:
@@ -554,6 +622,9 @@ def _read_manifests(docs: Sequence[tuple[Path, dict[str, Any]]]) -> _Manifests:
                 pool = parse_pool(d)
                 m.pools.append(pool)
                 m.pool_files[pool.metadata.name] = f
+            elif kind == "ConfigMap":
+                data = d.get("data") or {}
+                m.config_maps[d["metadata"]["name"]] = {str(k): str(v) for k, v in data.items()}
         except Exception as e:  # pydantic's message names the field; add the file
             raise ValueError(f"{f}: invalid {kind}: {e}") from e
     return m
@@ -602,6 +673,7 @@ def load_scenario(path: Path) -> Scenario:
         policies=[str(p) for p in meta.get("policies", ["reactive", "siloed"])],
         pools=m.pools,
         catalog=catalog,
+        config_maps=m.config_maps,
     )
     scenario.check_layouts()  # at load, as the operator's Ready=False would stop it
     return scenario
