@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import yaml
 
+from sageserve.controller.plan_loop import gpu_capacity
 from sageserve.controller.semantics import node_shapes
 from sageserve.controller.spot import pool_nodes
 from sageserve.core.labels import NodeLabels
-from sageserve.core.nodes import OUTSIDE_POOLS, NodeInfo, parse_node, parse_nodes
+from sageserve.core.nodes import OUTSIDE_POOLS, NodeInfo, parse_node, parse_nodes, plannable_gpus
 from sageserve.sim.cluster import nodes_from_manifests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +99,15 @@ def test_every_world_reads_the_same_inventory_alike() -> None:
     ]
     spot = pool_nodes(docs, [], NodeLabels())
     assert [(n.name, n.pool, n.gpus) for n in spot] == [(n.name, n.pool, n.gpus) for n in parsed]
+
+
+def test_both_worlds_plan_on_the_serving_and_spot_pools_only() -> None:
+    docs = [
+        node({**GPU, "sageserve.io/pool": "serving"}),
+        node({**GPU, "sageserve.io/pool": "spot"}, gpus="4"),
+        node(GPU, gpus="8"),  # no pool label: not sageserve's to plan on
+        node({**GPU, "sageserve.io/pool": "training"}),
+    ]
+    operator = gpu_capacity(docs, NodeLabels())
+    simulator = plannable_gpus(nodes_from_manifests(docs))
+    assert operator == simulator == {("us-east", "H100"): 12}

@@ -31,7 +31,7 @@ from sageserve.controller.kube import Kube
 from sageserve.controller.pool_podsets import apply_pool_targets
 from sageserve.controller.status import essence, set_condition
 from sageserve.core.labels import NodeLabels
-from sageserve.core.nodes import parse_nodes
+from sageserve.core.nodes import parse_nodes, plannable_gpus
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
@@ -96,12 +96,9 @@ def deadline_needs(
 def gpu_capacity(
     nodes: Iterable[Mapping[str, Any]], labels: NodeLabels
 ) -> dict[tuple[str, str], int]:
-    """GPUs per (region, GPU type) in the serving and spot pools (spot can be reclaimed)."""
-    out: dict[tuple[str, str], int] = {}
-    for node in parse_nodes(nodes, labels):
-        if node.pool in (labels.serving_pool, labels.spot_pool):
-            out[(node.region, node.gpu_type)] = out.get((node.region, node.gpu_type), 0) + node.gpus
-    return out
+    """GPUs per (region, GPU type) in the serving and spot pools (`core.nodes.plannable_gpus`,
+    as the simulator's plan counts them)."""
+    return plannable_gpus(parse_nodes(nodes, labels), labels)
 
 
 def target_entries(

@@ -42,6 +42,7 @@ from sageserve.core.nodes import (
     parse_node,
     parse_nodes,
     parse_time,
+    plannable_gpus,
 )
 from sageserve.core.percentile import (
     percentile,
@@ -136,5 +137,6 @@ __all__ = [
     "parse_time",
     "percentile",
     "percentiles",
+    "plannable_gpus",
     "pooled_engines",
 ]

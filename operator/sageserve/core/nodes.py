@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sageserve.core.labels import (
     ANNOTATION_DONATED_AT,
@@ -112,4 +112,33 @@ def parse_nodes(
         node = parse_node(obj, labels)
         if node is not None:
             out.append(node)
+    return out
+
+
+class PlacedGpus(Protocol):
+    """A GPU node as any world lists it (`NodeInfo`, the simulator's inventory)."""
+
+    @property
+    def region(self) -> str: ...
+
+    @property
+    def gpu_type(self) -> str: ...
+
+    @property
+    def pool(self) -> str: ...
+
+    @property
+    def gpus(self) -> int: ...
+
+
+def plannable_gpus(
+    nodes: Iterable[PlacedGpus], labels: NodeLabels = DEFAULT_NODE_LABELS
+) -> dict[tuple[str, str], int]:
+    """GPUs per (region, GPU type) the plan may give out: the serving and spot pools' (a
+    spot node is reclaimed for serving; SageServe §5.2). A node outside both pools is not
+    sageserve's to plan on, in either world."""
+    out: dict[tuple[str, str], int] = {}
+    for n in nodes:
+        if n.pool in (labels.serving_pool, labels.spot_pool):
+            out[(n.region, n.gpu_type)] = out.get((n.region, n.gpu_type), 0) + n.gpus
     return out

@@ -39,6 +39,7 @@ from sageserve.api.model_deployment import ModelDeployment, Variant, model_theta
 from sageserve.api.model_pool import ModelPool, initial_size, parse_pool
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.api.workload_tier import WorkloadTier
+from sageserve.core.nodes import plannable_gpus
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey, Request, Tier, TierKind
 from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
@@ -431,9 +432,7 @@ class Scenario:
         from sageserve.plan.cycle import history_at_policy_step, run_plan_cycle
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
-        capacity: dict[tuple[str, str], int] = {}
-        for n in self.nodes:
-            capacity[(n.region, n.gpu_type)] = capacity.get((n.region, n.gpu_type), 0) + n.gpus
+        capacity = plannable_gpus(self.nodes)  # as the operator's plan loop counts them
         models = self.models
         manifests = list(self.pools)
 
