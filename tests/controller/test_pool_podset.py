@@ -17,11 +17,21 @@ from sageserve.controller.pool_podsets import (
     apply_pool_targets,
     engine_args,
     launcher_script,
+    pool_drain_choice,
     pool_problems,
     render_pool_pod_sets,
 )
-from sageserve.core.labels import ANNOTATION_REPLICAS, ANNOTATION_SCALING, SCALING_EXTERNAL
+from sageserve.core.labels import (
+    ANNOTATION_DELETION_COST,
+    ANNOTATION_REPLICAS,
+    ANNOTATION_SCALING,
+    DRAIN_DELETION_COST,
+    LABEL_DEPLOYMENT,
+    LABEL_REGION,
+    SCALING_EXTERNAL,
+)
 from sageserve.core.pooled_engines import pooled_engines
+from sageserve.metrics.prometheus import PodLoad
 from sageserve.pace.base import make_strategy
 from sageserve.plan.pool_cycle import pool_sizing
 
@@ -151,6 +161,8 @@ class PoolKube:
         }
         self.moves = moves
         self.writes: list[tuple[str, int]] = []
+        #: every write in order: ("cost", pod) or ("replicas", pod set)
+        self.ops: list[tuple[str, str]] = []
         self.events: list[tuple[str, str, str]] = []
         self.status: dict[str, Any] = {}
 
@@ -164,6 +176,11 @@ class PoolKube:
         if name in self.moves:
             raise ReplicasMoved(f"{name}: Unprocessable Entity")
         self.writes.append((name, replicas))
+        self.ops.append(("replicas", name))
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        assert annotations == {ANNOTATION_DELETION_COST: str(DRAIN_DELETION_COST)}
+        self.ops.append(("cost", name))
 
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
@@ -220,3 +237,48 @@ def test_the_charts_dry_run_stops_pool_resizes_as_it_stops_every_other_write(
     assert k.status["targetInstances"] == 5
     monkeypatch.setenv("SAGESERVE_DRY_RUN", "false")
     assert dry_run(False) is False and dry_run(True) is True
+
+
+def _pool_pod(name: str, ready: bool = True, region: str = "us-east") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {LABEL_DEPLOYMENT: "tail", LABEL_REGION: region},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_a_pool_scale_in_removes_the_least_loaded_pods_first() -> None:
+    k = PoolKube({})
+    k.sets["tail-us-east-h100"]["spec"]["replicas"] = 4
+    k.sets["tail-us-west-h100"]["spec"]["replicas"] = 2
+    pods = [
+        _pool_pod("busy"),
+        _pool_pod("idle"),
+        _pool_pod("light"),
+        _pool_pod("silent"),  # no load reported: may be the busiest, never chosen
+        _pool_pod("starting", ready=False),  # the ReplicaSet removes it first anyway
+        _pool_pod("west", region="us-west"),
+    ]
+    loads = {
+        "busy": PodLoad(0.9, 1000.0, 3),
+        "idle": PodLoad(0.0, 1000.0),
+        "light": PodLoad(0.1, 1000.0),
+        "starting": PodLoad(0.0, 1000.0),
+        "west": PodLoad(0.0, 1000.0),
+    }
+    apply_pool_targets(
+        cast(Kube, k),
+        "llm",
+        [({"metadata": {"name": "tail"}}, pool())],
+        {("tail", "us-east"): 2, ("tail", "us-west"): 2},
+        {"tail": 1.0},
+        logging.getLogger("test"),
+        pods=pods,
+        loads=loads,
+    )
+    # us-east 4 → 2: the two least loaded Ready pods marked, then the replicas written
+    assert k.ops == [("cost", "idle"), ("cost", "light"), ("replicas", "tail-us-east-h100")]
+    assert any("draining idle, light" in m for _, r, m in k.events if r == "PoolResized")
+    assert pool_drain_choice(pods, loads, "tail", "us-east", 5) == ["idle", "light", "busy"]

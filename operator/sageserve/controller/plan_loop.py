@@ -36,7 +36,7 @@ from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
 from sageserve.metrics.exporter import OPERATOR_METRICS
-from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
+from sageserve.metrics.prometheus import MetricsUnavailable, PodLoad, PrometheusReader
 from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
 
@@ -283,9 +283,20 @@ class PlanPass:
                 pool_expected(cycle),
                 self.logger,
                 dry_run=dry_run(spec.dry_run),
+                pods=self.kube.pods_of(self.namespace),
+                loads=self.pod_loads(reader),
             )
         self.write(cycle, mds, current)
         return cycle
+
+    def pod_loads(self, reader: PrometheusReader) -> dict[str, PodLoad]:
+        """Each pod's load for choosing which pooled pods a scale-in removes; none when
+        Prometheus does not answer (the ReplicaSet then chooses, as without sageserve)."""
+        try:
+            return reader.pod_loads(self.namespace)
+        except MetricsUnavailable as exc:
+            self.logger.info("pod loads unreadable (%s); a pool scale-in drains any pod", exc)
+            return {}
 
     def read_history(
         self, reader: PrometheusReader, pools: Sequence[ModelPool]

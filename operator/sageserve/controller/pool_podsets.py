@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,9 +39,11 @@ from sageserve.controller.guard import held_message
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.podset import engine_probes, gpu_deployment, pod_set_metadata
 from sageserve.controller.semantics import SemanticProblem
-from sageserve.controller.status import model_deployment_status, set_condition
+from sageserve.controller.status import is_ready, model_deployment_status, set_condition
 from sageserve.core.labels import (
+    ANNOTATION_DELETION_COST,
     DEFAULT_NODE_LABELS,
+    DRAIN_DELETION_COST,
     GPU_RESOURCE,
     LABEL_DEPLOYMENT,
     LABEL_REGION,
@@ -57,6 +59,8 @@ from sageserve.core.pooled_engines import (
     PooledEngine,
     encode_engines,
 )
+from sageserve.core.snapshot import InstanceView, drain_order
+from sageserve.metrics.prometheus import PodLoad
 from sageserve.pace.from_policy import strategy_for
 from sageserve.plan.pool_cycle import bounded, pool_sizing
 
@@ -306,6 +310,37 @@ def on_model_pool(
     patch.status.update(reconcile_pool(body, namespace, uid))
 
 
+def pool_drain_choice(
+    pods: Iterable[Mapping[str, Any]],
+    loads: Mapping[str, PodLoad],
+    pool: str,
+    region: str,
+    count: int,
+) -> list[str]:
+    """The `count` Ready pods of a pooled pod set to remove first on a scale-in: least
+    loaded by the rule every scale-in follows (`core.snapshot.drain_order`: least KV in use,
+    then fewest waiting), among the pods that report a load; the simulator drains the same
+    way (`sim.pooled_pods`). A pod with no load reported is never chosen (it may be the
+    busiest); the ReplicaSet removes pods that are not Ready before any of these."""
+    views = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        name = str(meta.get("name", ""))
+        if (
+            labels.get(LABEL_DEPLOYMENT) != pool
+            or labels.get(LABEL_REGION) != region
+            or meta.get("deletionTimestamp")
+            or not is_ready(pod)
+            or name not in loads
+        ):
+            continue
+        load = loads[name]
+        cap = load.kv_capacity_tokens or 1.0
+        views.append(InstanceView(name, "", load.kv_usage * cap, cap, load.waiting))
+    return [v.name for v in drain_order(tuple(views))[: max(0, count)]]
+
+
 def apply_pool_targets(
     k: Kube,
     namespace: str,
@@ -314,6 +349,8 @@ def apply_pool_targets(
     expected_active: Mapping[str, float],
     logger: Logger,
     dry_run: bool = False,
+    pods: Sequence[Mapping[str, Any]] = (),
+    loads: Mapping[str, PodLoad] | None = None,
 ) -> None:
     """Scale each pooled pod set to the plan's size (`targets[(pool, region)]`, within the
     region's bounds) and record it in the pool's status, with an Event when it moves.
@@ -323,7 +360,9 @@ def apply_pool_targets(
     writer changed, or one with an unknown `scaling` annotation is left as it is, with a
     `PoolResizeHeld` Event naming why; a write that loses a race with another writer
     (`ReplicasMoved`) is not retried over it and does not stop the other pools or the
-    plan's status."""
+    plan's status. A scale-in first marks the least-loaded pods (`pool_drain_choice` over
+    `pods` and their `loads`) with a low `pod-deletion-cost`, so the ReplicaSet removes
+    those rather than a pod with requests in flight."""
     sets = k.deployments_by_owner(namespace)
     for raw, pool in pools:
         name = pool.metadata.name
@@ -350,6 +389,11 @@ def apply_pool_targets(
                     + held_message(own, namespace),
                 )
                 continue
+            drained = pool_drain_choice(pods, loads or {}, name, region.name, before - target)
+            for pod_name in drained:
+                k.annotate_pod(
+                    namespace, pod_name, {ANNOTATION_DELETION_COST: str(DRAIN_DELETION_COST)}
+                )
             try:
                 k.set_replicas(
                     namespace, observed, target, drop_scaling=own.sizing is Sizing.RESUME
@@ -360,6 +404,7 @@ def apply_pool_targets(
             message = (
                 f"pool {set_name}: {before} → {target} pooled pod(s) for "
                 f"{expected_active.get(name, 0.0):.2f} expected active model(s)"
+                + (f", draining {', '.join(drained)}" if drained else "")
             )
             logger.info("%s", message)
             k.event(dict(raw), "Normal", "PoolResized", message)

@@ -20,7 +20,8 @@ the model and forwards it. Here:
 - the hourly plan (`lt-*`) sizes each (pool, region) from each pooled model's request rate
   per minute (`plan.pool_cycle`, through `plan.cycle.run_plan_cycle`, as the operator's plan
   loop does) and the simulator applies what the plan grants: new pods in `reclaim_order`'s
-  order, or idle pods drained first (their held requests go to another pod). Under other
+  order, or the least-loaded pods drained first, as the operator marks them (their held
+  requests go to another pod). Under other
   strategies a pool keeps its initial size and the run's summary says so, with the reason
   and message of the operator's `Sized=False` condition (`plan.pool_cycle.pool_sizing`).
 """
@@ -34,6 +35,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from sageserve.api.model_pool import ModelPool
+from sageserve.core.snapshot import InstanceView, drain_order
 from sageserve.core.types import EndpointKey
 from sageserve.dispatch.pool_switch import IDLE_SWEEP_SECONDS
 from sageserve.dispatch.region_router import preference
@@ -218,7 +220,8 @@ class PooledEndpoint:
 
     def resize(self, target: int, now: float) -> None:
         """Scale to `target` pods: new ones in `reclaim_order`'s order; fewer by draining
-        serving pods, idle ones first (no request in flight or held, fewest models awake)."""
+        serving pods, the least loaded first as the operator chooses them (least KV in
+        use, then fewest waiting: `core.snapshot.drain_order`)."""
         current = self.replicas()
         if target != current:
             self.resizes += 1
@@ -228,15 +231,16 @@ class PooledEndpoint:
                 self.host.instance_ready_at(got[0])
         if target >= current:
             return
-        pods = sorted(
-            (p for p in self.rule.pods.values()),
-            key=lambda p: (
-                sum(e.busy for e in p.engines.values()) + len(p.waiting),
-                len(p.live),
-                p.name,
-            ),
-        )
-        for pod in pods[: current - target]:
+        # the operator's rule (`controller.pool_podsets.pool_drain_choice`): least KV in use,
+        # then fewest waiting, by `core.snapshot.drain_order` over what vLLM reports
+        by_name = {p.name: p for p in self.rule.pods.values()}
+        views = []
+        for p in by_name.values():
+            inst = p.handle
+            assert isinstance(inst, Instance)
+            views.append(InstanceView(p.name, "", inst.kv_at(now), inst.kv_cap, inst.waiting))
+        for view in drain_order(tuple(views))[: current - target]:
+            pod = by_name[view.name]
             inst = pod.handle
             assert isinstance(inst, Instance)
             held = self.rule.remove_pod(pod.name)
