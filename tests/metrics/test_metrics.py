@@ -33,6 +33,8 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
         "waiting": queries.waiting_requests("llm"),
         "ttft_p95": queries.ttft_quantile(0.95),
         "deadline_need": queries.batch_deadline_need("llm"),
+        "router_ttft_p95": queries.router_ttft_p95("llm"),
+        "router_ttft_count": queries.router_ttft_count("llm"),
     }
     rules = {
         "groups": [

@@ -35,11 +35,12 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment, model_theta_tps, pod_set_name
-from sageserve.controller.status import is_ready
+from sageserve.api.workload_tier import WorkloadTier
+from sageserve.controller.status import essence, is_ready
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.core.snapshot import Decision, EndpointSnapshot, InstanceView
 from sageserve.core.types import EndpointKey
-from sageserve.metrics.prometheus import PodLoad, Series
+from sageserve.metrics.prometheus import PodLoad, Series, TierTtft
 from sageserve.pace.pressure import with_deadline_need
 
 #: Capacity weight of a pod whose KV-cache size is unknown (see the module doc).
@@ -66,6 +67,8 @@ def endpoint_snapshots(
     projections: Mapping[str, tuple[float, ...]] | None = None,
     batch_need_tps: float = 0.0,
     release_below: float = 0.6,
+    ttft: Mapping[tuple[str, str, str], TierTtft] | None = None,
+    ttft_slo_s: Mapping[str, float] | None = None,
 ) -> dict[EndpointKey, EndpointSnapshot]:
     """One snapshot per region of `md` that has a pod set (existing Deployments only);
     pods on `lost_nodes` (not Ready) are not serving. `projections` are each pod's
@@ -73,7 +76,11 @@ def endpoint_snapshots(
     `batch_need_tps` the tokens/s the model's batch queue needs to meet every deadline
     (`PrometheusReader.batch_deadline_needs`), shared over the endpoints by serving
     instances, and `release_below` the EMU under which the Queue Manager releases batch
-    work (`spec.routing.batchRelease`, SageServe §6.2: 60 %)."""
+    work (`spec.routing.batchRelease`, SageServe §6.2: 60 %). `ttft` is each endpoint's
+    TTFT P95 and count per tier over the last minute as the routers measured it on
+    streamed answers (`PrometheusReader.tier_ttft`), `ttft_slo_s` each interactive tier's
+    SLO (its WorkloadTier's `ttftP95Seconds`): the TTFT pressure of `pace.pressure`, read
+    as the simulator reads its own minute histogram (`sim.cluster.TtftWindow`)."""
     name = md.metadata.name
     variants = tuple(v.name for v in md.spec.variants)
     mine: dict[str, list[Mapping[str, Any]]] = {}
@@ -118,6 +125,9 @@ def endpoint_snapshots(
             waiting=sum(i.waiting for i in views) + int((held_requests or {}).get(key3, 0)),
             tokens_per_s=tokens_per_s.get(key3, 0.0),
             variants=variants,
+            ttft_p95_s=dict(seen.p95_s) if (seen := (ttft or {}).get(key3)) else {},
+            ttft_samples=dict(seen.samples) if seen else {},
+            ttft_slo_s=dict(ttft_slo_s or {}),
         )
     model_serving = sum(snap.serving for snap in out.values())
     theta = model_theta_tps(md)
@@ -133,3 +143,19 @@ def pod_set_changes(md: ModelDeployment, decision: Decision) -> dict[str, int]:
         pod_set_name(md.metadata.name, decision.key.region, variant): replicas
         for variant, replicas in decision.replicas.items()
     }
+
+
+def interactive_ttft_slo(tiers: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Each interactive WorkloadTier's TTFT SLO (`spec.slo.ttftP95Seconds`) by name, the
+    tier label the routers count first tokens under; a tier that does not validate is left
+    out (its own status says why)."""
+    out: dict[str, float] = {}
+    for obj in tiers:
+        try:
+            tier = WorkloadTier.model_validate(essence(obj))
+        except ValueError:
+            continue
+        slo = tier.spec.slo.ttft_p95_seconds
+        if slo is not None and slo > 0:
+            out[tier.metadata.name] = float(slo)
+    return out

@@ -42,7 +42,7 @@ from sageserve.controller.guard import FaultReport, Guard, dry_run, report_after
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.layout_loop import LayoutPass, LayoutState
 from sageserve.controller.leader import LeaderElection, identity
-from sageserve.controller.observe import endpoint_snapshots, pod_set_changes
+from sageserve.controller.observe import endpoint_snapshots, interactive_ttft_slo, pod_set_changes
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
 from sageserve.controller.semantics import SemanticProblem, node_shapes, policy_problems
 from sageserve.controller.spot import SpotPass
@@ -58,7 +58,13 @@ from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.metrics.exporter import OPERATOR_METRICS
-from sageserve.metrics.prometheus import MetricsTooSlow, MetricsUnavailable, PodLoad, Series
+from sageserve.metrics.prometheus import (
+    MetricsTooSlow,
+    MetricsUnavailable,
+    PodLoad,
+    Series,
+    TierTtft,
+)
 from sageserve.pace.base import PacingStrategy, PlanSource, simulation_only
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.from_policy import strategy_for
@@ -148,6 +154,8 @@ class PaceSamples:
     held_requests: Series
     deadline_needs: dict[str, float]
     projections: dict[str, tuple[float, ...]]
+    #: each interactive tier's TTFT over the last minute, per endpoint (the routers')
+    ttft: dict[tuple[str, str, str], TierTtft] = field(default_factory=dict)
 
 
 @dataclass
@@ -284,6 +292,7 @@ class PacePass:
                 reader.held_requests(self.namespace),
                 reader.batch_deadline_needs(self.namespace),
                 reader.pod_projections(self.namespace) if strategy.uses_projection else {},
+                reader.tier_ttft(self.namespace),
             )
         except MetricsTooSlow as exc:
             message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
@@ -322,6 +331,7 @@ class PacePass:
         self.replace_lost(lost, mine_pods, {md.metadata.name: raw for raw, md in fleet})
         seen = Observed(guard)
         release = self.policy.spec.routing.batch_release
+        slo = interactive_ttft_slo(self.kube.objects(self.namespace, "workloadtiers"))
         for raw, md in fleet:
             snaps = endpoint_snapshots(
                 md,
@@ -335,6 +345,8 @@ class PacePass:
                 samples.projections,
                 samples.deadline_needs.get(md.metadata.name, 0.0),
                 max(release.one_below_emu, release.two_below_emu),
+                samples.ttft,
+                slo,
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all

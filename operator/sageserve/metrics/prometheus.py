@@ -71,6 +71,14 @@ def _key(labels: Mapping[str, str]) -> tuple[str, str, str]:
     )
 
 
+@dataclass(frozen=True)
+class TierTtft:
+    """One endpoint's time to first token per tier over the last minute."""
+
+    p95_s: dict[str, float]
+    samples: dict[str, int]
+
+
 @dataclass
 class PrometheusReader:
     """The queries the pacing and planning loops need, as plain dictionaries."""
@@ -246,6 +254,25 @@ class PrometheusReader:
     def held_requests(self, namespace: str) -> Series:
         """Requests the router holds per (model, region) while nothing serves there."""
         return self.instant(queries.held_requests(namespace))
+
+    def tier_ttft(self, namespace: str) -> dict[tuple[str, str, str], TierTtft]:
+        """Per (namespace, model, region): each tier's TTFT P95 over the last minute and the
+        first tokens it counted, from the routers' histogram of streamed answers
+        (`queries.router_ttft_p95`). Non-finite quantiles (no first token in the minute)
+        are left out."""
+        out: dict[tuple[str, str, str], TierTtft] = {}
+        reads = ((queries.router_ttft_p95(namespace), 0), (queries.router_ttft_count(namespace), 1))
+        for expr, slot in reads:
+            for labels, value in self.samples(expr):
+                tier = labels.get("tier", "")
+                if not tier or not math.isfinite(value) or value < 0:
+                    continue
+                entry = out.setdefault(_key(labels), TierTtft({}, {}))
+                if slot == 0:
+                    entry.p95_s[tier] = value
+                else:
+                    entry.samples[tier] = round(value)
+        return out
 
     def batch_deadline_needs(self, namespace: str) -> dict[str, float]:
         """Tokens/s each model's batch queue needs to meet every deadline, by model

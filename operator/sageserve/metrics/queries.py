@@ -84,6 +84,31 @@ def ttft_quantile(q: float, window: str = "5m", namespace: str | None = None) ->
     return f"histogram_quantile({q}, sum by ({GROUP_BY}, le) (rate({sel}[{window}])))"
 
 
+#: The router's time to first byte per endpoint, tier and whether the answer streams (a
+#: histogram with vLLM's TTFT buckets, `router.metrics`).
+ROUTER_TTFT = "sageserve_router_ttft_seconds"
+
+
+def _streamed(namespace: str | None) -> str:
+    ns = f'{vllm.LABEL_NAMESPACE}="{namespace}", ' if namespace else ""
+    return "{" + ns + 'stream="true"}'
+
+
+def router_ttft_p95(namespace: str | None = None, window: str = "1m") -> str:
+    """Each tier's P95 time to first token per (model, region) over `window`, as the
+    routers measured it on streamed answers (a non-streamed answer's first byte is its
+    end): the TTFT side of the decision step's queue pressure (`pace.pressure`)."""
+    sel = f"{ROUTER_TTFT}_bucket{_streamed(namespace)}"
+    return f"histogram_quantile(0.95, sum by ({GROUP_BY}, tier, le) (increase({sel}[{window}])))"
+
+
+def router_ttft_count(namespace: str | None = None, window: str = "1m") -> str:
+    """Streamed first tokens counted per (model, region, tier) over `window` (too few: no
+    signal)."""
+    sel = f"{ROUTER_TTFT}_count{_streamed(namespace)}"
+    return f"sum by ({GROUP_BY}, tier) (increase({sel}[{window}]))"
+
+
 #: The router's gauge of requests it holds for an endpoint with no ready pod (scale from
 #: zero: the activator pattern of Knative and KEDA's HTTP add-on).
 HELD_REQUESTS = "sageserve_router_held_requests"

@@ -739,7 +739,9 @@ class Router:
                 async for chunk in upstream.content.iter_any():
                     if first:
                         await response.prepare(request)
-                        self.metrics.ttft(model, backend.region, tier, time.monotonic() - started)
+                        self.metrics.ttft(
+                            model, backend.region, tier, time.monotonic() - started, stream
+                        )
                         first = False
                         ants.first_byte(ticket)
                     await response.write(chunk)

@@ -62,8 +62,8 @@ class RouterMetrics:
         )
         self.first_token = Histogram(
             "sageserve_router_ttft_seconds",
-            "Time to the first byte of the answer",
-            [*ENDPOINT, "tier"],
+            "Time to the first byte of the answer; with stream=true, the first token's",
+            [*ENDPOINT, "tier", "stream"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
@@ -200,8 +200,12 @@ class RouterMetrics:
         `limit` "requests" or "tokens", so the label sets stay bounded."""
         self.rate_limited.labels(namespace, tier, limit).inc()
 
-    def ttft(self, m: ModelRoute, region: str, tier: str, seconds: float) -> None:
-        self.first_token.labels(m.namespace, m.name, region, tier).observe(seconds)
+    def ttft(self, m: ModelRoute, region: str, tier: str, seconds: float, stream: bool) -> None:
+        """The first byte's time; for a streamed answer that is the first token's (a
+        non-streamed answer's first byte is its end), which the operator's TTFT signal
+        reads (`queries.router_ttft_p95`)."""
+        label = "true" if stream else "false"
+        self.first_token.labels(m.namespace, m.name, region, tier, label).observe(seconds)
 
     def e2e(self, m: ModelRoute, region: str, tier: str, seconds: float) -> None:
         self.end_to_end.labels(m.namespace, m.name, region, tier).observe(seconds)
