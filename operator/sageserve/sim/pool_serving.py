@@ -64,6 +64,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sageserve.core.percentile import percentile
 from sageserve.core.types import Request, Tier, TierKind
 from sageserve.dispatch.pool_switch import IDLE_SWEEP_SECONDS
 from sageserve.perf.model import VariantPerf
@@ -236,13 +237,6 @@ class _R:
         self.first = -1.0
         self.kv = prompt
         self.done = False
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs.sort()
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 class _Base(InstanceHooks):
@@ -1007,7 +1001,7 @@ def simulate_pool(
         wall_s=wall,
         cpu_s=cpu,
         per_model=sim.per_model,
-        ttft_p50_s=_quantile(sim.ttfts, 0.5),
-        ttft_p95_s=_quantile(sim.ttfts, 0.95),
+        ttft_p50_s=percentile(sim.ttfts, 50) if sim.ttfts else 0.0,
+        ttft_p95_s=percentile(sim.ttfts, 95) if sim.ttfts else 0.0,
         longest_turn_s=sim.longest_turn if isinstance(sim, _Pooled) else 0.0,
     )
