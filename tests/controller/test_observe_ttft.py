@@ -5,12 +5,10 @@ the simulator does from its own minute histogram)."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from typing import Any
 
 import pytest
 import yaml
@@ -22,6 +20,7 @@ from sageserve.metrics import queries
 from sageserve.metrics.prometheus import PodLoad, PrometheusReader, TierTtft
 from sageserve.pace import make_strategy
 from sageserve.pace.step import StepState, decide
+from tests.controller.test_deadlines import PrometheusStub, sample
 from tests.controller.test_observe_projection import MD, ready_pod
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,48 +69,21 @@ def test_a_tier_missing_its_ttft_slo_scales_its_endpoint_out(
     assert [d.kind for d in out.decisions] == ([ActionKind.SCALE_OUT] if scales_out else [])
 
 
-class _Prometheus:
-    """The Prometheus API answering the two TTFT queries with fixed vectors."""
+class _Prometheus(PrometheusStub):
+    """Prometheus answering the two TTFT queries with fixed vectors."""
 
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-        answers = {
-            queries.router_ttft_p95("llm"): [
-                ({**EP, "tier": "iw-f"}, "2.5"),
-                ({**EP, "tier": "iw-n"}, "NaN"),
-            ],
-            queries.router_ttft_count("llm"): [
-                ({**EP, "tier": "iw-f"}, "41.9"),
-                ({**EP, "tier": "iw-n"}, "0"),
-            ],
-        }
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                expr = parse_qs(urlparse(self.path).query).get("query", [""])[0]
-                outer.asked.append(expr)
-                result = [{"metric": m, "value": [0, v]} for m, v in answers.get(expr, [])]
-                body = json.dumps(
-                    {"status": "success", "data": {"resultType": "vector", "result": result}}
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def answer(self, query: str) -> list[dict[str, Any]]:
+        if query == queries.router_ttft_p95("llm"):
+            return [sample(2.5, **EP, tier="iw-f"), sample(float("nan"), **EP, tier="iw-n")]
+        if query == queries.router_ttft_count("llm"):
+            return [sample(41.9, **EP, tier="iw-f"), sample(0.0, **EP, tier="iw-n")]
+        return []
 
 
 @pytest.fixture
 def prometheus() -> Iterator[_Prometheus]:
     p = _Prometheus()
+    threading.Thread(target=p.server.serve_forever, daemon=True).start()
     yield p
     p.server.shutdown()
     p.server.server_close()
@@ -123,5 +95,5 @@ def test_the_reader_takes_each_tiers_p95_and_count_from_the_routers_streamed_ans
     got = PrometheusReader(prometheus.url).tier_ttft("llm")
     # a tier with no first token in the minute has no quantile (NaN): left out
     assert got == {KEY3: TierTtft({"iw-f": 2.5}, {"iw-f": 42, "iw-n": 0})}
-    assert prometheus.asked == [queries.router_ttft_p95("llm"), queries.router_ttft_count("llm")]
-    assert all('stream="true"' in q for q in prometheus.asked)
+    assert prometheus.queries == [queries.router_ttft_p95("llm"), queries.router_ttft_count("llm")]
+    assert all('stream="true"' in q for q in prometheus.queries)
