@@ -20,19 +20,12 @@ from sageserve.sim.cluster import Cluster
 from sageserve.sim.engine import Simulation
 from sageserve.sim.scenario import load_scenario
 
+# measured n per type (short, long prompt), the table the operator's loop is tested with: the
+# pipeline serves long prompts five times better per replica, TP4 short ones nearly as well
+# on half the GPUs
+from tests.controller.test_layout_loop import TABLE
+
 GPU = "NVIDIA-H100-80GB-HBM3"
-#: measured n per type (short, long prompt): the pipeline serves long prompts five times
-#: better per replica, TP4 short ones nearly as well on half the GPUs
-TABLE = {
-    "kind": "sageserve.io/type-capacity",
-    "model": "llama-2-70b",
-    "gpuType": GPU,
-    "types": [
-        {"promptTokens": 100, "outputTokens": 100},
-        {"promptTokens": 2000, "outputTokens": 20},
-    ],
-    "capacity": {"TP4": [2.0, 0.2], "TP4xPP2": [2.2, 1.0]},
-}
 TP4 = {
     "name": "tp4",
     "gpuType": GPU,
