@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from sageserve.dispatch.instance_picker import DEFAULT_PICKER
+
 log = logging.getLogger("sageserve.router")
 
 
@@ -136,12 +138,12 @@ def router_command(
     picker: Annotated[
         str,
         typer.Option(
-            help="In-region pod choice: remaining-tokens (fewest prompt + max_tokens in "
-            "flight), or a picker of dispatch.instance_picker over each pod's load "
-            "anticipator: round-robin, least-request, min-usage, token-jsq, preserve "
-            "(PreServe §4.3.3)."
+            help="In-region pod choice, a picker of dispatch.instance_picker over each pod's "
+            "load anticipator: token-jsq (fewest queued prompt + predicted output tokens, "
+            "the simulator's default), round-robin, least-request, min-usage, preserve "
+            "(PreServe §4.3.3); or remaining-tokens (fewest prompt + max_tokens in flight)."
         ),
-    ] = "remaining-tokens",
+    ] = DEFAULT_PICKER,
     auth: Annotated[
         str,
         typer.Option(

@@ -115,6 +115,7 @@ def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> M
         served_name=spec.model.served_name or spec.model.name,
         regions=tuple(r.name for r in spec.regions),
         tiers=tuple(spec.tiers),
+        variants=tuple(v.name for v in spec.variants),
         policy=spec.policy_ref.name,
         request_tps=request_rate(md, catalog or perf_catalog()),
         capacity_at_max_tps=capacity_at_max(

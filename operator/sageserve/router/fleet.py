@@ -37,7 +37,13 @@ from sageserve.dispatch.identity import (
     key_ring,
     may_see,
 )
-from sageserve.dispatch.instance_picker import Arrival, InstancePicker, make_picker, pick_instance
+from sageserve.dispatch.instance_picker import (
+    Arrival,
+    InstancePicker,
+    make_picker,
+    pick_deployment,
+    pick_instance,
+)
 from sageserve.dispatch.layout_dispatch import (
     OVERFLOW_RATIO,
     OVERFLOW_TOKENS,
@@ -106,6 +112,9 @@ class ModelRoute:
     #: (EMU strictly below, batch requests released), most generous first
     #: (`dispatch.queue_manager.release_count`)
     release_rules: ReleaseRules = DEFAULT_RELEASE_RULES
+    #: its variants (pod sets), in `spec.variants` order: the order the variant step's
+    #: ties go by (`dispatch.instance_picker.pick_deployment`); (): the pods' own order
+    variants: tuple[str, ...] = ()
     #: the ScalingPolicy (same namespace) of its `spec.policyRef`; "": none known
     policy: str = ""
     #: tokens/s one request decodes at on a full instance, the slowest variant's, from the
@@ -163,8 +172,13 @@ class Fleet:
     picker: InstancePicker | None = None
     #: each pod's load anticipator and each model's output-length predictor
     anticipators: PodAnticipators = field(default_factory=PodAnticipators)
-    #: each pod's KV usage as Prometheus last reported it (for `min-usage`)
+    #: each pod's KV usage as Prometheus last reported it (for `min-usage`), and its KV
+    #: capacity in tokens (None: not exported)
     pod_kv: dict[str, float] = field(default_factory=dict)
+    pod_capacity: dict[str, float | None] = field(default_factory=dict)
+    #: tokens sent to each pod since the last Prometheus reading (the variant step's
+    #: correction, as `sent` is the region choice's)
+    pod_sent: dict[str, float] = field(default_factory=dict)
     #: the plan's OServe layouts per endpoint (ScalingPolicy `status.layouts`)
     layouts: dict[EndpointId, EndpointLayout] = field(default_factory=dict)
     #: requests dispatched by type so far (`sageserve_router_layout_dispatch_total`)
@@ -237,6 +251,8 @@ class Fleet:
     def set_pod_loads(self, pods: Mapping[str, tuple[float, float | None]]) -> None:
         """Per-pod (KV usage, KV capacity in tokens) from a fresh Prometheus reading."""
         self.pod_kv = {pod: usage for pod, (usage, _) in pods.items()}
+        self.pod_capacity = {pod: cap for pod, (_, cap) in pods.items()}
+        self.pod_sent.clear()
         for pod, (_, cap) in pods.items():
             self.anticipators.set_capacity(pod, cap)
 
@@ -311,11 +327,13 @@ class Fleet:
         exclude: frozenset[str] = frozenset(),
         arrival: Arrival | None = None,
     ) -> Backend | None:
-        """The ready pod of `region` for a request: the named picker's choice over the pods'
-        load anticipators when there is one (and the request's `arrival` is known), else
-        the pod with the fewest tokens still to process. When the plan lays the endpoint
-        out in several variants, the variant is chosen first, by the request's type
-        (`_by_type`)."""
+        """The ready pod of `region` for a request. When the plan lays the endpoint out in
+        several variants, the variant is chosen by the request's type (`_by_type`);
+        otherwise, with pods of several variants, the variant with the least EMU
+        (`variant_pods`, SageServe §6.1's deployment step, the simulator's too). Then the
+        named picker's choice over the pods' load anticipators when there is one (and the
+        request's `arrival` is known), else the pod with the fewest tokens still to
+        process."""
         endpoint = (model.namespace, model.name, region)
         pods = [b for b in self.backends.get(endpoint, []) if b.pod not in exclude]
         if not pods:
@@ -325,7 +343,31 @@ class Fleet:
             chosen = self._by_type(endpoint, layout, pods, arrival)
             if chosen is not None:
                 return chosen
-        return self._pick(pods, arrival)
+        return self._pick(self.variant_pods(model, pods), arrival)
+
+    def variant_pods(self, model: ModelRoute, pods: list[Backend]) -> list[Backend]:
+        """The pods of the variant (pod set) with the least EMU among `pods`
+        (`dispatch.instance_picker.pick_deployment`, ties to the first in `spec.variants`
+        order): each variant's EMU from its pods' last Prometheus readings, weighted as the
+        endpoint's (`endpoint_load`), plus what was sent to its pods since ÷ their KV
+        capacity, as the region choice corrects it (`estimated_emu`). All of `pods` when
+        they run one variant."""
+        by_variant: dict[str, list[Backend]] = {}
+        for b in pods:
+            by_variant.setdefault(b.variant, []).append(b)
+        if len(by_variant) < 2:
+            return pods
+        rank = {v: i for i, v in enumerate(model.variants)}
+        order = sorted(by_variant, key=lambda v: rank.get(v, len(rank)))
+        candidates = []
+        for v in order:
+            mine = by_variant[v]
+            readings = [(self.pod_kv.get(b.pod, 0.0), self.pod_capacity.get(b.pod)) for b in mine]
+            used, cap = _pooled_usage(readings)
+            sent = sum(self.pod_sent.get(b.pod, 0.0) for b in mine)
+            sized = all(c for _, c in readings)
+            candidates.append((v, emu(used, cap) + (sent / cap if sized and cap > 0 else 0.0)))
+        return by_variant[pick_deployment(candidates)]
 
     def _pick(self, pods: list[Backend], arrival: Arrival | None) -> Backend:
         """The in-region picker over `pods` (not empty)."""
@@ -388,6 +430,7 @@ class Fleet:
 
     def start(self, backend: Backend, tokens: float) -> None:
         self.remaining[backend.pod] = self.remaining.get(backend.pod, 0.0) + tokens
+        self.pod_sent[backend.pod] = self.pod_sent.get(backend.pod, 0.0) + tokens
         self.sent[backend.endpoint] = self.sent.get(backend.endpoint, 0.0) + tokens
 
     def finish(self, backend: Backend, tokens: float) -> None:
@@ -410,8 +453,15 @@ def endpoint_load(
             groups.setdefault(b.endpoint, []).append(pods[b.pod])
     out: dict[EndpointId, tuple[float, float]] = {}
     for key, readings in groups.items():
-        sized = all(cap for _, cap in readings)
-        caps = [float(cap) if sized and cap else 1.0 for _, cap in readings]
-        used = sum(u * c for (u, _), c in zip(readings, caps, strict=True))
-        out[key] = (emu(used, sum(caps)), sum(caps) if sized else 0.0)
+        used, cap = _pooled_usage(readings)
+        out[key] = (emu(used, cap), cap if all(c for _, c in readings) else 0.0)
     return out
+
+
+def _pooled_usage(readings: list[tuple[float, float | None]]) -> tuple[float, float]:
+    """(KV in use, KV capacity) over pods' (usage fraction, capacity) readings, each pod
+    weighted by its capacity, or all alike (capacity 1 each) when one does not export it
+    (the operator's rule, `controller.observe`)."""
+    sized = all(cap for _, cap in readings)
+    caps = [float(cap) if sized and cap else 1.0 for _, cap in readings]
+    return sum(u * c for (u, _), c in zip(readings, caps, strict=True)), sum(caps)

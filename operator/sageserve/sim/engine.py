@@ -27,6 +27,7 @@ from sageserve.dispatch.instance_picker import (
     DEFAULT_PICKER,
     Arrival,
     make_picker,
+    pick_deployment,
 )
 from sageserve.dispatch.length_predictor import (
     DEFAULT_PREDICTOR,
@@ -845,7 +846,7 @@ class Simulation(InstanceHooks):
             dep: Deployment | None = deps[0] if deps[0].instances else None
         else:
             live = [(d, d.emu(t)) for d in deps if d.instances]
-            dep = min(live, key=lambda x: x[1])[0] if live else None
+            dep = pick_deployment(live) if live else None
         if dep is None:
             return None
         insts = dep.instances
