@@ -492,7 +492,7 @@ def simulator_plan_times(policy: ScalingPolicy) -> list[float]:
 
     ran: list[float] = []
 
-    def planner(now: float, *_args: Any) -> Plan:
+    def planner(now: float, *_args: Any, **_kwargs: Any) -> Plan:
         ran.append(now)
         return Plan(now, {})
 

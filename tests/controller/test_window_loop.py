@@ -17,10 +17,10 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.scaling_policy import PlanStatus, ScalingPolicySpec
 from sageserve.controller.pace_loop import Loops, PaceState
 from sageserve.controller.plan_loop import recorded_plan
-from sageserve.controller.window_loop import apportion_batch, window_status
+from sageserve.controller.window_loop import window_status
 from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
-from sageserve.plan.preserve import plan_window, window_history_minutes
+from sageserve.plan.preserve import apportion_batch, plan_window, window_history_minutes
 from sageserve.twin.backfill import create_blocks, install_blocks
 
 NS = "llm"

@@ -47,8 +47,8 @@ def test_preserve_plans_each_window_and_moves_the_fleet_to_it() -> None:
     inner = sc.planner_for(strategy)
     plans: list[Plan] = []
 
-    def planner(*args):  # type: ignore[no-untyped-def]
-        plan = inner(*args)
+    def planner(*args, **kwargs):  # type: ignore[no-untyped-def]
+        plan = inner(*args, **kwargs)
         plans.append(plan)
         return plan
 
@@ -85,7 +85,7 @@ def test_in_window_an_instance_projected_to_overflow_brings_one_more() -> None:
     cfg = config(perf, initial=1, lo=1, hi=3, end_s=900.0)
     key = EndpointKey("m", "r1")
 
-    def planner(now, *_):  # type: ignore[no-untyped-def]
+    def planner(now, *_, **_kw):  # type: ignore[no-untyped-def]
         return Plan(now, {(key, "v"): 1})
 
     reqs = poisson(1.0, 900.0, [IW_F], prompt=2000, output=1500, seed=3)

@@ -21,12 +21,12 @@ not sized (the hourly cycle sizes pools).
 Batch work: vLLM's counters count every request; when the router (or
 `spec.forecast.batchTokensQuery`) counts batch tokens, they are taken out of P and D in each
 minute's prompt : generated proportion and the last hour of them is the β the plan adds
-(the hourly cycle's rule, `plan_loop.split_batch`).
+(`plan.preserve.window_inputs`, which the simulator's window planner calls on the same
+counts, `sim.window_tokens`).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -36,33 +36,16 @@ from sageserve.api.model_deployment import ModelDeployment
 from sageserve.controller.plan_loop import PlanPass, router_batch_queries, target_entries
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
-from sageserve.plan.preserve import WindowPlan, plan_window, window_history_minutes
+from sageserve.plan.preserve import (
+    WindowPlan,
+    plan_window,
+    window_history_minutes,
+    window_inputs,
+)
 
 Series = dict[tuple[str, str], list[float]]
 #: The window plan reads tokens/s per minute (`plan.preserve.window_means`).
 MINUTE = 60.0
-
-
-def apportion_batch(
-    prompt: Sequence[float], decode: Sequence[float], batch: Sequence[float]
-) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(interactive prompt, interactive decode, batch prompt, batch decode) tokens/s per
-    minute: each minute's batch tokens/s split in that minute's prompt : generated
-    proportion of all traffic (the router counts batch tokens as one total). A gap in any
-    series stays a gap; batch never exceeds the traffic (an interactive rate is ≥ 0)."""
-    out: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
-    for p, d, b in zip(prompt, decode, batch, strict=False):
-        if not (math.isfinite(p) and math.isfinite(d) and math.isfinite(b)):
-            nan = math.nan
-            for series, v in zip(out, (p, d, nan, nan), strict=True):
-                series.append(v)
-            continue
-        total = max(0.0, p) + max(0.0, d)
-        share = max(0.0, p) / total if total > 0 else 0.5
-        bp, bd = max(0.0, b) * share, max(0.0, b) * (1.0 - share)
-        for series, v in zip(out, (max(0.0, p - bp), max(0.0, d - bd), bp, bd), strict=True):
-            series.append(v)
-    return out
 
 
 def window_status(
@@ -124,15 +107,8 @@ class WindowPass(PlanPass):
         except MetricsUnavailable as exc:
             self.set("PlanReady", False, "PrometheusUnreachable", f"no window plan: {exc}")
             return None
-        batch_prompt: Series = {}
-        batch_decode: Series = {}
-        hour = round(3600.0 / MINUTE)
-        for key, b in batch.items():
-            if key in prompt and key in decode:
-                prompt[key], decode[key], bp, bd = apportion_batch(prompt[key], decode[key], b)
-                batch_prompt[key], batch_decode[key] = bp[-hour:], bd[-hour:]
         current = self.sizes(mds, self.kube.deployments_by_owner(self.namespace))
-        window = plan_window(mds, spec, prompt, decode, batch_prompt, batch_decode, current)
+        window = plan_window(mds, spec, *window_inputs(prompt, decode, batch), current)
         status = window_status(window, mds, current, datetime.now(UTC), time.monotonic() - started)
         self.kube.patch_status(
             self.namespace, "scalingpolicies", self.policy.metadata.name, {"plan": status}

@@ -122,6 +122,51 @@ def window_history_minutes(policy: ScalingPolicySpec) -> int:
     return math.ceil(max(points * spec.step_seconds, spec.min_history_seconds) / 60.0)
 
 
+def apportion_batch(
+    prompt: Sequence[float], decode: Sequence[float], batch: Sequence[float]
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(interactive prompt, interactive decode, batch prompt, batch decode) tokens/s per
+    minute: each minute's batch tokens/s split in that minute's prompt : generated
+    proportion of all traffic (a router counts batch tokens as one total). A gap in any
+    series stays a gap; batch never exceeds the traffic (an interactive rate is ≥ 0)."""
+    out: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
+    for p, d, b in zip(prompt, decode, batch, strict=False):
+        if not (math.isfinite(p) and math.isfinite(d) and math.isfinite(b)):
+            nan = math.nan
+            for series, v in zip(out, (p, d, nan, nan), strict=True):
+                series.append(v)
+            continue
+        total = max(0.0, p) + max(0.0, d)
+        share = max(0.0, p) / total if total > 0 else 0.5
+        bp, bd = max(0.0, b) * share, max(0.0, b) * (1.0 - share)
+        for series, v in zip(out, (max(0.0, p - bp), max(0.0, d - bd), bp, bd), strict=True):
+            series.append(v)
+    return out
+
+
+#: The window plan reads the last hour of batch as its buffer β (`plan_window`).
+BATCH_MINUTES = 60
+
+
+def window_inputs(
+    prompt: PerEndpoint, decode: PerEndpoint, batch: PerEndpoint
+) -> tuple[PerEndpoint, PerEndpoint, PerEndpoint, PerEndpoint]:
+    """`plan_window`'s inputs from what a cluster counts per (model, serving region) and
+    minute: prompt and generated tokens/s of all traffic, and batch tokens/s served (one
+    total), over the same minutes. Where batch is counted, it is taken out of prompt and
+    decode (`apportion_batch`) and its last hour is β; elsewhere all traffic is
+    interactive. The operator's window loop and the simulator's window planner both call
+    this, so a window is planned alike from alike counts."""
+    prompt, decode = dict(prompt), dict(decode)
+    batch_prompt: dict[tuple[str, str], list[float]] = {}
+    batch_decode: dict[tuple[str, str], list[float]] = {}
+    for key, b in batch.items():
+        if key in prompt and key in decode:
+            prompt[key], decode[key], bp, bd = apportion_batch(prompt[key], decode[key], b)
+            batch_prompt[key], batch_decode[key] = bp[-BATCH_MINUTES:], bd[-BATCH_MINUTES:]
+    return prompt, decode, batch_prompt, batch_decode
+
+
 @dataclass(frozen=True)
 class WindowForecast:
     """P̂ and D̂ of one endpoint (tokens/s, β included), what made them, and N."""

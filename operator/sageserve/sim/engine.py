@@ -42,7 +42,7 @@ from sageserve.dispatch.queue_manager import (
     BatchQueueManager,
 )
 from sageserve.dispatch.region_router import SpillLedger, pick_region, preference, route_region
-from sageserve.pace.base import PacingStrategy
+from sageserve.pace.base import PacingStrategy, PlanSource
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
 from sageserve.pace.step import StepState, adopt, decide
@@ -52,6 +52,7 @@ from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
+from sageserve.sim.window_tokens import WindowTokens
 
 if TYPE_CHECKING:  # imported when a run has layouts: they pull in the plan cycle
     from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
@@ -149,6 +150,9 @@ PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 #: the routers export it to the operator); empty without deadline pressure.
 #: With `pools` (only when the run's ModelPools are sized by its plan), the planner also
 #: sizes them from their observation and sets what the plan grants in `pools.granted`.
+#: With `tokens` (only for a strategy planning PreServe windows, `PlanSource.WINDOW`), the
+#: prompt, generated and batch tokens/s per minute counted per served (model, region) since
+#: the start (`sim.window_tokens`), what the operator's window loop reads.
 class Planner(Protocol):
     def __call__(
         self,
@@ -161,6 +165,7 @@ class Planner(Protocol):
         /,
         *,
         pools: PoolObservation | None = None,
+        tokens: WindowTokens | None = None,
     ) -> Plan: ...
 
 
@@ -370,6 +375,12 @@ class Simulation(InstanceHooks):
             for key, values in history[1].items():
                 self._niw_hist[key].extend(values)
                 self._rcv_hist[key].extend(values)
+        #: what a PreServe window plan reads (`sim.window_tokens`), counted only for one
+        self._window_tokens = (
+            WindowTokens()
+            if planner is not None and strategy.plan_cadence.source is PlanSource.WINDOW
+            else None
+        )
         self._iw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self._niw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self.strategy = strategy
@@ -752,6 +763,10 @@ class Simulation(InstanceHooks):
                 self._iw_tok[hk] += tokens
             else:
                 self._niw_tok[hk] += tokens
+            if self._window_tokens is not None:
+                self._window_tokens.count(
+                    hk, req.prompt_tokens, req.output_tokens, not req.tier.interactive
+                )
         job.ep = ep
         inst = self._pick_instance(ep, t, job)
         if inst is None:
@@ -1006,6 +1021,8 @@ class Simulation(InstanceHooks):
             received = {(k.model, k.region) for k in self.cluster.endpoints}
             for hk in received | set(self._rcv_tok):
                 self._rcv_hist[hk].append(self._rcv_tok.pop(hk, 0) / 60.0)
+            if self._window_tokens is not None:
+                self._window_tokens.roll(received)
             self._plan_if_due(now)
         for key, ep in self.cluster.endpoints.items():
             ep.tokens_per_s = ep.tokens_minute / 60.0
@@ -1077,6 +1094,8 @@ class Simulation(InstanceHooks):
             seen = pools.observe()
             plan = self.planner(*args, pools=seen)
             pools.apply(seen.granted, now)
+        elif self._window_tokens is not None:
+            plan = self.planner(*args, tokens=self._window_tokens)
         else:
             plan = self.planner(*args)
         self.plans += 1

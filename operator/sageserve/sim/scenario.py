@@ -50,6 +50,7 @@ from sageserve.perf.switch import sleep_mode_switch_seconds
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
 from sageserve.sim.pooled_pods import PoolObservation, PoolSetup
+from sageserve.sim.window_tokens import WindowTokens
 
 if TYPE_CHECKING:
     from sageserve.sim.layout_loop import SimLayouts
@@ -334,16 +335,36 @@ class Scenario:
         return token_series(self.workload, self.tiers, history_minutes, self.contexts())
 
     def window_planner(self) -> Planner:
-        """PreServe's planner for the sim: prompt and decode tokens/s per minute of each
-        (model, home region), read from the trace up to `now` only (what a router has
-        counted), forecast per window (`plan.preserve.plan_window`)."""
+        """PreServe's planner for the sim, fed as the operator's window loop is: per served
+        (model, region) and minute, the prompt and generated tokens/s of all traffic and the
+        batch tokens/s served (the run's own counts, `sim.window_tokens`, after the trace's
+        minutes before the window by home region, what Prometheus holds when the run
+        starts), through `plan.preserve.window_inputs` and `plan_window`."""
         from sageserve.api.scaling_policy import ScalingPolicySpec
-        from sageserve.plan.preserve import plan_window, window_history_minutes
+        from sageserve.plan.preserve import plan_window, window_history_minutes, window_inputs
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
         history_minutes = window_history_minutes(spec)
         series = self._token_series(history_minutes)
+        start = self.workload.start_s
+
+        def before(*parts: dict[tuple[str, str], np.ndarray]) -> dict[tuple[str, str], list[float]]:
+            keys = {k for part in parts for k in part}
+            summed = {k: np.sum([p[k] for p in parts if k in p], axis=0) for k in keys}
+            return series.before(summed, start, history_minutes)
+
+        pre_prompt = before(series.iw_prompt, series.niw_prompt)
+        pre_decode = before(series.iw_decode, series.niw_decode)
+        pre_batch = before(series.niw_prompt, series.niw_decode)
         models = self.models
+
+        def joined(
+            pre: dict[tuple[str, str], list[float]], run: Mapping[tuple[str, str], list[float]]
+        ) -> dict[tuple[str, str], list[float]]:
+            return {
+                k: (pre.get(k, []) + list(run.get(k, [])))[-history_minutes:]
+                for k in set(pre) | set(run)
+            }
 
         def plan(
             now: float,
@@ -355,14 +376,17 @@ class Scenario:
             /,
             *,
             pools: PoolObservation | None = None,
+            tokens: WindowTokens | None = None,
         ) -> Plan:
+            run = tokens if tokens is not None else WindowTokens()
             window = plan_window(
                 models,
                 spec,
-                series.before(series.iw_prompt, now, history_minutes),
-                series.before(series.iw_decode, now, history_minutes),
-                series.before(series.niw_prompt, now, 60),
-                series.before(series.niw_decode, now, 60),
+                *window_inputs(
+                    joined(pre_prompt, run.prompt),
+                    joined(pre_decode, run.decode),
+                    joined(pre_batch, run.batch),
+                ),
                 current,
             )
             return window.in_force(now)
@@ -408,6 +432,7 @@ class Scenario:
             /,
             *,
             pools: PoolObservation | None = None,
+            tokens: WindowTokens | None = None,
         ) -> Plan:
             return Plan(now, targets)
 
@@ -446,6 +471,7 @@ class Scenario:
             /,
             *,
             pools: PoolObservation | None = None,
+            tokens: WindowTokens | None = None,
         ) -> Plan:
             cycle = run_plan_cycle(
                 models,
