@@ -88,6 +88,18 @@ VARIANT_RULES = cel(
 )
 
 
+#: Seconds a pod taken out of service keeps serving its requests by default: a 70B model's
+#: longest answers (thousands of tokens at 20-40 tokens/s) end within it.
+DEFAULT_DRAIN_SECONDS = 600
+DRAIN_DESCRIPTION = (
+    "Seconds a pod taken out of service (scale-in, spot donation) may spend finishing the "
+    "requests it holds before it is stopped: the router sends it nothing new at once, and "
+    "Kubernetes kills it this long after (its terminationGracePeriodSeconds). Requests "
+    "still running then are cut, so allow the longest generation you serve; an engine that "
+    "drains on SIGTERM stops as soon as its last request ends."
+)
+
+
 class Variant(ApiModel):
     """One way to run the model: a GPU type, a GPU count and a measured capacity."""
 
@@ -130,6 +142,12 @@ class Variant(ApiModel):
         le=86400,
         description="Seconds from scheduling to serving when weights are not cached "
         "(SageServe: 10 min redeploy). Enters the ILP's start-up cost σ.",
+    )
+    drain_seconds: int = Field(
+        default=DEFAULT_DRAIN_SECONDS,
+        ge=0,
+        le=86400,
+        description=DRAIN_DESCRIPTION,
     )
     prefill_tokens_per_second: float | None = Field(
         default=None,

@@ -35,6 +35,8 @@ from sageserve.api.common import (
     sub_object,
 )
 from sageserve.api.model_deployment import (
+    DEFAULT_DRAIN_SECONDS,
+    DRAIN_DESCRIPTION,
     POD_SET_NAME_MAX,
     REGION_RULES,
     Engine,
@@ -115,6 +117,9 @@ class PoolVariant(ApiModel):
         ge=0,
         le=86400,
         description="Seconds from scheduling to serving (every engine loads, then sleeps).",
+    )
+    drain_seconds: int = Field(
+        default=DEFAULT_DRAIN_SECONDS, ge=0, le=86400, description=DRAIN_DESCRIPTION
     )
 
 

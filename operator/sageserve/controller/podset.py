@@ -85,10 +85,13 @@ def gpu_deployment(
     affinity: dict[str, Any],
     container: dict[str, Any],
     metrics_port: int,
+    drain_seconds: int,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Deployment of a GPU pod set (a ModelDeployment's or a ModelPool's): one vLLM
-    container on tolerated GPU nodes, scraped by Prometheus on `metrics_port`."""
+    container on tolerated GPU nodes, scraped by Prometheus on `metrics_port`; a pod taken
+    out of service is stopped `drain_seconds` after (`Variant.drain_seconds`, the rule the
+    simulator's drained instances follow)."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -119,7 +122,7 @@ def gpu_deployment(
                     "containers": [container],
                     # Tensor parallelism exchanges tensors through shared memory.
                     "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-                    "terminationGracePeriodSeconds": 60,
+                    "terminationGracePeriodSeconds": drain_seconds,
                 },
             },
         },
@@ -201,7 +204,9 @@ def render_pod_set(
         **engine_probes(probe_http, variant.startup_seconds),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    return gpu_deployment(metadata, replicas, selector, labels, affinity, container, port)
+    return gpu_deployment(
+        metadata, replicas, selector, labels, affinity, container, port, variant.drain_seconds
+    )
 
 
 def render_pod_sets(

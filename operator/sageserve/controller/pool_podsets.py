@@ -183,7 +183,15 @@ def render_pool_pod_set(
         ANNOTATION_AWAKE_PER_INSTANCE: str(pool.spec.awake_per_instance),
     }
     return gpu_deployment(
-        metadata, replicas, selector, labels, affinity, container, found[0].port, annotations
+        metadata,
+        replicas,
+        selector,
+        labels,
+        affinity,
+        container,
+        found[0].port,
+        variant.drain_seconds,
+        annotations,
     )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sageserve.api.model_deployment import DEFAULT_DRAIN_SECONDS
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.dispatch.anticipator import LoadAnticipator
@@ -86,6 +87,10 @@ class ModelSetup:
     #: capacityTokensPerSecond, the largest of the variants); 0: unknown. Only the batch
     #: deadline accounting reads it (`sim.deadlines`), to judge the queue left at the end.
     capacity_tps: float = 0.0
+    #: per variant, seconds a drained instance may finish its requests before it is
+    #: stopped (`Variant.drain_seconds`, the pod's terminationGracePeriodSeconds); a
+    #: variant not named gets the ModelDeployment default
+    drain_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 def request_decode_tps(model: ModelSetup) -> float:
@@ -415,6 +420,9 @@ class Simulation(InstanceHooks):
         self._context.update(c for pool in config.pools for c in pool.contexts)
         self.sim_events = 0
         self.preemptions = 0
+        #: drained instances waiting for their grace period, by when they were drained
+        self._draining_since: dict[Instance, float] = {}
+        self._setups = {m.name: m for m in config.models}
         self.qm_active = strategy.batch_via_queue_manager
         self.minutes: list[MinuteRow] = []
         self._signal: set[Endpoint] = set()
@@ -569,6 +577,7 @@ class Simulation(InstanceHooks):
 
     def on_idle(self, inst: Instance, now: float) -> None:
         if inst.state is InstanceState.DRAINING:
+            self._draining_since.pop(inst, None)
             self.cluster.donate(inst, now)
 
     def on_decode(self, job: Job, now: float) -> None:
@@ -1131,7 +1140,48 @@ class Simulation(InstanceHooks):
                             heapq.heappush(self.heap, (got[0].ready_at, self._seq, 1, got[0]))
                 else:
                     for _ in range(current - replicas):
-                        self.cluster.scale_in(d.key, now, variant, d.drain)
+                        drained = self.cluster.scale_in(d.key, now, variant, d.drain)
+                        if drained is not None and drained.state is InstanceState.DRAINING:
+                            self._stop_later(drained, d.key.model, variant, now)
+
+    def _stop_later(self, inst: Instance, model: str, variant: str, now: float) -> None:
+        """A drained instance is stopped `drain_seconds` after it left the router, as
+        Kubernetes kills a terminating pod at its grace period (`Variant.drain_seconds`):
+        what it still holds then is cut. A batch request cut goes back to be served
+        again (the Batch API's lease lapses and another release claims it); an
+        interactive one is lost (its client saw the stream break)."""
+        setup = self._setups.get(model)
+        grace = (setup.drain_seconds if setup is not None else {}).get(
+            variant, float(DEFAULT_DRAIN_SECONDS)
+        )
+        self._draining_since[inst] = now
+
+        def stop(when: float) -> None:
+            if self._draining_since.get(inst) != now or inst.state is not InstanceState.DRAINING:
+                return  # it finished its requests (and left) before its grace period
+            for job in inst.abandon_all():
+                self._cut(job, when)
+            self.on_idle(inst, when)
+
+        self.call_at(now + grace, stop)
+
+    def _cut(self, job: Job, now: float) -> None:
+        req = job.req
+        self.cluster.acct.events["drain_cut_requests"] += 1
+        if req.tier.interactive:
+            self._lost(job)
+            return
+        again = Job(req, scheduler_priority(req.tier, 0.0))
+        again.pred_out, again.deadline = job.pred_out, job.deadline
+        if self.qm_active:
+            deadline = again.deadline if req.tier.deadline_s is not None else None
+            self.qm.submit(req.model, again, now, deadline, req.prompt_tokens + again.pred_out)
+            return
+        ep = self._route_region(req, self.strategy.layout.pool_for(req.tier), now)
+        if ep is None:
+            self._lost(again)
+        else:
+            self._dispatch(again, ep, now, check_scaling=True)
 
     def _ready(self, inst: Instance, now: float) -> None:
         dep = self.cluster.ready(inst, now)

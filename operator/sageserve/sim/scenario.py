@@ -114,7 +114,8 @@ class Scenario:
                         f"{perf.kv_capacity_tokens}"
                     )
             theta = model_theta_tps(md)
-            setups.append(ModelSetup(md.metadata.name, variants, regions, context, theta))
+            drain = {v.name: float(v.drain_seconds) for v in md.spec.variants}
+            setups.append(ModelSetup(md.metadata.name, variants, regions, context, theta, drain))
         sp = self.policy.spec if self.policy is not None else None
         cfg = SimConfig(
             models=tuple(setups),
