@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import heapq
-
 import pytest
 
 from sageserve.core.snapshot import emu
 from sageserve.core.types import IW_F, NIW, Request
+from sageserve.sim.events import EventQueue, fire
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from tests.sim.helpers import flat_perf
 
@@ -16,27 +15,22 @@ class Driver(InstanceHooks):
     """Runs one instance's events in time order, as the engine does."""
 
     def __init__(self) -> None:
-        self.heap: list[tuple[float, int, Instance]] = []
+        self.events = EventQueue()
         self.done: list[Job] = []
-        self.n = 0
 
     def on_finish(self, job: Job, now: float) -> None:
         self.done.append(job)
 
     def schedule(self, inst: Instance, when: float) -> None:
-        self.n += 1
-        heapq.heappush(self.heap, (when, self.n, inst))
+        self.events.schedule(inst, when)
 
     def on_idle(self, inst: Instance, now: float) -> None:
         pass
 
     def run(self, until: float = 1e9) -> None:
-        while self.heap and self.heap[0][0] <= until:
-            when, _, inst = heapq.heappop(self.heap)
-            if inst.event_time != when:
-                continue
-            inst.event_time = float("inf")
-            inst.update(when)
+        for when, _, _, inst in self.events.pop_due(until):
+            assert isinstance(inst, Instance)
+            fire(inst, when)
 
 
 def req(i: int, t: float, prompt: int, out: int, tier=IW_F) -> Request:

@@ -1,8 +1,9 @@
 """The discrete-event loop: arrivals, instance events, ticks, routing, batch queue, scaling.
 
 One run = one policy over one workload. Events are kept in a single heap (a unified event
-queue, as SageServe's extension of splitwise-sim): instance events (prefill end, a request
-finishing, KV full) and instance-ready events. Arrivals are pulled lazily from the
+queue, as SageServe's extension of splitwise-sim; `sim.events.EventQueue`, the one every
+simulated world orders its events with): instance events (prefill end, a request
+finishing, KV full), instance-ready events and callbacks. Arrivals are pulled lazily from the
 time-ordered request stream, so a multi-day trace is never held in memory.
 
 Routing, queueing and scaling call the pure code in `dispatch/` and `pace/`, exactly as the
@@ -51,6 +52,8 @@ from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
+from sageserve.sim.events import INSTANCE, EventQueue
+from sageserve.sim.events import fire as fire_instance_event
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
@@ -59,7 +62,8 @@ if TYPE_CHECKING:  # imported when a run has layouts: they pull in the plan cycl
     from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
 
 _INF = math.inf
-_heappush = heapq.heappush
+#: the engine's own event kinds next to `events.INSTANCE` (0)
+_EV_READY, _EV_CALL = 1, 2
 
 
 def _region_of(ep: Endpoint) -> str:
@@ -391,8 +395,7 @@ class Simulation(InstanceHooks):
         self.strategy = strategy
         self.requests = iter(requests)
         self.progress = progress
-        self.heap: list[tuple[float, int, int, object]] = []
-        self._seq = 0
+        self.events = EventQueue()
         self.cluster = Cluster(
             config.nodes, self, config.delays, config.seed, config.max_batched_tokens
         )
@@ -498,19 +501,16 @@ class Simulation(InstanceHooks):
     def call_at(self, when: float, fn: Callable[[float], None]) -> None:
         """Call `fn(when)` at `when`, in the event heap's order (the pooled pods' switches,
         sweeps and releases)."""
-        seq = self._seq = self._seq + 1
-        _heappush(self.heap, (when, seq, 2, fn))
+        self.events.push(when, _EV_CALL, fn)
 
     def instance_ready_at(self, inst: Instance) -> None:
         """A placed instance becomes serving at its `ready_at`."""
-        seq = self._seq = self._seq + 1
-        _heappush(self.heap, (inst.ready_at, seq, 1, inst))
+        self.events.push(inst.ready_at, _EV_READY, inst)
 
     # ---- InstanceHooks -------------------------------------------------------------------
 
     def schedule(self, inst: Instance, when: float) -> None:
-        seq = self._seq = self._seq + 1
-        _heappush(self.heap, (when, seq, 0, inst))
+        self.events.schedule(inst, when)
 
     def on_finish(self, job: Job, now: float) -> None:  # noqa: C901 — every request, one frame
         req = job.req
@@ -613,8 +613,9 @@ class Simulation(InstanceHooks):
     def run(self) -> RunResult:  # noqa: C901 — the hot event loop, in one frame for speed
         """Replay the request stream to the end of the window plus the drain."""
         cfg = self.cfg
-        heap = self.heap
+        heap = self.events.heap
         heappop = heapq.heappop
+        fire = fire_instance_event
         reqs = self.requests
         nxt = next(reqs, None)
         start, end = cfg.start_s, cfg.end_s
@@ -639,12 +640,10 @@ class Simulation(InstanceHooks):
                 if not closed and when >= end:
                     self.cluster.close_accounting(end)
                     closed = True
-                if kind == 0:
-                    if obj.event_time != when:  # type: ignore[attr-defined]
+                if kind == INSTANCE:
+                    if not fire(obj, when):  # type: ignore[arg-type]
                         continue
-                    obj.event_time = _INF  # type: ignore[attr-defined]
-                    obj.update(when)  # type: ignore[attr-defined]
-                elif kind == 1:
+                elif kind == _EV_READY:
                     self._ready(obj, when)  # type: ignore[arg-type]
                 else:
                     obj(when)  # type: ignore[operator]
@@ -1136,8 +1135,7 @@ class Simulation(InstanceHooks):
                     for _ in range(replicas - current):
                         got = self.cluster.scale_out(d.key, now, variant)
                         if got is not None:
-                            self._seq += 1
-                            heapq.heappush(self.heap, (got[0].ready_at, self._seq, 1, got[0]))
+                            self.instance_ready_at(got[0])
                 else:
                     for _ in range(current - replicas):
                         drained = self.cluster.scale_in(d.key, now, variant, d.drain)

@@ -42,7 +42,6 @@ latency (counted as missing its SLO).
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -63,10 +62,10 @@ from sageserve.forecast.request_types import RequestTypes
 from sageserve.perf.model import PerfCatalog, VariantPerf
 from sageserve.plan.layout_search import Layout, Strategy, canonical
 from sageserve.plan.layout_switch import SwitchPlan, switch_targets
+from sageserve.sim.events import INSTANCE, Event, EventQueue, fire
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
-_INF = float("inf")
-_EV_INSTANCE, _EV_READY, _EV_TICK = 0, 1, 2
+_EV_READY, _EV_TICK = 1, 2  # next to events.INSTANCE (0)
 
 #: Dispatch strategies by name (`Fleet(dispatch=...)`, `bench oserve --dispatch`):
 #: - `weighted`: the type's strategy by smooth weighted round robin over the LP's weights,
@@ -183,8 +182,7 @@ class Fleet(InstanceHooks):
         self.startup_s = startup_s
         self.controller = controller
         self.tick_s = tick_s
-        self.heap: list[tuple[float, int, int, object]] = []
-        self._seq = 0
+        self.events = EventQueue()
         self.replicas: list[_Replica] = []
         #: per type, per strategy dispatch weights and their round-robin credits (None: none)
         self.weights: TypeWeights[Strategy] | None = None
@@ -206,7 +204,7 @@ class Fleet(InstanceHooks):
     # ---- InstanceHooks ----------------------------------------------------------------------
 
     def schedule(self, inst: Instance, when: float) -> None:
-        self._push(when, _EV_INSTANCE, inst)
+        self.events.schedule(inst, when)
 
     def on_idle(self, inst: Instance, now: float) -> None:
         return None
@@ -221,10 +219,6 @@ class Fleet(InstanceHooks):
         self.predictor.observe(out.client, out.prompt, out.output)
 
     # ---- layout -----------------------------------------------------------------------------
-
-    def _push(self, when: float, kind: int, obj: object) -> None:
-        self._seq += 1
-        heapq.heappush(self.heap, (when, self._seq, kind, obj))
 
     def _add(self, s: Strategy, ready: bool) -> _Replica:
         self._n += 1
@@ -273,7 +267,7 @@ class Fleet(InstanceHooks):
                     r = self._add(a.strategy, ready=False)
                     self._starting += 1
                     self.stats.started_gpu_seconds += a.strategy.gpus * self.startup_s
-                    self._push(now + self.startup_s, _EV_READY, r)
+                    self.events.push(now + self.startup_s, _EV_READY, r)
                 else:
                     self._stop(a.strategy, now)
             self._done = progress.done
@@ -373,42 +367,36 @@ class Fleet(InstanceHooks):
 
     # ---- the loop ---------------------------------------------------------------------------
 
-    def _pop(self, item: tuple[float, int, int, object]) -> None:
+    def _pop(self, item: Event) -> None:
         when, _, kind, obj = item
-        if kind == _EV_INSTANCE:
+        if kind == INSTANCE:
             assert isinstance(obj, Instance)
-            if obj.event_time != when:
-                return
-            obj.event_time = _INF
-            obj.update(when)
+            fire(obj, when)
         elif kind == _EV_READY:
             assert isinstance(obj, _Replica)
             self._ready(obj, when)
         elif self.controller is not None:
             self.controller.tick(self, when)
-            self._push(when + self.tick_s, _EV_TICK, None)
+            self.events.push(when + self.tick_s, _EV_TICK, None)
 
     def run(
         self, requests: Iterable[Request], start_s: float, end_s: float, drain_s: float
     ) -> list[Outcome]:
         """Replay the requests arriving in [start_s, end_s), then run `drain_s` more."""
-        heap = self.heap
-        pop = heapq.heappop
+        events = self.events
         if self.controller is not None:
-            self._push(start_s, _EV_TICK, None)
+            self.events.push(start_s, _EV_TICK, None)
         for req in requests:
             t = req.arrival
             if t < start_s:
                 continue
             if t >= end_s:
                 break
-            while heap and heap[0][0] <= t:
-                self._pop(pop(heap))
+            for item in events.pop_due(t):
+                self._pop(item)
             self.arrive(req, t)
-        hard_end = end_s + drain_s
-        while heap and heap[0][0] <= hard_end:
-            if heap[0][2] == _EV_TICK and heap[0][0] >= end_s:
-                pop(heap)  # no re-planning once arrivals stop
-                continue
-            self._pop(pop(heap))
+        for item in events.pop_due(end_s + drain_s):
+            if item[2] == _EV_TICK and item[0] >= end_s:
+                continue  # no re-planning once arrivals stop
+            self._pop(item)
         return self.outcomes

@@ -56,7 +56,6 @@ router's hold-time bound (so it is late, not refused).
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 import time
 from collections import deque
@@ -76,13 +75,13 @@ from sageserve.perf.switch import (
     switch_seconds,
 )
 from sageserve.plan.pool_sizing import Q_MAX_S, decode_quotas
+from sageserve.sim.events import INSTANCE, Event, EventQueue, fire
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.pool_router import RouterEngine, RouterPod, RouterRule, SwitchDone
 
 STRATEGIES = ("pooled", "request", "mux2", "dedicated", "router")
 #: Aegaeon §4.2: the largest prefill group (MAX_GPSIZE, chosen by grid search).
 MAX_GROUP = 8
-_INF = float("inf")
 _TIER = Tier("pool", TierKind.INTERACTIVE, priority=0)
 
 
@@ -246,8 +245,7 @@ class _Base(InstanceHooks):
         self, setup: PoolSetup, hot: Mapping[str, int], start_s: float, end_s: float
     ) -> None:
         self.s = setup
-        self.heap: list[tuple[float, int, int, object]] = []
-        self._seq = 0
+        self.events = EventQueue()
         self.start_s, self.end_s = start_s, end_s
         self.per_model: dict[str, ModelTokens] = {}
         self.finished = 0
@@ -261,14 +259,13 @@ class _Base(InstanceHooks):
     # ---- plumbing ---------------------------------------------------------------------------
 
     def push(self, when: float, kind: int, obj: object) -> None:
-        self._seq += 1
-        heapq.heappush(self.heap, (when, self._seq, kind, obj))
+        self.events.push(when, kind, obj)
 
     def _instance(self, iid: str, perf: VariantPerf | None = None) -> Instance:
         return Instance(iid, perf or self.s.perf, "pool", self)
 
     def schedule(self, inst: Instance, when: float) -> None:
-        self.push(when, 0, inst)
+        self.events.schedule(inst, when)
 
     def on_idle(self, inst: Instance, now: float) -> None:
         return None
@@ -326,15 +323,14 @@ class _Base(InstanceHooks):
 
     def run(self, requests: Iterable[PoolRequest], drain_s: float) -> tuple[int, int, int]:
         """Replay; returns (requests, tokens due, tokens on time)."""
-        heap = self.heap
-        heappop = heapq.heappop
+        events = self.events
         arrived: list[_R] = []
         end = self.end_s
         for q in requests:
             if q.t < self.start_s or q.t >= end:
                 continue
-            while heap and heap[0][0] <= q.t:
-                self._pop(heappop(heap))
+            for item in events.pop_due(q.t):
+                self._pop(item)
             r = _R(q.t, q.model, max(1, q.prompt), max(1, q.output))
             st = self.per_model.get(r.model)
             if st is None:
@@ -344,9 +340,8 @@ class _Base(InstanceHooks):
             arrived.append(r)
             if not self._to_hot(r, q.t):
                 self.arrive(r, q.t)
-        hard_end = end + drain_s
-        while heap and heap[0][0] <= hard_end:
-            self._pop(heappop(heap))
+        for item in events.pop_due(end + drain_s):
+            self._pop(item)
         # tokens emitted on time by requests still running at the end count as met
         for r in arrived:
             if not r.done and r.on_time:
@@ -355,15 +350,12 @@ class _Base(InstanceHooks):
         on_time = sum(st.on_time for st in self.per_model.values())
         return len(arrived), tokens, on_time
 
-    def _pop(self, item: tuple[float, int, int, object]) -> None:
+    def _pop(self, item: Event) -> None:
         when, _, kind, obj = item
-        if kind == 0:
+        if kind == INSTANCE:
             assert isinstance(obj, Instance)
-            if obj.event_time != when:
-                return
-            obj.event_time = _INF
-            obj.update(when)
-            self.after_update(obj, when)
+            if fire(obj, when):
+                self.after_update(obj, when)
         else:
             self.event(kind, obj, when)
 

@@ -5,7 +5,7 @@ copy of the trace, scaled by the load control. A request goes to the serving pod
 endpoint with the fewest remaining tokens (the simulator's in-region picker); with no
 serving pod it is rejected, as a Service without ready endpoints would refuse it. Each
 serving pod is a `sim.instance.Instance` (continuous batching, KV cache, priority queues,
-preemption), advanced by the same event heap discipline as `sim.engine`: nothing about
+preemption), advanced by the same event queue as `sim.engine` (`sim.events`): nothing about
 batching is re-implemented here. A pod that stops serving drops its instance and the
 requests in it (counted as lost), as a killed vLLM process would.
 
@@ -16,7 +16,6 @@ Time is the trace's own (seconds from the trace's t=0); the caller advances it f
 from __future__ import annotations
 
 import fnmatch
-import heapq
 import math
 import random
 import threading
@@ -32,11 +31,14 @@ from sageserve.dispatch.instance_picker import pick_instance
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.perf.model import DEFAULT_NODE_GPUS, LayoutError, PerfCatalog, VariantPerf
 from sageserve.sim import traces
+from sageserve.sim.events import INSTANCE, EventQueue, fire
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.workload import parse_duration
 from sageserve.twin.pods import EndpointId, PodInfo
 
 _INF = math.inf
+#: a trace row's request, due at its arrival (next to events.INSTANCE, a pod's own event)
+_EV_ARRIVAL = 1
 
 #: Buckets (seconds) of vLLM's end-to-end latency histogram.
 E2E_BUCKETS = (
@@ -428,8 +430,7 @@ class TwinSim(InstanceHooks):
         self.max_batched_tokens = max_batched_tokens
         self.endpoints: dict[EndpointId, EndpointLoad] = {}
         self.pods: dict[tuple[str, str], TwinPod] = {}
-        self.heap: list[tuple[float, int, int, object]] = []
-        self._seq = 0
+        self.events = EventQueue()
         self._req_id = 0
         #: Serving pods left without an instance, and why (e.g. no perf profile).
         self.problems: dict[str, str] = {}
@@ -489,25 +490,15 @@ class TwinSim(InstanceHooks):
             return
         for ep in self.endpoints.values():
             self._pull(ep, to)
-        heap = self.heap
-        pop = heapq.heappop
-        while heap and heap[0][0] <= to:
-            when, _, kind, obj = pop(heap)
-            if kind == 0:
+        for when, _, kind, obj in self.events.pop_due(to):
+            if kind == INSTANCE:
                 assert isinstance(obj, TwinPod)
-                inst = obj.instance
-                if not obj.alive or inst.event_time != when:
-                    continue
-                inst.event_time = _INF
-                inst.update(when)
+                if obj.alive:  # a pod that stopped serving dropped its instance
+                    fire(obj.instance, when)
             else:
                 assert isinstance(obj, tuple)
                 self._arrive(obj[0], when, obj[1], obj[2])
         self.now = to
-
-    def _push(self, when: float, kind: int, obj: object) -> None:
-        self._seq += 1
-        heapq.heappush(self.heap, (when, self._seq, kind, obj))
 
     def _pull(self, ep: EndpointLoad, to: float) -> None:
         rng = ep.rng
@@ -518,7 +509,7 @@ class TwinSim(InstanceHooks):
             copies = whole + (1 if rng.random() < m - whole else 0)
             for c in range(copies):
                 t = row.t + (rng.random() * self.COPY_SPREAD_S if c else 0.0)
-                self._push(max(t, self.now), 1, (ep, row.prompt, row.output))
+                self.events.push(max(t, self.now), _EV_ARRIVAL, (ep, row.prompt, row.output))
             ep.next_row = next(ep.rows, None)
 
     def _arrive(self, ep: EndpointLoad, t: float, prompt: int, output: int) -> None:
@@ -569,7 +560,7 @@ class TwinSim(InstanceHooks):
     def schedule(self, inst: Instance, when: float) -> None:
         tp = inst.endpoint
         assert isinstance(tp, TwinPod)
-        self._push(when, 0, tp)
+        self.events.push(when, INSTANCE, tp)
 
     def on_finish(self, job: Job, now: float) -> None:
         tp = job.ep
