@@ -11,9 +11,9 @@ from sageserve.core.types import IW_F, NIW, Request, Tier, TierKind
 from sageserve.dispatch.queue_manager import PROMOTED_PER_SIGNAL, release_count
 from sageserve.pace import make_strategy
 from sageserve.sim.cluster import Delays, Endpoint
-from sageserve.sim.engine import Simulation
+from sageserve.sim.engine import RunResult, Simulation
 from sageserve.sim.instance import Job
-from sageserve.sim.results import policy_summary
+from sageserve.sim.results import comparison_rows, policy_summary, summary
 from tests.sim.helpers import config, flat_perf
 
 
@@ -105,10 +105,29 @@ def test_requests_held_longer_than_120_s_for_a_model_scaling_from_zero_are_refus
     refused = [r for r in reqs if ready - r.arrival > 120.0]
     assert st.refused_no_instance == len(refused) > 0
     assert st.finished == len(reqs) - len(refused)
-    summary = policy_summary(result, 1.0)
-    assert summary["requests"]["refused_no_instance"] == len(refused)
-    assert summary["tiers"][IW_F.name]["m"]["refused_no_instance"] == len(refused)
-    assert summary["requests"]["unfinished"] == len(refused)  # they count against the SLO
+    doc = policy_summary(result, 1.0)
+    assert doc["requests"]["refused_no_instance"] == len(refused)
+    assert doc["tiers"][IW_F.name]["m"]["refused_no_instance"] == len(refused)
+    assert doc["requests"]["unfinished"] == len(refused)  # they count against the SLO
+    assert_simulate_shows(result, len(refused))
+
+
+def assert_simulate_shows(result: RunResult, refused: int) -> None:
+    """`sageserve simulate`'s table has the column, with the run's count."""
+    from rich.console import Console
+
+    from sageserve.commands.sim import comparison_table
+    from sageserve.sim.run import Comparison
+
+    runs = {"reactive": (result, 1.0)}
+    doc = summary({"name": "t", "window": {"start_s": 0.0, "end_s": 600.0}, "seed": 0}, runs)
+    cmp = Comparison(doc, comparison_rows(doc, runs, [IW_F.name]), runs)
+    console = Console(width=300, record=True)
+    console.print(comparison_table(cmp, "t"))
+    text = console.export_text()
+    assert "refused (no instance within 120 s)" in text
+    row = next(line for line in text.splitlines() if "reactive" in line)
+    assert f" {refused} " in row
 
 
 def test_past_the_held_bound_a_request_is_refused_at_once() -> None:
@@ -129,3 +148,11 @@ def test_a_run_with_serving_instances_holds_and_refuses_nothing() -> None:
     reqs = [Request(i, 0.5 * i, "m", IW_F, "r1", 200, 20) for i in range(100)]
     result = Simulation(cfg, make_strategy("reactive"), reqs).run()
     assert result.refused_no_instance == 0 and result.finished == 100
+    from sageserve.commands.sim import comparison_table
+    from sageserve.sim.run import Comparison
+
+    runs = {"reactive": (result, 1.0)}
+    doc = summary({"name": "t", "window": {"start_s": 0.0, "end_s": 60.0}, "seed": 0}, runs)
+    cmp = Comparison(doc, comparison_rows(doc, runs, [IW_F.name]), runs)
+    headers = [c.header for c in comparison_table(cmp, "t").columns]
+    assert not any("refused" in str(h) for h in headers)  # the column only when needed
