@@ -577,7 +577,7 @@ class Simulation(InstanceHooks):
         if ep is not None:
             ep.finished_minute += 1
             if self.qm_active and not tier.interactive and self.qm.pending():
-                self._round_due = True  # a released batch request completed: a signal
+                self._round_due = True  # a released batch request completed (§6.2)
             if self.layouts is not None:  # the router's shape counter
                 self.layouts.shapes.count(req.model, ep.key.region, req.prompt_tokens, out)
 
