@@ -126,6 +126,7 @@ def router_rounds(tmp_path: Path) -> tuple[list[int], list[int]]:
 def read(ep: Endpoint, emu: float, capacity: float, t: float) -> None:
     """A reading of `ep` at `t`, as its scrape would have taken it."""
     ep._emu, ep._emu_t, ep.kv_read, ep.sent = emu, t, int(capacity), 0
+    ep.version += 1
 
 
 def simulator_rounds() -> tuple[list[int], list[int]]:

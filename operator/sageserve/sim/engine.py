@@ -432,6 +432,8 @@ class Simulation(InstanceHooks):
         self._round_due = False
         #: a signal round is on the event heap (only while the Queue Manager holds work)
         self._signal_armed = False
+        #: endpoint -> the reading (its `version`) at which it last signalled and took nothing
+        self._dry: dict[Endpoint, int] = {}
         # (model, pool) -> endpoints in the fixed region order
         self._eps_by_model_pool: dict[tuple[str, str], list[Endpoint]] = {}
         self._route_cache: dict[tuple[str, str, str], list[Endpoint]] = {}
@@ -962,13 +964,20 @@ class Simulation(InstanceHooks):
         (SageServe §6.2), so an EMU reading is corrected by each release before the next."""
         self._round_due = False
         qm = self.qm
+        dry = self._dry
         self._promote(now)
         for model in qm.models():
             for ep in self._eps_of_model.get(model, ()):
                 if not ep.serving:
                     continue
+                # an endpoint that took nothing at this reading takes nothing until the
+                # next one: what is sent since only raises its estimate
+                if dry.get(ep) == ep.version and not ep.stale(now):
+                    continue
                 jobs = qm.on_signal(model, ep.estimated_emu(now))
                 if not jobs:
+                    if qm.pending(model):
+                        dry[ep] = ep.version
                     continue
                 released = self._released(jobs, now)
                 self._batch_released[model, "trough"] += len(released)
