@@ -17,7 +17,7 @@ from rich.table import Table
 from sageserve.core.types import Request
 from sageserve.sim.bounds import bounds_dict, describe_bounds, gpu_hour_bounds
 from sageserve.sim.deadlines import describe
-from sageserve.sim.results import layout_rows
+from sageserve.sim.results import REFUSED_NO_INSTANCE, layout_rows
 from sageserve.sim.run import Comparison, run_policies, write_outputs
 from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
 
@@ -34,7 +34,9 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
     """The printed table: cost, IW TTFT, SLO attainment per tier and, next to it, the batch
     deadline accounting (SageServe §6.3: NIW work is judged on its 24 h deadline, so work
     queued past the window with a later deadline is shown apart, not as a miss). GPU-hours
-    cover the window; "drain GPU-h" is what the fleet held after it until the run stopped."""
+    cover the window; "drain GPU-h" is what the fleet held after it until the run stopped.
+    Requests held for a model with nothing serving and refused (`dispatch.hold`) get their
+    own column, among the unfinished, when a run had any."""
     tiers = sorted({t for r in cmp.table for t in r["slo"]})
     end_s = float(cmp.summary["scenario"]["window"]["end_s"])
     batch = any(r.get("niw", {}).get("entries") for r in cmp.table)
@@ -55,6 +57,9 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
     for head, _ in NIW_COLUMNS if batch else ():
         table.add_column(head, justify="right", no_wrap=True)
     table.add_column("unfinished", justify="right", no_wrap=True)
+    held = any(r.get("refused_no_instance") for r in cmp.table)
+    if held:
+        table.add_column(REFUSED_NO_INSTANCE, justify="right", no_wrap=True)
     table.add_column("scalings", justify="right", no_wrap=True)
     for r in cmp.table:
         p95 = r["iw_ttft_p95_s"]
@@ -71,6 +76,7 @@ def comparison_table(cmp: Comparison, title: str) -> Table:
             *[f"{r['slo'].get(t, float('nan')):.2%}" for t in tiers],
             *[cells[key] for _, key in (NIW_COLUMNS if batch else ())],
             str(r["unfinished"]),
+            *([str(r.get("refused_no_instance", 0))] if held else []),
             str(r["scale_events"]),
         )
     return table

@@ -13,6 +13,7 @@ Schema `sageserve.compare/v1` (fields are only added within v1):
         "points": [{"label", "knobs": {PATH: value}, "settings": [PATH=VALUE, ...],
                     "attainment", "gpu_hours", "provisioning_gpu_hours", "instance_hours",
                     "slo": {"<tier>": attainment}, "iw_ttft_p95_s", "unfinished", "refused",
+                    "refused_no_instance",
                     "scale_events", "wall_s", "on_frontier", "error",
                     "niw_deadline_attainment", "niw_missed", "niw_queued_beyond_horizon",
                     "niw_feasible_at_max",

@@ -58,6 +58,7 @@ def point_metrics(table_row: dict[str, Any], policy: dict[str, Any]) -> dict[str
         "iw_ttft_p95_s": table_row["iw_ttft_p95_s"],
         "unfinished": table_row["unfinished"],
         "refused": table_row["refused"],
+        "refused_no_instance": table_row.get("refused_no_instance", 0),
         "scale_events": table_row["scale_events"],
         **niw_metrics(table_row.get("niw", {})),
         "summary": policy,

@@ -3,9 +3,12 @@
 Batch requests are not routed on arrival: they wait in one global queue per model. A
 (model, region) endpoint signals when its effective memory utilisation is low and the
 Queue Manager releases work to it: **1 request under 60% EMU, 2 under 50%** (the paper's
-rule; the public repository inverts it). When an endpoint signals is the caller's choice;
-the simulator signals on every request completion of the endpoint (as the repository's
-`feed_async` does) and once per minute.
+rule; the public repository inverts it). When an endpoint signals is one rule for the
+router and the simulator: every endpoint with Ready instances of a model with queued work
+signals every `SIGNAL_S` seconds and whenever a *released batch* request it served
+completes (the paper signals on completions and once a minute; every second here, since the
+EMU signalled with is `estimated_emu`, which rises with each release, so the rule limits
+itself). Each round releases at most `PROMOTED_PER_SIGNAL` requests whose slack ran out.
 
 Which request goes first, and when one stops waiting for a trough:
 
@@ -57,7 +60,25 @@ DEFAULT_PROMOTION_AGE_S = 10 * 3600.0
 #: request waits behind the interactive queue of a loaded instance).
 DEFAULT_PROMOTION_MARGIN_S = 1800.0
 
+#: Seconds between two signal rounds (every endpoint with queued work of its model signals
+#: once a round; a completed released batch request signals at once as well).
+SIGNAL_S = 1.0
+#: Promoted requests (slack run out) released at most per signal round, so that a backlog
+#: due at once reaches the fleet over several rounds instead of in one burst.
+PROMOTED_PER_SIGNAL = 16
+
 _INF = math.inf
+
+
+def estimated_emu(read_emu: float, tokens_sent_since_read: float, kv_capacity: float) -> float:
+    """An endpoint's EMU as the release rule reads it (SageServe §4's EMU): the last reading
+    of its KV utilisation plus the tokens sent to it since that reading (prompt + output
+    budget) over its KV capacity in tokens; the reading alone when the capacity is unknown
+    (0). A release raises the estimate at once, so several signals between two readings
+    do not each release as if the endpoint were still idle."""
+    if kv_capacity > 0:
+        return read_emu + tokens_sent_since_read / kv_capacity
+    return read_emu
 
 
 def promotion_time(
@@ -220,12 +241,14 @@ class BatchQueueManager(Generic[T]):
             self._compact()
         return out
 
-    def pop_aged(self, now: float) -> list[tuple[str, T]]:
+    def pop_aged(self, now: float, limit: int | None = None) -> list[tuple[str, T]]:
         """Requests to promote now, with their model, in order of promotion time: slack run
-        out (deadline − now − service time − margin), or older than the promotion age."""
+        out (deadline − now − service time − margin), or older than the promotion age. At
+        most `limit` (None: all due; the signal round's bound is `PROMOTED_PER_SIGNAL`)."""
         out: list[tuple[str, T]] = []
         heap = self._promote
-        while heap and heap[0][0] < now:
+        left = math.inf if limit is None else limit
+        while heap and heap[0][0] < now and len(out) < left:
             entry = heapq.heappop(heap)[2]
             if entry.queued:
                 out.append((entry.model, self._take(entry)))

@@ -13,7 +13,8 @@ the model's regions (400); the region and pod from `Fleet` (the `dispatch/` func
 model with no ready pod anywhere is *held* (at most `max_held_requests`, 429 past it): the
 request waits (bounded) while `sageserve_router_held_requests` tells the operator that
 demand waits, and the decision step scales that endpoint from zero; when the wait runs out
-the client gets 503 with Retry-After. Every metric label comes from discovery's sets or a
+the client gets 503 with Retry-After (`dispatch.hold`, the rule and bounds the simulator
+holds requests by). Every metric label comes from discovery's sets or a
 fixed enum, never from a request's text. A pod that fails before the first byte is retried
 once on another pod (and gets no new request for `eject_seconds`); after it, a streaming
 client gets an error event. Requests go only to pods discovered in the cluster, never to a
@@ -49,6 +50,7 @@ from aiohttp.typedefs import Handler
 
 from sageserve.batch.api import PRINCIPAL
 from sageserve.batch.limits import BadJson, load_json
+from sageserve.dispatch.hold import HOLD_S, MAX_HELD, Hold, admit, hold_until, keep
 from sageserve.dispatch.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
 from sageserve.dispatch.instance_picker import Arrival
 from sageserve.dispatch.queue_manager import release_count
@@ -89,7 +91,9 @@ BACKLOG = 4096
 @dataclass(frozen=True)
 class RouterConfig:
     max_body_bytes: int = 8 * 1024 * 1024
-    hold_seconds: float = 120.0
+    #: A request for a model with no ready pod anywhere waits this long, then 503
+    #: (`dispatch.hold.HOLD_S`, the simulator's hold).
+    hold_seconds: float = HOLD_S
     retry_after_seconds: int = 30
     upstream_timeout_seconds: float = 600.0
     home_region: str | None = None
@@ -110,8 +114,9 @@ class RouterConfig:
     #: for; more is a 400 before anything is counted (`dispatch.request_check`).
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
     #: Requests waiting for a model with no ready pod, at most; past it 429 (a held
-    #: request keeps its body and a connection until a pod comes or the hold runs out).
-    max_held_requests: int = 1000
+    #: request keeps its body and a connection until a pod comes or the hold runs out;
+    #: `dispatch.hold.MAX_HELD`, the simulator's bound).
+    max_held_requests: int = MAX_HELD
     #: Bytes of request bodies the router has at once (being read, held or forwarded,
     #: Batch API uploads included: `claim_bytes`); past it 429 before the body is read.
     #: A body of unknown length (chunked) counts as `max_body_bytes` until it has been read.
@@ -530,7 +535,7 @@ class Router:
         region = self.fleet.choose_region(model, home, tokens)
         if region is not None:
             return region
-        if self.held >= self.config.max_held_requests:
+        if admit(self.held, self.config.max_held_requests) is Hold.BUSY:
             return self._busy(
                 LIMIT_HELD_REQUESTS,
                 f"{self.held} requests already wait for models to start, the router's limit "
@@ -538,11 +543,15 @@ class Router:
                 f"{model.served_name} is being started, retry later",
                 self.config.retry_after_seconds,
             )
-        deadline = time.monotonic() + self.config.hold_seconds
+        since = time.monotonic()
+        deadline = hold_until(since, self.config.hold_seconds)
         self.held += 1
         try:
             with self.metrics.holding(model, self._held_region(model, home)):
-                while region is None and time.monotonic() < deadline:
+                while (
+                    region is None
+                    and keep(time.monotonic() - since, self.config.hold_seconds) is Hold.HOLD
+                ):
                     waiter = self.fleet.changed
                     try:
                         await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())

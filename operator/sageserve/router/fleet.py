@@ -51,7 +51,7 @@ from sageserve.dispatch.layout_dispatch import (
     dispatch_by_type,
     endpoint_layout,
 )
-from sageserve.dispatch.queue_manager import DEFAULT_RELEASE_RULES, ReleaseRules
+from sageserve.dispatch.queue_manager import DEFAULT_RELEASE_RULES, ReleaseRules, estimated_emu
 from sageserve.dispatch.region_router import (
     DEFAULT_ROUTE_THRESHOLD,
     SpillBounds,
@@ -294,10 +294,13 @@ class Fleet:
     # ---- read by request handlers -----------------------------------------------------
 
     def estimated_emu(self, endpoint: EndpointId) -> float:
-        """Prometheus' EMU plus what this router sent since (SageServe's EMU, §4)."""
-        cap = self.capacity.get(endpoint, 0.0)
-        extra = self.sent.get(endpoint, 0.0) / cap if cap > 0 else 0.0
-        return self.emu.get(endpoint, 0.0) + extra
+        """Prometheus' EMU plus what this router sent since (SageServe's EMU, §4), by
+        `dispatch.queue_manager.estimated_emu`, the simulator's estimate too."""
+        return estimated_emu(
+            self.emu.get(endpoint, 0.0),
+            self.sent.get(endpoint, 0.0),
+            self.capacity.get(endpoint, 0.0),
+        )
 
     def choose_region(
         self, model: ModelRoute, home: str | None, tokens: float = 0.0, now: float | None = None

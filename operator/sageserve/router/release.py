@@ -53,7 +53,12 @@ from sageserve.batch.objects import Answer, BatchObject, ClaimedRequest, Waiting
 from sageserve.batch.store import BatchStore
 from sageserve.dispatch.deadlines import DeadlineRisk
 from sageserve.dispatch.identity import Principal
-from sageserve.dispatch.queue_manager import DEFAULT_PROMOTION_MARGIN_S, release_count
+from sageserve.dispatch.queue_manager import (
+    DEFAULT_PROMOTION_MARGIN_S,
+    PROMOTED_PER_SIGNAL,
+    SIGNAL_S,
+    release_count,
+)
 from sageserve.dispatch.request_check import estimated_tokens
 from sageserve.router.app import Router
 from sageserve.router.fleet import ModelRoute
@@ -64,15 +69,17 @@ log = logging.getLogger("sageserve.router")
 
 @dataclass(frozen=True)
 class ReleaseConfig:
-    #: how often every endpoint with queued work signals (the paper: on completions and
-    #: once a minute; seconds here, since the router's EMU estimate follows each release)
-    signal_s: float = 1.0
+    #: how often every endpoint with queued work signals (`dispatch.queue_manager.SIGNAL_S`,
+    #: the simulator's period: the paper's once a minute, every second here, since the EMU
+    #: estimate follows each release)
+    signal_s: float = SIGNAL_S
     #: a claim's lease; renewed every third of it while the request runs
     lease_s: float = 120.0
     #: how often batches are closed (output and error files written, deadlines applied)
     finalize_s: float = 5.0
     #: at most this many promoted requests (slack run out) released per signal round
-    promoted_per_signal: int = 16
+    #: (`dispatch.queue_manager.PROMOTED_PER_SIGNAL`, the simulator's)
+    promoted_per_signal: int = PROMOTED_PER_SIGNAL
     #: slack kept when a request is promoted (`dispatch.queue_manager`, the simulator's)
     promotion_margin_s: float = DEFAULT_PROMOTION_MARGIN_S
     #: tokens/s one request is served at for a model with no perf profile

@@ -32,6 +32,7 @@ from sageserve.core.nodes import OUTSIDE_POOLS, parse_nodes
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, drain_order
 from sageserve.core.types import EndpointKey, InstanceState
 from sageserve.dispatch.layout_dispatch import EndpointLayout
+from sageserve.dispatch.queue_manager import estimated_emu
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.pace.spot import PoolNode, Source, reclaim_order
 from sageserve.perf.model import VariantPerf
@@ -170,11 +171,13 @@ class Endpoint:
         "draining",
         "finished_minute",
         "key",
+        "kv_read",
         "max_instances",
         "min_instances",
         "pooled",
         "provisioning",
         "refresh_s",
+        "sent",
         "tokens_minute",
         "tokens_per_s",
         "ttft",
@@ -190,6 +193,10 @@ class Endpoint:
         self.refresh_s = refresh_s
         self._emu = 0.0
         self._emu_t = -math.inf
+        #: KV capacity (tokens) behind the last reading, and the tokens (prompt + predicted
+        #: output) dispatched here since it: `estimated_emu`'s correction
+        self.kv_read = 0
+        self.sent = 0
         #: (instance, variant, KV used, KV capacity) of each reporting instance, as last
         #: scraped (`snapshot` makes them `InstanceView`s, with the queues as they are then)
         self._scraped: list[tuple[str, str, float, int]] = []
@@ -236,8 +243,17 @@ class Endpoint:
             self._emu = max(0.0, used / cap) if cap else 1.0
             self._scraped = views
             self._emu_t = t
+            self.kv_read = cap
+            self.sent = 0
             self.version += 1
         return self._emu
+
+    def estimated_emu(self, t: float) -> float:
+        """The EMU the Queue Manager is signalled with, as the router estimates it
+        (`dispatch.queue_manager.estimated_emu`): the last reading (at most `refresh_s`
+        old) plus the tokens dispatched here since it (prompt + predicted output, what the
+        router counts as prompt + output budget) over the reading's KV capacity."""
+        return estimated_emu(self.emu(t), self.sent, self.kv_read)
 
     def invalidate(self) -> None:
         self._emu_t = -math.inf

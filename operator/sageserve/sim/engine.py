@@ -25,6 +25,7 @@ from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.dispatch.anticipator import LoadAnticipator
 from sageserve.dispatch.deadlines import capacity_at_max
+from sageserve.dispatch.hold import HOLD_S, MAX_HELD
 from sageserve.dispatch.instance_picker import (
     DEFAULT_PICKER,
     Arrival,
@@ -41,6 +42,8 @@ from sageserve.dispatch.priorities import scheduler_priority
 from sageserve.dispatch.queue_manager import (
     DEFAULT_PROMOTION_MARGIN_S,
     DEFAULT_RELEASE_RULES,
+    PROMOTED_PER_SIGNAL,
+    SIGNAL_S,
     BatchQueueManager,
 )
 from sageserve.dispatch.region_router import SpillLedger, pick_region, preference, route_region
@@ -54,6 +57,7 @@ from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.events import INSTANCE, EventQueue
 from sageserve.sim.events import fire as fire_instance_event
+from sageserve.sim.held import HeldRequests
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
@@ -121,6 +125,14 @@ class SimConfig:
     #: slack a batch request with a deadline keeps when promoted (`dispatch.queue_manager`)
     promotion_margin_s: float | None = DEFAULT_PROMOTION_MARGIN_S
     pace_s: float = 15.0
+    #: seconds between two batch signal rounds, and the promoted requests one round
+    #: releases at most (`dispatch.queue_manager`, the router's `BatchReleaser` defaults)
+    signal_s: float = SIGNAL_S
+    promoted_per_signal: int = PROMOTED_PER_SIGNAL
+    #: a request for a model with nothing serving anywhere waits at most `hold_s`, and at
+    #: most `max_held` wait at once; else it is refused (`dispatch.hold`, the router's)
+    hold_s: float = HOLD_S
+    max_held: int = MAX_HELD
     #: `spec.intervals.scaleInStabilizationSeconds` (`pace.step.decide`)
     scale_in_stabilization_s: float = SCALE_IN_STABILIZATION_S
     emu_refresh_s: float = 1.0
@@ -196,6 +208,7 @@ class TierModelStats:
         "norm",
         "norm_buckets",
         "refused",
+        "refused_no_instance",
         "slo_met",
         "tbt",
         "ttft",
@@ -215,6 +228,10 @@ class TierModelStats:
         self.deadline_miss = 0
         #: refused at arrival: prompt + output beyond the model's context (vLLM's HTTP 400)
         self.refused = 0
+        #: held for a model with nothing serving anywhere and refused: no instance came
+        #: within the hold, or too many were held (the router's 503 and 429, `dispatch.hold`);
+        #: counted as unfinished, like dropped requests
+        self.refused_no_instance = 0
         #: day of arrival (whole days since the window's start) -> [finished, SLO met,
         #: unfinished]: a long window's attainment day by day, so one day of a multi-day
         #: run compares with a one-day run of the same traffic
@@ -265,6 +282,9 @@ class RunResult:
     preemptions: int
     #: requests refused at arrival (prompt + output beyond the model's context)
     refused: int = 0
+    #: requests held for a model with nothing serving anywhere and then refused (no
+    #: instance within the hold, or too many held: `dispatch.hold`); among the unfinished
+    refused_no_instance: int = 0
     #: batch tiers with a deadline seen in the run: name -> deadline (s after arrival)
     batch_deadlines: dict[str, float] = field(default_factory=dict)
     #: (batch tier, model) -> every request still unfinished when the run stopped (dropped
@@ -414,6 +434,9 @@ class Simulation(InstanceHooks):
         self.arrived = 0
         self.finished = 0
         self.refused = 0
+        self.refused_no_instance = 0
+        #: requests held for a model with nothing serving anywhere (built on the first)
+        self._held: HeldRequests | None = None
         #: batch tier -> its deadline, for the deadline accounting (`sim.deadlines`)
         self._batch_deadlines: dict[str, float] = {}
         #: (model, "trough" | "promoted") -> batch requests that left the Queue Manager so
@@ -428,7 +451,12 @@ class Simulation(InstanceHooks):
         self._setups = {m.name: m for m in config.models}
         self.qm_active = strategy.batch_via_queue_manager
         self.minutes: list[MinuteRow] = []
-        self._signal: set[Endpoint] = set()
+        #: a released batch request completed: a signal round is due (SageServe §6.2)
+        self._round_due = False
+        #: a signal round is on the event heap (only while the Queue Manager holds work)
+        self._signal_armed = False
+        #: endpoint -> the reading (its `version`) at which it last signalled and took nothing
+        self._dry: dict[Endpoint, int] = {}
         # (model, pool) -> endpoints in the fixed region order
         self._eps_by_model_pool: dict[tuple[str, str], list[Endpoint]] = {}
         self._route_cache: dict[tuple[str, str, str], list[Endpoint]] = {}
@@ -570,8 +598,8 @@ class Simulation(InstanceHooks):
             self.preemptions += job.preemptions
         if ep is not None:
             ep.finished_minute += 1
-            if self.qm_active and self.qm.pending(req.model):
-                self._signal.add(ep)
+            if self.qm_active and not tier.interactive and self.qm.pending():
+                self._round_due = True  # a released batch request completed (§6.2)
             if self.layouts is not None:  # the router's shape counter
                 self.layouts.shapes.count(req.model, ep.key.region, req.prompt_tokens, out)
 
@@ -648,8 +676,8 @@ class Simulation(InstanceHooks):
                 else:
                     obj(when)  # type: ignore[operator]
                 n_ev += 1
-                if self._signal:
-                    self._feed_batch(when)
+                if self._round_due:
+                    self._signal_round(when)
             if not closed and t_next >= end:
                 self.cluster.close_accounting(end)
                 closed = True
@@ -710,6 +738,8 @@ class Simulation(InstanceHooks):
                 deadline = job.deadline if deadline_s is not None else None
                 # what the queue knows of the cost: the prompt and the predicted output
                 self.qm.submit(model, job, req.arrival, deadline, req.prompt_tokens + pred)
+                if not self._signal_armed:
+                    self._arm_signal(req.arrival)
                 return
         pool = self.strategy.layout.pool_for(tier)
         ep = self._route_region(req, pool, req.arrival)
@@ -763,6 +793,7 @@ class Simulation(InstanceHooks):
         if region != req.region:
             job.net_delay = self.cfg.inter_region_latency_s
         tokens = req.prompt_tokens + req.output_tokens  # the forecast's unit
+        ep.sent += req.prompt_tokens + job.pred_out  # what the router counts as sent
         ep.arrivals_minute += 1
         ep.tokens_minute += tokens
         if self.planner is not None:
@@ -778,7 +809,10 @@ class Simulation(InstanceHooks):
         job.ep = ep
         inst = self._pick_instance(ep, t, job)
         if inst is None:
-            ep.backlog.append(job)
+            if any(e.serving for e in self._eps_by_model_pool.get((req.model, ep.key.pool), ())):
+                ep.backlog.append(job)  # served elsewhere: waits here for an instance
+            else:
+                self._hold(job, ep, t)
         else:
             self._enqueue(inst, job, t)
         if check_scaling:
@@ -905,6 +939,23 @@ class Simulation(InstanceHooks):
         )
         return got if isinstance(got, Instance) else None
 
+    def _hold(self, job: Job, ep: Endpoint, t: float) -> None:
+        """A request for a model with nothing serving anywhere: held in `ep`'s backlog while
+        the model comes from zero, as the router holds it (`sim.held`, `dispatch.hold`)."""
+        held = self._held
+        if held is None:
+            cfg = self.cfg
+            held = self._held = HeldRequests(
+                cfg.hold_s, cfg.max_held, self.call_at, self._refuse_held
+            )
+        held.hold(job, ep, t)
+
+    def _refuse_held(self, job: Job) -> None:
+        st = self.stats[(job.req.tier.name, job.req.model)]
+        st.refused_no_instance += 1
+        st.day(job.req.arrival - self.cfg.start_s)[2] += 1
+        self.refused_no_instance += 1
+
     def _lost(self, job: Job) -> None:
         st = self.stats[(job.req.tier.name, job.req.model)]
         st.dropped += 1
@@ -912,17 +963,85 @@ class Simulation(InstanceHooks):
 
     # ---- batch queue ---------------------------------------------------------------------
 
-    def _feed_batch(self, now: float) -> None:
-        sig = self._signal
-        self._signal = set()
-        for ep in sorted(sig, key=lambda e: e.key) if len(sig) > 1 else sig:
-            if not self.qm.pending(ep.key.model) or not ep.serving:
+    def _arm_signal(self, t: float) -> None:
+        """Signal rounds every `signal_s` from the window's start, from the first one after
+        `t` while the Queue Manager holds work (a run without batch work has none)."""
+        self._signal_armed = True
+        step = self.cfg.signal_s
+        self.call_at(self._start + (math.floor((t - self._start) / step) + 1) * step, self._tick)
+
+    def _tick(self, now: float) -> None:
+        """The periodic signal round; the next one while work is queued."""
+        if self.qm.pending():
+            self._signal_round(now)
+        if self.qm.pending():
+            self.call_at(now + self.cfg.signal_s, self._tick)
+        else:
+            self._signal_armed = False
+
+    def _signal_round(self, now: float) -> None:
+        """One round of signals, the router's `BatchReleaser.signal_once`: requests whose
+        slack ran out released first (at most `promoted_per_signal`), then each endpoint
+        with serving instances of a model with queued work signals once with its estimated
+        EMU (`Endpoint.estimated_emu`) and takes what `release_count` allows, earliest
+        deadline first. Runs every `signal_s` and when a released batch request completes
+        (SageServe §6.2), so an EMU reading is corrected by each release before the next."""
+        self._round_due = False
+        qm = self.qm
+        dry = self._dry
+        self._promote(now)
+        for model in qm.models():
+            for ep in self._eps_of_model.get(model, ()):
+                if not ep.serving:
+                    continue
+                # an endpoint that took nothing at this reading takes nothing until the
+                # next one: what is sent since only raises its estimate
+                if dry.get(ep) == ep.version and not ep.stale(now):
+                    continue
+                jobs = qm.on_signal(model, ep.estimated_emu(now))
+                if not jobs:
+                    if qm.pending(model):
+                        dry[ep] = ep.version
+                    continue
+                released = self._released(jobs, now)
+                self._batch_released[model, "trough"] += len(released)
+                for job in released:
+                    self._dispatch(job, ep, now, check_scaling=True)
+
+    def _promote(self, now: float) -> None:
+        """Release the requests whose slack ran out, at most `promoted_per_signal`, each at
+        interactive priority to the region the router would choose for a request with no
+        home (its serving endpoints in the scenario's order, by estimated EMU). A model with
+        nothing serving keeps its requests queued, as the router puts them back."""
+        qm = self.qm
+        cfg = self.cfg
+        for model, job in qm.pop_aged(now, cfg.promoted_per_signal):
+            req = job.req
+            pool = self.strategy.layout.pool_for(req.tier)
+            every = self._eps_by_model_pool.get((model, pool), [])
+            if not every:  # no endpoint at all: it can never be served
+                self._lost(job)
                 continue
-            released = self._released(self.qm.on_signal(ep.key.model, ep.emu(now)), now)
-            if released:
-                self._batch_released[ep.key.model, "trough"] += len(released)
-            for job in released:
-                self._dispatch(job, ep, now, check_scaling=True)
+            ready = [(ep, ep.estimated_emu(now)) for ep in every if ep.serving]
+            if not ready:
+                deadline = job.deadline if req.tier.deadline_s is not None else None
+                qm.submit(model, job, req.arrival, deadline, req.prompt_tokens + job.pred_out)
+                continue
+            plan = self.step_state.plan
+            ep = route_region(
+                model,
+                None,
+                ready,
+                _region_of,
+                req.prompt_tokens + req.output_tokens,
+                now,
+                self.spill_ledger,
+                plan.spill.get(model) if plan is not None else None,
+                cfg.route_threshold,
+            )
+            self._batch_released[model, "promoted"] += 1
+            job.prio = 0
+            self._dispatch(job, ep, now, check_scaling=False)
 
     def _released_by_model(self) -> dict[str, dict[str, int]]:
         """`RunResult.batch_released`: per model, its trough and promoted counts."""
@@ -952,24 +1071,12 @@ class Simulation(InstanceHooks):
     def _pace_tick(self, now: float) -> None:
         if self.layouts is not None:
             self._layout_pass(now)
-        # every endpoint signals the Queue Manager; aged batch work is released at once
+        # the deadline need the operator reads (the routers export it each signal round)
         if self.qm_active and self.cfg.deadline_pressure:
             qm = self.qm
             self._batch_need = {
                 m: need for m in qm.models() if (need := qm.required_tps(m, now)) > 0
             }
-        if self.qm_active and self.qm.pending():
-            for model, job in self.qm.pop_aged(now):
-                self._batch_released[model, "promoted"] += 1
-                job.prio = 0
-                pool = self.strategy.layout.pool_for(job.req.tier)
-                ep = self._route_region(job.req, pool, now)
-                if ep is None:
-                    self._lost(job)
-                else:
-                    self._dispatch(job, ep, now, check_scaling=False)
-            self._signal.update(self.cluster.endpoints.values())
-            self._feed_batch(now)
         if self.strategy.periodic:
             self._decide(self.cluster.endpoints.values(), now)
         else:
@@ -1191,11 +1298,10 @@ class Simulation(InstanceHooks):
             return
         if ep.backlog:
             backlog, ep.backlog = ep.backlog, []
+            if self._held is not None:
+                self._held.served(backlog)
             for job in backlog:
                 self._enqueue(inst, job, now)
-        if self.qm_active:
-            self._signal.add(ep)
-            self._feed_batch(now)
 
     # ---- result --------------------------------------------------------------------------
 
@@ -1216,8 +1322,8 @@ class Simulation(InstanceHooks):
             if key[0] in self._batch_deadlines:
                 pending[key].append(PendingWork(job.deadline, job.prompt_left + job.out_left))
         for key, st in self.stats.items():
-            if st.dropped:
-                unfinished[key] += st.dropped
+            if st.dropped or st.refused_no_instance:
+                unfinished[key] += st.dropped + st.refused_no_instance
         return RunResult(
             policy=self.strategy.name,
             start_s=self.cfg.start_s,
@@ -1234,6 +1340,7 @@ class Simulation(InstanceHooks):
             sim_events=self.sim_events,
             preemptions=self.preemptions,
             refused=self.refused,
+            refused_no_instance=self.refused_no_instance,
             batch_deadlines=dict(self._batch_deadlines),
             pending=dict(pending),
             capacity_at_max_tps={

@@ -14,7 +14,7 @@ from typing import Any
 
 from sageserve.sim.deadlines import describe
 from sageserve.sim.engine import RunResult
-from sageserve.sim.results import layout_rows
+from sageserve.sim.results import REFUSED_NO_INSTANCE, layout_rows
 
 
 def _plt() -> Any:
@@ -274,6 +274,7 @@ def write_report(
         "NIW beyond horizon",
         "unfinished",
         "refused",
+        REFUSED_NO_INSTANCE,
     )
     end_s = float(doc["scenario"]["window"]["end_s"])
     niw = [describe(r.get("niw", {}), end_s) for r in table]
@@ -297,6 +298,7 @@ def write_report(
                 n["waiting"],
                 r["unfinished"],
                 r.get("refused", 0),
+                r.get("refused_no_instance", 0),
             )
         )
         + "</tr>"

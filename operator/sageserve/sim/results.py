@@ -8,9 +8,10 @@ added, never renamed or removed, within v1):
       "scenario": {"name", "window": {"start_s", "end_s"}, "seed"},
       "policies": {
         "<policy>": {
-          "requests": {"arrived", "finished", "unfinished", "refused"},
+          "requests": {"arrived", "finished", "unfinished", "refused", "refused_no_instance"},
           "tiers": {"<tier>": {"<model>": {
-              "finished", "unfinished", "refused", "slo_attainment", "deadline_misses",
+              "finished", "unfinished", "refused", "refused_no_instance", "slo_attainment",
+              "deadline_misses",
               "ttft_s": {"p50", "p95", "p99"}, "tbt_s": {...}, "e2e_s": {...},
               "normalized_latency_s": {"p50", "p95", "p99", "peak_5min_mean"},
               "slo_attainment_by_day": [{"day", "start_s", "requests", "slo_attainment"}],
@@ -40,6 +41,10 @@ end within the deadline. Unfinished requests count against attainment. Refused r
 (prompt + output beyond the model's context length, vLLM's HTTP 400 at arrival) are neither
 served nor lost: they are counted apart and left out of attainment, as a client error is
 left out of an availability SLO; arrived = finished + unfinished + refused.
+`refused_no_instance` counts, among the unfinished, the requests for a model with nothing
+serving in any region that no instance took within the hold (120 s), or that found 1,000
+requests already held: the router answers them 503 or 429 (`dispatch.hold`), so they count
+against attainment like requests dropped.
 `slo_attainment_by_day` splits the same attainment by the day of arrival (whole days from
 the window's start, `start_s` the day's first second), so one day of a multi-day run reads
 like a one-day run of the same traffic; the policy-level entry sums a tier's models.
@@ -70,10 +75,13 @@ import numpy as np
 
 from sageserve.core.percentile import percentile, percentiles
 from sageserve.core.types import InstanceState
+from sageserve.dispatch.hold import HOLD_S
 from sageserve.sim.deadlines import BatchAccount, account, totals
 from sageserve.sim.engine import DAY_S, RunResult, TierModelStats
 
 SCHEMA = "sageserve.sim.summary/v1"
+#: The column of the requests held for a model with nothing serving and then refused.
+REFUSED_NO_INSTANCE = f"refused (no instance within {HOLD_S:g} s)"
 _STATE_KEYS = {
     InstanceState.SERVING: "serving",
     InstanceState.PROVISIONING: "provisioning",
@@ -131,7 +139,7 @@ def batch_account(r: RunResult, key: tuple[str, str]) -> BatchAccount | None:
         (st.finished if st else 0) - late,
         late,
         r.pending.get(key, []),
-        st.dropped if st else 0,
+        st.dropped + st.refused_no_instance if st else 0,
         r.horizon_s if r.horizon_s is not None else r.end_s,
         r.capacity_at_max_tps.get(model, 0.0),
     )
@@ -177,6 +185,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "finished": fin,
             "unfinished": unf,
             "refused": st.refused if st else 0,
+            "refused_no_instance": st.refused_no_instance if st else 0,
             "slo_attainment": round(met / (fin + unf), 5) if fin + unf else None,
             "deadline_misses": st.deadline_miss if st else 0,
             "ttft_s": _pct(st.ttft if st else np.empty(0)),
@@ -206,6 +215,7 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
             "finished": r.finished,
             "unfinished": unfinished_total,
             "refused": r.refused,
+            "refused_no_instance": r.refused_no_instance,
         },
         "tiers": dict(tiers),
         "normalized_latency_s": normalized_latency(r.stats.values()),
@@ -435,6 +445,7 @@ def comparison_rows(
                 "niw": batch_totals(p),
                 "unfinished": p["requests"]["unfinished"],
                 "refused": p["requests"].get("refused", 0),
+                "refused_no_instance": p["requests"].get("refused_no_instance", 0),
                 "scale_events": sum(p["scaling_events"].values()),
             }
         )
