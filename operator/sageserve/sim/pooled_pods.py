@@ -216,7 +216,7 @@ class PooledEndpoint:
             self.rule.add_pod(inst.id, inst)
 
     def replicas(self) -> int:
-        return len(self.dep.instances) + len(self.ep.provisioning)
+        return len(self.dep.instances) + len(self.ep.provisioning) + self.dep.pending
 
     def resize(self, target: int, now: float) -> None:
         """Scale to `target` pods: new ones in `reclaim_order`'s order; fewer by draining
@@ -231,6 +231,9 @@ class PooledEndpoint:
                 self.host.instance_ready_at(got[0])
         if target >= current:
             return
+        fewer = current - target
+        while fewer and self.host.cluster.unpend(self.dep):  # Pending pods go first
+            fewer -= 1
         # the operator's rule (`controller.pool_podsets.pool_drain_choice`): least KV in use,
         # then fewest waiting, by `core.snapshot.drain_order` over what vLLM reports
         by_name = {p.name: p for p in self.rule.pods.values()}
@@ -239,7 +242,7 @@ class PooledEndpoint:
             inst = p.handle
             assert isinstance(inst, Instance)
             views.append(InstanceView(p.name, "", inst.kv_at(now), inst.kv_cap, inst.waiting))
-        for view in drain_order(tuple(views))[: current - target]:
+        for view in drain_order(tuple(views))[:fewer]:
             pod = by_name[view.name]
             inst = pod.handle
             assert isinstance(inst, Instance)
