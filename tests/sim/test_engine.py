@@ -495,3 +495,30 @@ def test_gpu_time_after_the_window_is_counted_apart_until_the_last_request_finis
     assert 8 * 30 / 3600 <= with_late["fleet"]["after_window_gpu_hours"] <= 8 * 60 / 3600
     assert with_late["requests"]["unfinished"] == 0
     assert without["fleet"]["after_window_gpu_hours"] == 0.0
+
+
+def test_a_decision_the_inventory_cannot_place_is_not_asked_again_and_lands_when_gpus_free() -> (
+    None
+):
+    """The operator writes absolute replicas: a Pending pod stays in them, so the same
+    decision after the cooldown asks nothing new; the pod starts once a drain frees GPUs."""
+    from dataclasses import replace as dc_replace
+
+    from sageserve.core.snapshot import Decision
+    from sageserve.core.types import ActionKind
+
+    perf = flat_perf(gpus=8)
+    cfg = dc_replace(config(perf, initial=1, lo=0, hi=4), nodes=nodes(("r1",), serving=1, spot=0))
+    sim = Simulation(cfg, make_strategy("reactive"), [])
+    key = EndpointKey("m", "r1")
+    ep = sim.cluster.endpoints[key]
+    more = Decision(key, ActionKind.SCALE_OUT, 1, {"v": 2}, "test")
+    sim._apply([more], 10.0)
+    sim._apply([more], 400.0)  # the same wish after the cooldown
+    assert ep.replicas() == {"v": 2} and len(sim.cluster.pending) == 1
+    assert sim.cluster.acct.events["scale_out_pending"] == 1
+    dep = ep.deployments[0]
+    (serving,) = dep.instances
+    sim.cluster.drain(dep, serving, 500.0)  # idle: gone at once, its GPUs free
+    assert not sim.cluster.pending and len(ep.provisioning) == 1
+    assert any(item[3] is ep.provisioning[0] for item in sim.heap)  # its readiness scheduled

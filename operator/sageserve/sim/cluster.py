@@ -56,7 +56,7 @@ class Node:
     gpus: int
     free_gpus: int = -1
     last_model: str | None = None
-    #: when the run donated the node to the spot pool (None: not donated by the run)
+    #: when the node was donated to the spot pool (its annotation, or the run's donation)
     donated_at: float | None = None
 
     def __post_init__(self) -> None:
@@ -65,9 +65,21 @@ class Node:
 
 
 def nodes_from_manifests(docs: Iterable[Mapping[str, Any]]) -> list[Node]:
-    """Nodes from v1.Node objects (the e2e inventory format), read by `core.nodes`."""
+    """Nodes from v1.Node objects (the e2e inventory format), read by `core.nodes`.
+
+    The model a node last served is annotated `namespace/ModelDeployment` (the operator's
+    identity of a model, any variant); the simulator's models are ModelDeployment names,
+    so the name is kept."""
     return [
-        Node(n.name, n.region, n.gpu_type, n.pool, n.gpus, last_model=n.last_model)
+        Node(
+            n.name,
+            n.region,
+            n.gpu_type,
+            n.pool,
+            n.gpus,
+            last_model=n.last_model.rsplit("/", 1)[-1] if n.last_model else None,
+            donated_at=n.donated_at,
+        )
         for n in parse_nodes(docs)
     ]
 
@@ -323,9 +335,7 @@ class Cluster:
     ) -> None:
         # copies: a run mutates free GPUs and pools, and several runs share one SimConfig;
         # by name, the order `pace.spot` breaks ties in
-        self.nodes = sorted(
-            (replace(n, free_gpus=n.gpus, donated_at=None) for n in nodes), key=lambda n: n.name
-        )
+        self.nodes = sorted((replace(n, free_gpus=n.gpus) for n in nodes), key=lambda n: n.name)
         self._node = {n.name: n for n in self.nodes}
         if len(self._node) != len(self.nodes):
             raise ValueError("the node inventory names a node twice: give each Node a unique name")
