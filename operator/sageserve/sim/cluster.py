@@ -574,10 +574,6 @@ class Cluster:
         (reclaimed, donated)."""
         if not self.spot_enabled:
             return [], []
-        if not self.pending and not any(
-            n.pool == SERVING_POOL and n.free_gpus == n.gpus for n in self.nodes
-        ):
-            return [], []
         scope: set[tuple[str, str]] = set()
         busy: set[tuple[str, str]] = set()
         for ep in self.endpoints.values():
@@ -591,6 +587,14 @@ class Cluster:
             for d in self.pending
         ]
         busy |= {(p.region, p.gpu_type) for p in wanted}
+        if not wanted and not any(  # the usual tick: nothing to reclaim or donate
+            n.pool == SERVING_POOL
+            and n.free_gpus == n.gpus
+            and (n.region, n.gpu_type) in scope
+            and (n.region, n.gpu_type) not in busy
+            for n in self.nodes
+        ):
+            return [], []
         reclaims, donations = plan_moves(
             self._pool_nodes(), wanted, scope, DEFAULT_NODE_LABELS, busy
         )
