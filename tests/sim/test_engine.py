@@ -206,6 +206,8 @@ def test_free_serving_gpus_are_taken_before_a_donated_node_is_reclaimed() -> Non
     assert cl.spot_pass(200.0) == ([], [])  # r1-s0 half used: not donated
     got = cl.scale_out(key, 300.0)
     assert got is not None and got[1] == "deploy_free_gpus" and got[0].node.name == "r1-s0"
+    # a fresh instance, its weights from the node's cache (it served m): the reclaim delay
+    assert got[0].ready_at <= 300.0 + Delays().reclaim_same_model_max_s
     assert cl.acct.events["reclaim_same_model"] == 0
     assert cl.donated_nodes() == {("r1", "m"): 1}
 

@@ -6,14 +6,16 @@ An instance takes `gpus` GPUs on one node. Life cycle (SageServe §2.3, §6.4):
     pending --(GPUs)--> provisioning --(delay)--> serving --(scale in)--> draining --(idle)--> gone
 
 Capacity follows the operator's one rule (`pace.spot.capacity_order`): a scale-out takes
-free GPUs on a serving-pool node at once (the scheduler; redeploy, 10 min); else it stays
-*pending*, counted in its pod set's replicas as a Pending pod is in `spec.replicas`, and
-is placed the moment capacity frees: GPUs freed on a serving node (a drain ending), or a
-spot node reclaimed for it at the next pace tick (`pace.spot.plan_moves`, the operator's
-spot pass): a node that last served the same model first (weights cached on it: lognormal
-around the median, capped), else another model's (redeploy). A reclaim always starts a
-fresh instance. A node outside both pools is never used, as the operator never uses one.
-A scale-in removes a pending instance first (a ReplicaSet deletes unscheduled pods first).
+free GPUs on a serving-pool node at once (the scheduler); else it stays *pending*, counted
+in its pod set's replicas as a Pending pod is in `spec.replicas`, and is placed the moment
+capacity frees: GPUs freed on a serving node (a drain ending), or a spot node reclaimed for
+it at the next pace tick (`pace.spot.plan_moves`, the operator's spot pass): a node that
+last served the same model first, else another model's. Every placement starts a fresh
+instance, which loads its weights from where they are: the node's cache when the node last
+served the model (lognormal around the same-model reclaim median, capped), else the
+region's copy (redeploy) or another region's. A node outside both pools is never used, as
+the operator never uses one. A scale-in removes a pending instance first (a ReplicaSet
+deletes unscheduled pods first).
 
 Donation is per whole node, at the pace tick: a serving-pool node that no instance holds
 (not even a draining one), in a (region, GPU type) pair with nothing pending or coming up,
@@ -525,11 +527,12 @@ class Cluster:
         return self._start(dep, node, now, "deploy_free_gpus"), "deploy_free_gpus"
 
     def _start(self, dep: Deployment, node: Node, now: float, event: str) -> Instance:
-        """A fresh instance of `dep` on `node`, loading its weights: cached on a node that
-        a spot reclaim took back from the same model (`reclaim_same_model`), else from the
-        region's copy (redeploy) or another region's."""
+        """A fresh instance of `dep` on `node`, loading its weights from where they are:
+        the node's cache when the node last served the same model (a reclaimed spot node or
+        a serving node alike: the reclaim delay, SageServe §2.3's ≈1 min), else the region's
+        copy (redeploy, 10 min) or another region's (≈2 h)."""
         key = dep.endpoint.key
-        if event == "reclaim_same_model":
+        if node.last_model == dep.perf.model:
             delay = self._reclaim_delay()
         else:
             delay = self._redeploy_delay(key.region, dep.perf.model)
