@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from sageserve.core.labels import NodeLabels
 from sageserve.pace.spot import (
+    Pending,
     PoolNode,
     ReclaimStep,
     Source,
+    capacity_order,
     donation_candidates,
+    plan_moves,
     reclaim_order,
     reclaim_step,
     under_way,
@@ -39,6 +43,87 @@ def test_same_model_spot_comes_first_most_recently_donated_first() -> None:
         ("d", Source.OTHER_MODEL_SPOT),  # longest donated first among other models
         ("a", Source.OTHER_MODEL_SPOT),
     ]
+
+
+@pytest.mark.parametrize(
+    "nodes,expected",
+    [
+        # free serving GPUs before any spot node, even one of the same model
+        (
+            [node("s", pool="serving", serving_gpus=4), node("p", model="m", at=5.0)],
+            [("s", Source.FREE_SERVING), ("p", Source.SAME_MODEL_SPOT)],
+        ),
+        # a serving node without room for the instance is not a choice
+        (
+            [node("s", pool="serving", serving_gpus=6), node("p", model="x", at=5.0)],
+            [("p", Source.OTHER_MODEL_SPOT)],
+        ),
+        # serving nodes by name, then same model newest-donated, then others oldest-donated
+        (
+            [
+                node("s2", pool="serving"),
+                node("s1", pool="serving", serving_gpus=4),
+                node("old", model="x", at=1.0),
+                node("new", model="x", at=9.0),
+                node("mine", model="m", at=2.0),
+            ],
+            [
+                ("s1", Source.FREE_SERVING),
+                ("s2", Source.FREE_SERVING),
+                ("mine", Source.SAME_MODEL_SPOT),
+                ("old", Source.OTHER_MODEL_SPOT),
+                ("new", Source.OTHER_MODEL_SPOT),
+            ],
+        ),
+        # nothing outside the two pools, nothing lost (not Ready)
+        (
+            [node("x", pool=""), node("lost", pool="serving", ready=False)],
+            [],
+        ),
+    ],
+)
+def test_capacity_order_is_free_serving_gpus_then_spot_nodes_to_reclaim(
+    nodes: list[PoolNode], expected: list[tuple[str, Source]]
+) -> None:
+    order = capacity_order(nodes, "m", "us-east", H100, 4)
+    assert [(n.name, s) for n, s in order] == expected
+
+
+@pytest.mark.parametrize(
+    "pending,busy,reclaims,donations",
+    [
+        # nothing pending, nothing coming up: every whole idle serving node is donated
+        ([], set(), [], ["idle-a", "idle-b"]),
+        # a pair with a pod set coming up keeps its idle nodes
+        ([], {("us-east", H100)}, [], []),
+        # one spot node per pending pod, and no donation in its pair
+        ([Pending("m", "us-east", H100, 8)], set(), [("p-m", "m")], []),
+        (
+            [Pending("m", "us-east", H100, 8), Pending("m", "us-east", H100, 8)],
+            set(),
+            [("p-m", "m"), ("p-x", "m")],
+            [],
+        ),
+    ],
+)
+def test_a_pass_reclaims_one_spot_node_per_pending_pod_and_donates_whole_idle_nodes(
+    pending: list[Pending],
+    busy: set[tuple[str, str]],
+    reclaims: list[tuple[str, str]],
+    donations: list[str],
+) -> None:
+    nodes = [
+        node("idle-b", pool="serving"),
+        node("idle-a", pool="serving"),
+        node("half", pool="serving", serving_gpus=4),
+        node("p-x", model="x", at=1.0),
+        node("p-m", model="m", at=2.0),
+    ]
+    got_reclaims, got_donations = plan_moves(
+        nodes, pending, {("us-east", H100)}, NodeLabels(), busy
+    )
+    assert [(n.name, p.model) for n, p in got_reclaims] == reclaims
+    assert [n.name for n in got_donations] == donations
 
 
 def test_only_nodes_of_the_region_gpu_type_and_size_qualify() -> None:

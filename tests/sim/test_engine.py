@@ -125,45 +125,105 @@ def test_gpu_hours_per_state_match_a_hand_computed_case() -> None:
     ep = cl.add_endpoint(key, 1, 3, 1.0)
     dep = cl.add_deployment(ep, "m-r1-v", perf)
     assert cl.start_instances(dep, 2, 0.0) == 2
-    cl.scale_in(key, 1800.0)  # idle -> donated at once
-    got = cl.scale_out(key, 3600.0)
-    assert got is not None and got[1] == "reclaim_same_model"
-    cl.ready(got[0], got[0].ready_at)  # 60 s later
-    extra = cl.scale_out(key, 5400.0)  # no spot of the model left: free spot-pool GPUs
-    assert extra is not None and extra[1] == "deploy_free_gpus"
-    assert extra[0].ready_at == 6000.0
-    cl.ready(extra[0], 6000.0)
+    cl.scale_in(key, 1800.0)  # idle: gone at once, its node wholly idle
+    reclaimed, donated = cl.spot_pass(1800.0)  # the pace tick donates the node
+    assert reclaimed == [] and len(donated) == 1
+    assert cl.scale_out(key, 3600.0) is None  # no serving GPUs free: pending
+    assert ep.replicas() == {"m-r1-v": 2}
+    reclaimed, _ = cl.spot_pass(3600.0)  # the node that last served m, weights cached
+    assert reclaimed == donated
+    (got,) = ep.provisioning
+    assert got.ready_at == 3660.0
+    cl.ready(got, got.ready_at)
+    assert cl.scale_out(key, 5400.0) is None
+    assert cl.spot_pass(5400.0) == (["r1-p0"], [])  # the spot pool's own node: redeploy
+    (extra,) = ep.provisioning
+    assert extra.ready_at == 6000.0
+    cl.ready(extra, 6000.0)
     cl.close_accounting(7200.0)
     g = {
         st: sum(v for (m, r, s), v in cl.acct.gpu_seconds.items() if s is st) / 3600
         for st in InstanceState
     }
-    # instance A: serving 2 h; instance B: serving 0.5 h, spot 0.5 h, provisioning 60 s,
-    # serving 7200-3660 s; instance C: provisioning 5400-6000 s (redeploy), serving 1200 s
+    # instance A: serving 2 h; B: serving 0.5 h, then its node donated 0.5 h; C (fresh, on
+    # the reclaimed node): provisioning 60 s, serving 7200-3660 s; D: provisioning
+    # 5400-6000 s (redeploy), serving 1200 s
     assert g[InstanceState.SERVING] * 3600 == pytest.approx(8 * (7200 + 1800 + 3540 + 1200))
     assert g[InstanceState.SPOT] * 3600 == pytest.approx(8 * 1800)
     assert g[InstanceState.PROVISIONING] * 3600 == pytest.approx(8 * (60 + 600))
     assert cl.acct.events["reclaim_same_model"] == 1
+    assert cl.acct.events["redeploy_other_model"] == 1
     assert cl.acct.events["donate_to_spot"] == 1
+    assert cl.acct.events["scale_out_pending"] == 2
 
 
-def test_scale_out_redeploys_another_models_donated_instance_when_nothing_else_is_free() -> None:
+def test_a_scale_out_with_no_free_gpus_stays_pending_and_takes_gpus_a_drain_frees() -> None:
     from dataclasses import replace as dc_replace
 
     perf_a = flat_perf(gpus=8)
     perf_b = dc_replace(flat_perf(gpus=8), model="b")
     cl = Cluster(nodes(("r1",), serving=2, spot=0), NoHooks(), Delays(redeploy_s=600), seed=0)
+    placed: list = []
+    cl.placed = placed.append
     ka, kb = EndpointKey("m", "r1"), EndpointKey("b", "r1")
     dep_a = cl.add_deployment(cl.add_endpoint(ka, 0, 2, 1.0), "a", perf_a)
     dep_b = cl.add_deployment(cl.add_endpoint(kb, 0, 2, 1.0), "b", perf_b)
     cl.start_instances(dep_a, 1, 0.0)
     cl.start_instances(dep_b, 1, 0.0)
-    assert cl.scale_out(ka, 10.0) is None  # both nodes busy: no capacity
-    cl.scale_in(kb, 100.0)  # b's instance is donated to spot
-    got = cl.scale_out(ka, 200.0)
-    assert got is not None and got[1] == "redeploy_other_model"
-    assert got[0].model == "m" and got[0].ready_at == 800.0
-    assert cl.acct.events["scale_out_no_capacity"] == 1
+    assert cl.scale_out(ka, 10.0) is None  # both nodes busy: a Pending pod
+    assert dep_a.endpoint.replicas() == {"a": 2}  # counted in replicas: not asked again
+    assert cl.spot_pass(15.0) == ([], [])  # no spot node to reclaim, nothing donated
+    cl.scale_in(kb, 100.0)  # b's instance drains, idle: its GPUs free
+    (got,) = placed  # the scheduler places the pending instance at once
+    assert got.model == "m" and got.ready_at == 700.0
+    assert dep_a.endpoint.provisioning == [got] and not cl.pending
+    assert cl.acct.events["scale_out_pending"] == 1
+    assert cl.acct.events["donate_to_spot"] == 0
+
+
+def test_a_scale_in_removes_a_pending_instance_first() -> None:
+    cl = Cluster(nodes(("r1",), serving=1, spot=0), NoHooks(), Delays(), seed=0)
+    key = EndpointKey("m", "r1")
+    ep = cl.add_endpoint(key, 0, 3, 1.0)
+    dep = cl.add_deployment(ep, "a", flat_perf(gpus=8))
+    cl.start_instances(dep, 1, 0.0)
+    assert cl.scale_out(key, 10.0) is None
+    assert cl.scale_in(key, 20.0) is None  # the Pending pod goes, the serving one stays
+    assert ep.serving == 1 and ep.replicas() == {"a": 1} and not cl.pending
+
+
+def test_free_serving_gpus_are_taken_before_a_donated_node_is_reclaimed() -> None:
+    cl = Cluster(nodes(("r1",), serving=2, spot=0), NoHooks(), Delays(), seed=0)
+    key = EndpointKey("m", "r1")
+    ep = cl.add_endpoint(key, 0, 4, 1.0)
+    dep = cl.add_deployment(ep, "a", flat_perf(gpus=4))
+    cl.start_instances(dep, 3, 0.0)  # two on r1-s0, one on r1-s1
+    third = next(i for i in dep.instances if i.node is not None and i.node.name == "r1-s1")
+    cl.scale_in(key, 100.0, chosen_ones=[third.id])
+    assert cl.spot_pass(100.0) == ([], ["r1-s1"])  # wholly idle: donated, model m's
+    second = next(i for i in dep.instances if i.node is not None and i.node.name == "r1-s0")
+    cl.scale_in(key, 200.0, chosen_ones=[second.id])
+    assert cl.spot_pass(200.0) == ([], [])  # r1-s0 half used: not donated
+    got = cl.scale_out(key, 300.0)
+    assert got is not None and got[1] == "deploy_free_gpus" and got[0].node.name == "r1-s0"
+    # a fresh instance, its weights from the node's cache (it served m): the reclaim delay
+    assert got[0].ready_at <= 300.0 + Delays().reclaim_same_model_max_s
+    assert cl.acct.events["reclaim_same_model"] == 0
+    assert cl.donated_nodes() == {("r1", "m"): 1}
+
+
+def test_an_idle_node_is_not_donated_while_its_pair_has_an_instance_coming_up() -> None:
+    cl = Cluster(nodes(("r1",), serving=3, spot=0), NoHooks(), Delays(redeploy_s=600), seed=0)
+    key = EndpointKey("m", "r1")
+    ep = cl.add_endpoint(key, 0, 4, 1.0)
+    dep = cl.add_deployment(ep, "a", flat_perf(gpus=8))
+    cl.start_instances(dep, 2, 0.0)
+    got = cl.scale_out(key, 10.0)  # on r1-s2, loading for 600 s
+    assert got is not None
+    cl.scale_in(key, 20.0, chosen_ones=[dep.instances[0].id])  # r1-s0 wholly idle
+    assert cl.spot_pass(30.0) == ([], [])  # (r1, H100) busy: an instance is coming up
+    cl.ready(got[0], got[0].ready_at)
+    assert cl.spot_pass(615.0) == ([], ["r1-s0"])
 
 
 def test_runs_sharing_one_config_start_from_the_same_empty_cluster() -> None:
@@ -196,7 +256,9 @@ def test_the_planner_is_called_hourly_with_history_and_current_counts() -> None:
     assert current == {("m", "r1", "v"): 2}
     assert sim.step_state.plan is not None  # the plan in force is the planner's last
     assert sim.step_state.plan.targets == {EndpointKey("m", "r1"): 3}
-    assert r.events.get("deploy_free_gpus", 0) + r.events.get("reclaim_same_model", 0) >= 1
+    # the third instance: the idle serving nodes went to the spot pool at the first pace
+    # tick, so it is a spot node reclaimed (it never served m: a redeploy)
+    assert r.events["scale_out_pending"] == 1 and r.events["redeploy_other_model"] == 1
 
 
 def test_baselines_never_run_the_planner() -> None:
@@ -260,28 +322,32 @@ def test_an_endpoint_scaled_to_zero_without_traffic_stays_at_zero() -> None:
     assert all(m.provisioning == 0 for m in quiet)
 
 
-def test_capacity_outside_both_pools_and_weights_from_another_region_take_their_delays() -> None:
+def test_capacity_outside_both_pools_is_never_used_and_remote_weights_take_their_delay() -> None:
+    from dataclasses import replace
+
     from sageserve.core.nodes import OUTSIDE_POOLS
     from sageserve.sim.cluster import Node
 
     perf = flat_perf(gpus=8)
     inventory = (
         Node("s0", "r1", perf.gpu_type, "serving", 8),
+        Node("s1", "r1", perf.gpu_type, "serving", 8),
         *(Node(f"x{i}", "r1", perf.gpu_type, OUTSIDE_POOLS, 8) for i in range(2)),
     )
-    delays = Delays(redeploy_s=600, remote_redeploy_s=7200, new_node_s=3600)
+    delays = Delays(redeploy_s=600, remote_redeploy_s=7200)
     cl = Cluster(inventory, NoHooks(), delays, seed=0)
     key = EndpointKey("m", "r1")
     dep = cl.add_deployment(cl.add_endpoint(key, 0, 4, 1.0), "a", perf)
     cl.start_instances(dep, 1, 0.0)  # the serving node: weights now in r1
-    got = cl.scale_out(key, 10.0)
-    assert got is not None and got[1] == "deploy_new_node"
-    assert got[0].ready_at == 10.0 + 3600 + 600  # a new node, then the regional weights
     other = EndpointKey("n", "r1")
-    dep_n = cl.add_deployment(cl.add_endpoint(other, 0, 4, 1.0), "n", perf)
+    perf_n = replace(perf, model="n")
+    dep_n = cl.add_deployment(cl.add_endpoint(other, 0, 4, 1.0), "n", perf_n)
     got = cl.scale_out(other, 20.0)
-    assert got is not None and got[0].ready_at == 20.0 + 3600 + 7200  # n never loaded in r1
+    assert got is not None and got[0].ready_at == 20.0 + 7200  # n never loaded in r1
     assert dep_n.endpoint.provisioning == [got[0]]
+    assert cl.scale_out(key, 30.0) is None  # the operator never uses x0, x1: pending
+    assert cl.spot_pass(45.0) == ([], [])
+    assert all(n.free_gpus == 8 for n in cl.nodes if n.pool == OUTSIDE_POOLS)
 
 
 def test_scale_out_goes_to_the_variant_the_plan_chose() -> None:
@@ -305,8 +371,8 @@ def test_scale_out_goes_to_the_variant_the_plan_chose() -> None:
 
 
 def test_the_simulator_takes_spot_capacity_in_the_operators_order() -> None:
-    """pace.spot.reclaim_order: same model newest-donated first, else other models'
-    longest-donated first (the rule the operator's spot pass follows)."""
+    """pace.spot.reclaim_order for pending instances: same model newest-donated first,
+    else other models' longest-donated first (the rule the operator's spot pass follows)."""
     from dataclasses import replace as dc_replace
 
     perf_a, perf_b = flat_perf(gpus=8), dc_replace(flat_perf(gpus=8), model="b")
@@ -314,16 +380,22 @@ def test_the_simulator_takes_spot_capacity_in_the_operators_order() -> None:
     ka, kb = EndpointKey("m", "r1"), EndpointKey("b", "r1")
     dep_a = cl.add_deployment(cl.add_endpoint(ka, 0, 4, 1.0), "a", perf_a)
     dep_b = cl.add_deployment(cl.add_endpoint(kb, 0, 4, 1.0), "b", perf_b)
-    cl.start_instances(dep_a, 2, 0.0)
-    cl.start_instances(dep_b, 2, 0.0)
-    a_old, a_new = cl.scale_in(ka, 100.0), cl.scale_in(ka, 200.0)
-    b_old, b_new = cl.scale_in(kb, 100.0), cl.scale_in(kb, 200.0)
-    assert cl.scale_out(ka, 300.0) == (a_new, "reclaim_same_model")
-    assert cl.scale_out(ka, 301.0) == (a_old, "reclaim_same_model")
-    got = cl.scale_out(ka, 302.0)
-    assert got is not None and got[1] == "redeploy_other_model"
-    assert got[0].node is not None and b_old is not None and b_new is not None
-    assert [i.id for i in cl.spot["r1"]] == [b_new.id]  # the longest-donated b went first
+    cl.start_instances(dep_a, 2, 0.0)  # r1-s0, r1-s1
+    cl.start_instances(dep_b, 2, 0.0)  # r1-s2, r1-s3
+    node_of = {i.id: i.node.name for d in (dep_a, dep_b) for i in d.instances if i.node}
+    a_old, b_old = cl.scale_in(ka, 100.0), cl.scale_in(kb, 100.0)
+    assert a_old is not None and b_old is not None
+    cl.spot_pass(100.0)
+    a_new, b_new = cl.scale_in(ka, 200.0), cl.scale_in(kb, 200.0)
+    assert a_new is not None and b_new is not None
+    cl.spot_pass(200.0)
+    for _ in range(3):
+        assert cl.scale_out(ka, 300.0) is None
+    reclaimed, _ = cl.spot_pass(315.0)
+    assert reclaimed == [node_of[a_new.id], node_of[a_old.id], node_of[b_old.id]]
+    assert cl.acct.events["reclaim_same_model"] == 2
+    assert cl.acct.events["redeploy_other_model"] == 1
+    assert cl.donated_nodes() == {("r1", "b"): 1}  # the longest-donated b went first
 
 
 def test_the_planner_sees_batch_received_apart_from_batch_served() -> None:
@@ -427,3 +499,30 @@ def test_gpu_time_after_the_window_is_counted_apart_until_the_last_request_finis
     assert 8 * 30 / 3600 <= with_late["fleet"]["after_window_gpu_hours"] <= 8 * 60 / 3600
     assert with_late["requests"]["unfinished"] == 0
     assert without["fleet"]["after_window_gpu_hours"] == 0.0
+
+
+def test_a_decision_the_inventory_cannot_place_is_not_asked_again_and_lands_when_gpus_free() -> (
+    None
+):
+    """The operator writes absolute replicas: a Pending pod stays in them, so the same
+    decision after the cooldown asks nothing new; the pod starts once a drain frees GPUs."""
+    from dataclasses import replace as dc_replace
+
+    from sageserve.core.snapshot import Decision
+    from sageserve.core.types import ActionKind
+
+    perf = flat_perf(gpus=8)
+    cfg = dc_replace(config(perf, initial=1, lo=0, hi=4), nodes=nodes(("r1",), serving=1, spot=0))
+    sim = Simulation(cfg, make_strategy("reactive"), [])
+    key = EndpointKey("m", "r1")
+    ep = sim.cluster.endpoints[key]
+    more = Decision(key, ActionKind.SCALE_OUT, 1, {"v": 2}, "test")
+    sim._apply([more], 10.0)
+    sim._apply([more], 400.0)  # the same wish after the cooldown
+    assert ep.replicas() == {"v": 2} and len(sim.cluster.pending) == 1
+    assert sim.cluster.acct.events["scale_out_pending"] == 1
+    dep = ep.deployments[0]
+    (serving,) = dep.instances
+    sim.cluster.drain(dep, serving, 500.0)  # idle: gone at once, its GPUs free
+    assert not sim.cluster.pending and len(ep.provisioning) == 1
+    assert any(item[3] is ep.provisioning[0] for item in sim.events.heap)  # its readiness scheduled

@@ -85,7 +85,6 @@ def test_requests_held_longer_than_120_s_for_a_model_scaling_from_zero_are_refus
         remote_redeploy_s=300.0,
         reclaim_same_model_median_s=300.0,
         reclaim_same_model_max_s=300.0,
-        new_node_s=300.0,
     )
     cfg = config(perf, initial=0, lo=0, hi=1, end_s=600.0, drain_s=600.0, delays=delays)
     reqs = [Request(i, 10.0 * i, "m", IW_F, "r1", 200, 20) for i in range(60)]
@@ -134,7 +133,7 @@ def test_past_the_held_bound_a_request_is_refused_at_once() -> None:
     # at most 5 held (the bound lowered from the router's 1,000): the 5 first wait and are
     # served by the instance that comes up in 60 s, the 15 others are refused at once
     perf = flat_perf()
-    quick = Delays(redeploy_s=60.0, remote_redeploy_s=60.0, new_node_s=60.0)
+    quick = Delays(redeploy_s=60.0, remote_redeploy_s=60.0)
     cfg = config(perf, initial=0, lo=0, hi=1, end_s=100.0, drain_s=600.0, max_held=5, delays=quick)
     reqs = [Request(i, 0.01 * i, "m", IW_F, "r1", 200, 20) for i in range(20)]
     result = Simulation(cfg, make_strategy("reactive"), reqs).run()

@@ -42,24 +42,22 @@ from sageserve.core.labels import (
 from sageserve.core.nodes import parse_node, parse_time
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.pace.spot import (
+    RETRY_AFTER_TIMEOUTS,
+    Pending,
     PoolNode,
     ReclaimStep,
-    donation_candidates,
-    reclaim_order,
+    plan_moves,
     reclaim_step,
     skipped,
-    under_way,
 )
+
+__all__ = ["RETRY_AFTER_TIMEOUTS", "Pending", "plan_moves"]
 
 
 def reclaim_timeout_s() -> float:
     """How long a reclaim retries evictions a PodDisruptionBudget refuses before it gives
     the node back and takes another (SAGESERVE_RECLAIM_TIMEOUT_SECONDS, 60 s)."""
     return float(os.environ.get("SAGESERVE_RECLAIM_TIMEOUT_SECONDS", "60"))
-
-
-#: A node whose reclaim was given up is skipped this many reclaim timeouts.
-RETRY_AFTER_TIMEOUTS = 5
 
 
 def is_serving_pod(pod: Mapping[str, Any]) -> bool:
@@ -136,16 +134,6 @@ def pool_nodes(
     return out
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A serving pod the scheduler could not place: it needs a node of (region, GPU type)."""
-
-    model: str
-    region: str
-    gpu_type: str
-    gpus: int
-
-
 def unschedulable(
     pods: Iterable[Mapping[str, Any]], region_of: Mapping[str, tuple[str, str]]
 ) -> list[Pending]:
@@ -170,62 +158,6 @@ def unschedulable(
             region, gpu = region_of[key]
             out.append(Pending(model_of(pod), region, gpu, pod_gpus(pod)))
     return out
-
-
-def plan_moves(
-    nodes: list[PoolNode],
-    pending: list[Pending],
-    scope: set[tuple[str, str]],
-    labels: NodeLabels,
-    busy: set[tuple[str, str]] | None = None,
-    now: float | None = None,
-    timeout_s: float = 60.0,
-) -> tuple[list[tuple[PoolNode, Pending]], list[PoolNode]]:
-    """(reclaims, donations) for one pass: one spot node per pending pod that fits; idle
-    serving nodes of (region, GPU type) pairs in `scope` with nothing pending, donated.
-
-    `busy` pairs have pod sets still coming up (replicas not all ready): their idle nodes
-    are about to be used, so they are not donated. With `now`, a reclaim still under way
-    (`pace.spot.under_way`) stands for one pending pod it fits, and nodes given up less
-    than RETRY_AFTER_TIMEOUTS × `timeout_s` ago are not taken."""
-    reclaims: list[tuple[PoolNode, Pending]] = []
-    taken: set[str] = set()
-    coming = under_way(nodes, now, timeout_s, labels.serving_pool) if now is not None else []
-    for p in pending:
-        covering = next(
-            (
-                n
-                for n in coming
-                if n.name not in taken
-                and (n.region, n.gpu_type) == (p.region, p.gpu_type)
-                and n.gpus >= p.gpus
-            ),
-            None,
-        )
-        if covering is not None:
-            taken.add(covering.name)
-            continue
-        for node, _source in reclaim_order(
-            nodes,
-            p.model,
-            p.region,
-            p.gpu_type,
-            p.gpus,
-            labels.spot_pool,
-            now,
-            RETRY_AFTER_TIMEOUTS * timeout_s,
-        ):
-            if node.name not in taken:
-                taken.add(node.name)
-                reclaims.append((node, p))
-                break
-    waiting = {(p.region, p.gpu_type) for p in pending} | (busy or set())
-    donations = [
-        n
-        for region, gpu in sorted(scope - waiting)
-        for n in donation_candidates(nodes, region, gpu, labels.serving_pool)
-    ]
-    return reclaims, donations
 
 
 def now_iso() -> str:

@@ -37,7 +37,6 @@ from sageserve.core.labels import (
     NodeLabels,
 )
 from sageserve.core.nodes import (
-    OUTSIDE_POOLS,
     not_ready_since,
     parse_node,
     parse_nodes,
@@ -103,7 +102,6 @@ __all__ = [
     "LABEL_VARIANT",
     "MANAGED_BY",
     "MANAGED_BY_LABEL",
-    "OUTSIDE_POOLS",
     "POOL_BATCH",
     "POOL_INTERACTIVE",
     "POOL_UNIFIED",

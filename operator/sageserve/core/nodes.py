@@ -4,7 +4,7 @@ The operator reads Nodes from the API server, the simulator and the e2e tooling 
 same objects from an inventory YAML, the twin and the semantic checks read their shape.
 A node is usable by sageserve when it offers GPUs and carries the region and GPU-type
 labels; its pool is the `serving` / `spot` label, and a GPU node without a pool label is
-capacity outside both pools (obtaining it costs `spec.spot.newNodeSeconds`).
+capacity outside both pools, which neither world uses (`pace.spot.capacity_order`).
 """
 
 from __future__ import annotations

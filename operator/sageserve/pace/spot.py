@@ -1,10 +1,24 @@
-"""Which node to reclaim from the spot pool, and which to donate to it (SageServe §2.3, §6.4).
+"""Where a new instance's GPUs come from, and which nodes go to the spot pool (SageServe
+§2.3, §6.4).
 
-SageServe's order for new capacity: a spot node that last served the *same* model (weights
-still cached, ≈1 min), then a spot node of another model (redeploy, ≈10 min), then capacity
-outside both pools (new node). Scale-in donates to spot a node that no serving pod uses any
-more; serving pods are never evicted by a donation. Pure functions over node summaries, so
-the operator (Nodes and their annotations) and any other executor share one rule.
+The capacity order (`capacity_order`), one rule for the operator and the simulator:
+
+1. free GPUs on a serving-pool node (the scheduler places the pod at once: its pod set's
+   affinity is `pool=serving`);
+2. only for a pod that stays Pending (no serving node has room): a spot node reclaimed for
+   it, a node that last served the *same* model first (weights cached on the node, ≈1 min),
+   then another model's (redeploy, ≈10 min) (`reclaim_order`). One spot node per Pending
+   pod per pass (`plan_moves`); the reclaim starts a fresh pod on the node.
+
+Nothing else: a GPU node outside both pools is never used, so a scale-out the pools cannot
+place stays Pending (counted in `spec.replicas`, so the strategy does not ask again) until
+capacity frees. A model is `namespace/ModelDeployment` (any variant).
+
+Donation (`donation_candidates`, `plan_moves`): a whole serving-pool node that no serving
+pod uses, in a (region, GPU type) pair with nothing Pending and no pod set still coming up
+(replicas > ready), evaluated each pace pass. Serving pods are never evicted by a donation.
+Pure functions over node summaries, so the operator (Nodes and their annotations) and the
+simulator (its inventory) share one rule.
 
 A reclaim evicts the node's spot pods through the Eviction API, which a
 PodDisruptionBudget may refuse (429). It is retried every pass for a bounded time
@@ -20,10 +34,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sageserve.core.labels import NodeLabels
+
+#: A node whose reclaim was given up is skipped this many reclaim timeouts.
+RETRY_AFTER_TIMEOUTS = 5
+
 
 class Source(StrEnum):
-    """Where a new instance's GPUs come from, fastest first."""
+    """Where a new instance's GPUs come from, in the capacity order."""
 
+    FREE_SERVING = "free-serving"
     SAME_MODEL_SPOT = "same-model-spot"
     OTHER_MODEL_SPOT = "other-model-spot"
 
@@ -97,6 +117,58 @@ def reclaim_order(
     ]
 
 
+def serving_room(
+    nodes: Iterable[PoolNode],
+    region: str,
+    gpu_type: str,
+    gpus_per_instance: int,
+    serving_pool: str = "serving",
+) -> list[PoolNode]:
+    """Ready serving-pool nodes of (region, GPU type) with `gpus_per_instance` GPUs no
+    serving pod holds: where the scheduler places a new pod at once, by name."""
+    return sorted(
+        (
+            n
+            for n in nodes
+            if n.pool == serving_pool
+            and n.ready
+            and n.region == region
+            and n.gpu_type == gpu_type
+            and n.gpus - n.serving_gpus >= gpus_per_instance
+        ),
+        key=lambda n: n.name,
+    )
+
+
+def capacity_order(
+    nodes: Iterable[PoolNode],
+    model: str,
+    region: str,
+    gpu_type: str,
+    gpus_per_instance: int,
+    labels: NodeLabels | None = None,
+    now: float | None = None,
+    retry_after_s: float = 0.0,
+) -> list[tuple[PoolNode, Source]]:
+    """Where an instance of `model` gets its GPUs, first choice first: serving-pool nodes
+    with room (`serving_room`), then spot nodes to reclaim (`reclaim_order`). Nothing
+    outside the two pools. On Kubernetes the scheduler takes the first part and the spot
+    pass (`plan_moves`) the second, for pods left Pending."""
+    serving, spot = (
+        ("serving", "spot")
+        if labels is None
+        else (
+            labels.serving_pool,
+            labels.spot_pool,
+        )
+    )
+    nodes = list(nodes)
+    free = serving_room(nodes, region, gpu_type, gpus_per_instance, serving)
+    return [(n, Source.FREE_SERVING) for n in free] + reclaim_order(
+        nodes, model, region, gpu_type, gpus_per_instance, spot, now, retry_after_s
+    )
+
+
 def donation_candidates(
     nodes: Iterable[PoolNode],
     region: str,
@@ -121,6 +193,75 @@ def donation_candidates(
         ),
         key=lambda n: n.name,
     )
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A serving pod the scheduler could not place: it needs a node of (region, GPU type)."""
+
+    model: str
+    region: str
+    gpu_type: str
+    gpus: int
+
+
+def plan_moves(
+    nodes: list[PoolNode],
+    pending: list[Pending],
+    scope: set[tuple[str, str]],
+    labels: NodeLabels,
+    busy: set[tuple[str, str]] | None = None,
+    now: float | None = None,
+    timeout_s: float = 60.0,
+) -> tuple[list[tuple[PoolNode, Pending]], list[PoolNode]]:
+    """(reclaims, donations) for one pace pass, the operator's spot pass and the
+    simulator's: one spot node per pending pod that fits, in `reclaim_order` (the second
+    part of `capacity_order`: a pod is Pending because no serving node had room); whole
+    idle serving nodes of (region, GPU type) pairs in `scope` with nothing pending,
+    donated (`donation_candidates`). `pending` is in the order the pods are served.
+
+    `busy` pairs have pod sets still coming up (replicas not all ready): their idle nodes
+    are about to be used, so they are not donated. With `now`, a reclaim still under way
+    (`pace.spot.under_way`) stands for one pending pod it fits, and nodes given up less
+    than RETRY_AFTER_TIMEOUTS × `timeout_s` ago are not taken."""
+    reclaims: list[tuple[PoolNode, Pending]] = []
+    taken: set[str] = set()
+    coming = under_way(nodes, now, timeout_s, labels.serving_pool) if now is not None else []
+    for p in pending:
+        covering = next(
+            (
+                n
+                for n in coming
+                if n.name not in taken
+                and (n.region, n.gpu_type) == (p.region, p.gpu_type)
+                and n.gpus >= p.gpus
+            ),
+            None,
+        )
+        if covering is not None:
+            taken.add(covering.name)
+            continue
+        for node, _source in reclaim_order(
+            nodes,
+            p.model,
+            p.region,
+            p.gpu_type,
+            p.gpus,
+            labels.spot_pool,
+            now,
+            RETRY_AFTER_TIMEOUTS * timeout_s,
+        ):
+            if node.name not in taken:
+                taken.add(node.name)
+                reclaims.append((node, p))
+                break
+    waiting = {(p.region, p.gpu_type) for p in pending} | (busy or set())
+    donations = [
+        n
+        for region, gpu in sorted(scope - waiting)
+        for n in donation_candidates(nodes, region, gpu, labels.serving_pool)
+    ]
+    return reclaims, donations
 
 
 def skipped(node: PoolNode, now: float | None, retry_after_s: float) -> bool:

@@ -3,18 +3,27 @@
 Nodes come from a plain v1.Node inventory (region, GPU type, pool labels, allocatable GPUs).
 An instance takes `gpus` GPUs on one node. Life cycle (SageServe §2.3, §6.4):
 
-    provisioning --(delay)--> serving --(scale in)--> draining --(idle)--> spot (donated)
-    spot --(same-model reclaim, median 1 min, max 5 min)--> provisioning --> serving
-    spot of another model / empty spot GPUs --(redeploy, 10 min)--> provisioning --> serving
+    pending --(GPUs)--> provisioning --(delay)--> serving --(scale in)--> draining --(idle)--> gone
 
-Scale-out takes, in SageServe's order: a donated instance of the same model in the region;
-else a donated instance of another model (destroyed, its GPUs redeployed); else free GPUs on
-spot-pool nodes (redeploy); else free GPUs on serving-pool nodes (redeploy). If none of these
-exists the action fails and is counted. The inventory is the whole cluster: no node is
-bought mid-run.
+Capacity follows the operator's one rule (`pace.spot.capacity_order`): a scale-out takes
+free GPUs on a serving-pool node at once (the scheduler); else it stays *pending*, counted
+in its pod set's replicas as a Pending pod is in `spec.replicas`, and is placed the moment
+capacity frees: GPUs freed on a serving node (a drain ending), or a spot node reclaimed for
+it at the next pace tick (`pace.spot.plan_moves`, the operator's spot pass): a node that
+last served the same model first, else another model's. Every placement starts a fresh
+instance, which loads its weights from where they are: the node's cache when the node last
+served the model (lognormal around the same-model reclaim median, capped), else the
+region's copy (redeploy) or another region's. A node outside both pools is never used, as
+the operator never uses one. A scale-in removes a pending instance first (a ReplicaSet
+deletes unscheduled pods first).
+
+Donation is per whole node, at the pace tick: a serving-pool node that no instance holds
+(not even a draining one), in a (region, GPU type) pair with nothing pending or coming up,
+is relabelled spot (`pace.spot.donation_candidates`), remembering the model it last served.
 
 GPU-hours are accounted per state: serving, provisioning (scaling waste), draining, and
-donated (spot). Instance-hours exclude donated time, as in the paper.
+donated (a donated node's GPUs, under the model it last served). Instance-hours exclude
+donated time, as in the paper.
 """
 
 from __future__ import annotations
@@ -23,18 +32,18 @@ import math
 import random
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from sageserve.core.labels import SERVING_POOL, SPOT_POOL
-from sageserve.core.nodes import OUTSIDE_POOLS, parse_nodes
+from sageserve.core.labels import DEFAULT_NODE_LABELS, SERVING_POOL, SPOT_POOL
+from sageserve.core.nodes import parse_nodes
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, drain_order
 from sageserve.core.types import EndpointKey, InstanceState
 from sageserve.dispatch.layout_dispatch import EndpointLayout
 from sageserve.dispatch.queue_manager import estimated_emu
 from sageserve.metrics.vllm import TTFT_BUCKETS
-from sageserve.pace.spot import PoolNode, Source, reclaim_order
+from sageserve.pace.spot import Pending, PoolNode, plan_moves, reclaim_order, serving_room
 from sageserve.perf.model import VariantPerf
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 
@@ -50,6 +59,8 @@ class Node:
     gpus: int
     free_gpus: int = -1
     last_model: str | None = None
+    #: when the node was donated to the spot pool (its annotation, or the run's donation)
+    donated_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.free_gpus < 0:
@@ -57,9 +68,21 @@ class Node:
 
 
 def nodes_from_manifests(docs: Iterable[Mapping[str, Any]]) -> list[Node]:
-    """Nodes from v1.Node objects (the e2e inventory format), read by `core.nodes`."""
+    """Nodes from v1.Node objects (the e2e inventory format), read by `core.nodes`.
+
+    The model a node last served is annotated `namespace/ModelDeployment` (the operator's
+    identity of a model, any variant); the simulator's models are ModelDeployment names,
+    so the name is kept."""
     return [
-        Node(n.name, n.region, n.gpu_type, n.pool, n.gpus, last_model=n.last_model)
+        Node(
+            n.name,
+            n.region,
+            n.gpu_type,
+            n.pool,
+            n.gpus,
+            last_model=n.last_model.rsplit("/", 1)[-1] if n.last_model else None,
+            donated_at=n.donated_at,
+        )
         for n in parse_nodes(docs)
     ]
 
@@ -74,8 +97,6 @@ class Delays:
     redeploy_s: float = 600.0
     #: load a model whose weights must come from another region (SageServe: ~2 h)
     remote_redeploy_s: float = 7200.0
-    #: obtain a node outside the serving and spot pools (sageserve assumes 1 h)
-    new_node_s: float = 3600.0
     initial_ready_s: float = 0.0
 
 
@@ -138,7 +159,7 @@ class PooledHooks(Protocol):
 class Deployment:
     """One pod set: instances of one model on one variant in one region and pool."""
 
-    __slots__ = ("endpoint", "instances", "name", "perf", "variant")
+    __slots__ = ("endpoint", "instances", "name", "pending", "perf", "variant")
 
     def __init__(self, name: str, perf: VariantPerf, endpoint: Endpoint) -> None:
         self.name = name
@@ -146,6 +167,8 @@ class Deployment:
         self.perf = perf
         self.endpoint = endpoint
         self.instances: list[Instance] = []  # SERVING instances only (routable)
+        #: instances asked for that no GPUs could take yet (Pending pods)
+        self.pending = 0
 
     def emu(self, t: float) -> float:
         used = 0.0
@@ -263,8 +286,8 @@ class Endpoint:
         return t - self._emu_t >= self.refresh_s
 
     def replicas(self) -> dict[str, int]:
-        """Instances per variant, serving or coming up: a pod set's `spec.replicas`."""
-        out = {d.variant: len(d.instances) for d in self.deployments}
+        """Instances per variant, serving, coming up or pending: a pod set's `spec.replicas`."""
+        out = {d.variant: len(d.instances) + d.pending for d in self.deployments}
         for inst in self.provisioning:
             dep = inst.endpoint
             if isinstance(dep, Deployment):
@@ -326,15 +349,28 @@ class Cluster:
         delays: Delays,
         seed: int,
         max_batched_tokens: int = 16384,
+        spot_enabled: bool = True,
     ) -> None:
-        # copies: a run mutates free GPUs, and several runs share one SimConfig
-        self.nodes = [replace(n, free_gpus=n.gpus) for n in nodes]
+        # copies: a run mutates free GPUs and pools, and several runs share one SimConfig;
+        # by name, the order `pace.spot` breaks ties in
+        self.nodes = sorted((replace(n, free_gpus=n.gpus) for n in nodes), key=lambda n: n.name)
+        self._node = {n.name: n for n in self.nodes}
+        if len(self._node) != len(self.nodes):
+            raise ValueError("the node inventory names a node twice: give each Node a unique name")
         self.hooks = hooks
         self.delays = delays
+        #: `spec.spot.enabled`: donate idle nodes and reclaim spot nodes (the spot pass)
+        self.spot_enabled = spot_enabled
+        #: pending instances, one entry per Pending pod, in the order they were asked for
+        self.pending: list[Deployment] = []
+        #: told of an instance placed later than asked (a pending one): the engine schedules
+        #: its readiness
+        self.placed: Callable[[Instance], None] | None = None
+        #: donated nodes: when their donated time was last accounted
+        self._spot_since: dict[str, float] = {}
         self.rng = random.Random(seed)
         self.max_batched_tokens = max_batched_tokens
         self.endpoints: dict[EndpointKey, Endpoint] = {}
-        self.spot: dict[str, list[Instance]] = defaultdict(list)  # region -> donated
         self.acct = Accounting()
         self._ids = 0
         self.closed_at: float | None = None
@@ -355,10 +391,18 @@ class Cluster:
         return dep
 
     def start_instances(self, dep: Deployment, count: int, now: float) -> int:
-        """Place `count` serving instances at start (serving-pool nodes first). Returns placed."""
+        """Place `count` serving instances at start: free serving GPUs first, then spot
+        nodes taken for them in `reclaim_order` (`pace.spot.capacity_order`). Returns placed."""
         placed = 0
         for _ in range(count):
-            node = self._free_node(dep, pools=("serving", "spot"))
+            node = self._room(dep)
+            if node is None and self.spot_enabled:
+                key = dep.endpoint.key
+                spot = self._pool_nodes(key.region, dep.perf.gpu_type)
+                order = reclaim_order(spot, dep.perf.model, key.region, *self._shape(dep))
+                if order:
+                    node = self._node[order[0][0].name]
+                    self._reclaim(node, now)
             if node is None:
                 break
             inst = self._new_instance(dep, node, now, InstanceState.SERVING)
@@ -366,19 +410,36 @@ class Cluster:
             placed += 1
         return placed
 
-    def _free_node(self, dep: Deployment, pools: Sequence[str]) -> Node | None:
+    @staticmethod
+    def _shape(dep: Deployment) -> tuple[str, int]:
+        return dep.perf.gpu_type, dep.perf.gpus
+
+    def _pool_nodes(self, region: str | None = None, gpu_type: str | None = None) -> list[PoolNode]:
+        """The inventory as `pace.spot` sees nodes (of `region` and `gpu_type` when given):
+        GPUs held by instances (provisioning, serving or draining) as serving pods' GPUs."""
+        return [
+            PoolNode(
+                name=n.name,
+                region=n.region,
+                gpu_type=n.gpu_type,
+                pool=n.pool,
+                gpus=n.gpus,
+                serving_gpus=n.gpus - n.free_gpus,
+                last_model=n.last_model,
+                donated_at=n.donated_at,
+            )
+            for n in self.nodes
+            if (region is None or n.region == region)
+            and (gpu_type is None or n.gpu_type == gpu_type)
+        ]
+
+    def _room(self, dep: Deployment) -> Node | None:
+        """The serving-pool node the scheduler places an instance of `dep` on at once
+        (`pace.spot.serving_room`, first by name), None when none has room."""
         region = dep.endpoint.key.region
-        gpu, need = dep.perf.gpu_type, dep.perf.gpus
-        for pool in pools:
-            for node in self.nodes:
-                if (
-                    node.pool == pool
-                    and node.region == region
-                    and node.gpu_type == gpu
-                    and node.free_gpus >= need
-                ):
-                    return node
-        return None
+        gpu, need = self._shape(dep)
+        fits = serving_room(self._pool_nodes(region, gpu), region, gpu, need, SERVING_POOL)
+        return self._node[fits[0].name] if fits else None
 
     def _new_instance(
         self, dep: Deployment, node: Node, now: float, state: InstanceState
@@ -432,10 +493,12 @@ class Cluster:
         self.closed_at = now
 
     def account_all(self, now: float) -> None:
-        """Bring every placed instance's GPU-time up to `now`."""
+        """Bring every placed instance's GPU-time, and donated nodes', up to `now`."""
         for inst in self.all_instances:
             if inst.node is not None:
                 self._account(inst, now)
+        for name in self._spot_since:
+            self._account_spot(self._node[name], now)
 
     # ---- scaling executor ----------------------------------------------------------------
 
@@ -453,40 +516,12 @@ class Cluster:
             return self.delays.redeploy_s
         return self.delays.remote_redeploy_s
 
-    def _spot_nodes(self, region: str) -> tuple[list[PoolNode], dict[str, Instance]]:
-        """The region's donated instances as the spot logic sees nodes: each frees its GPUs
-        (plus the node's free ones) and last served `model/variant` (the weights it holds)."""
-        nodes, by_name = [], {}
-        for inst in self.spot[region]:
-            node, dep = inst.node, inst.endpoint
-            assert isinstance(node, Node)
-            variant = dep.variant if isinstance(dep, Deployment) else ""
-            nodes.append(
-                PoolNode(
-                    name=inst.id,
-                    region=region,
-                    gpu_type=node.gpu_type,
-                    pool=SPOT_POOL,
-                    gpus=node.free_gpus + inst.gpus,
-                    last_model=f"{inst.model}/{variant}",
-                    donated_at=inst.state_since,
-                )
-            )
-            by_name[inst.id] = inst
-        return nodes, by_name
-
     def scale_out(
         self, key: EndpointKey, now: float, variant: str | None = None
     ) -> tuple[Instance, str] | None:
-        """Start one instance of `variant` (default: the first) for `key`.
-
-        GPUs come in SageServe's order (`pace.spot.reclaim_order`, the rule the operator's
-        spot pass uses): a donated instance of the same model and variant (weights cached,
-        lognormal delay around the median); a donated instance of another model, the
-        longest-donated first (redeploy); free GPUs on spot- then serving-pool nodes
-        (redeploy); a node outside both pools (`new_node_s`, then redeploy). None, counted,
-        if there is no capacity: the inventory is the whole cluster.
-        """
+        """Ask for one more instance of `variant` (default: the first) for `key` (`place`).
+        None when it could not be placed at once: it is then pending, or, with no such
+        variant, refused and counted (`scale_out_no_capacity`)."""
         ep = self.endpoints[key]
         dep = next((d for d in ep.deployments if variant in (None, d.variant)), None)
         if dep is None:
@@ -495,47 +530,145 @@ class Cluster:
         return self.place(dep, now)
 
     def place(self, dep: Deployment, now: float) -> tuple[Instance, str] | None:
-        """Start one instance of `dep`, its GPUs in `reclaim_order`'s order (`scale_out`);
-        a ModelPool's pods are placed here too, from the same inventory."""
-        ep = dep.endpoint
-        key = ep.key
-        perf = dep.perf
-        nodes, by_name = self._spot_nodes(key.region)
-        ident = f"{key.model}/{dep.variant}"
-        for pool_node, source in reclaim_order(nodes, ident, key.region, perf.gpu_type, perf.gpus):
-            inst = by_name[pool_node.name]
-            self.spot[key.region].remove(inst)
-            if source is Source.SAME_MODEL_SPOT:
-                self.set_state(inst, InstanceState.PROVISIONING, now)
-                inst.endpoint = dep
-                inst.ready_at = now + self._reclaim_delay()
-                ep.provisioning.append(inst)
-                self.acct.events["reclaim_same_model"] += 1
-                return inst, "reclaim_same_model"
-            node = inst.node
-            assert isinstance(node, Node)
-            self._destroy(inst, now)
-            delay = self._redeploy_delay(key.region, key.model)
-            new = self._new_instance(dep, node, now, InstanceState.PROVISIONING)
-            new.ready_at = now + delay
-            ep.provisioning.append(new)
-            self.acct.events["redeploy_other_model"] += 1
-            return new, "redeploy_other_model"
-        for pools, extra, event in (
-            ((SPOT_POOL, SERVING_POOL), 0.0, "deploy_free_gpus"),
-            ((OUTSIDE_POOLS,), self.delays.new_node_s, "deploy_new_node"),
+        """Start one instance of `dep` on free serving GPUs (the scheduler, at once); with
+        none, it becomes pending (None), placed when capacity frees (`place_pending`) or a
+        spot node is reclaimed for it (`spot_pass`). A ModelPool's pods are placed here
+        too, from the same inventory."""
+        node = self._room(dep)
+        if node is None:
+            dep.pending += 1
+            self.pending.append(dep)
+            self.acct.events["scale_out_pending"] += 1
+            return None
+        return self._start(dep, node, now, "deploy_free_gpus"), "deploy_free_gpus"
+
+    def _start(self, dep: Deployment, node: Node, now: float, event: str) -> Instance:
+        """A fresh instance of `dep` on `node`, loading its weights from where they are:
+        the node's cache when the node last served the same model (a reclaimed spot node or
+        a serving node alike: the reclaim delay, SageServe §2.3's ≈1 min), else the region's
+        copy (redeploy, 10 min) or another region's (≈2 h)."""
+        key = dep.endpoint.key
+        if node.last_model == dep.perf.model:
+            delay = self._reclaim_delay()
+        else:
+            delay = self._redeploy_delay(key.region, dep.perf.model)
+        inst = self._new_instance(dep, node, now, InstanceState.PROVISIONING)
+        inst.ready_at = now + delay
+        dep.endpoint.provisioning.append(inst)
+        self.acct.events[event] += 1
+        return inst
+
+    def place_pending(self, now: float) -> None:
+        """Pending instances onto serving GPUs freed since, first asked first served, as
+        the scheduler does the moment a pod's GPUs free."""
+        if not self.pending:
+            return
+        left: list[Deployment] = []
+        for dep in self.pending:
+            node = self._room(dep)
+            if node is None:
+                left.append(dep)
+                continue
+            dep.pending -= 1
+            inst = self._start(dep, node, now, "deploy_free_gpus")
+            if self.placed is not None:
+                self.placed(inst)
+        self.pending = left
+
+    def unpend(self, dep: Deployment) -> bool:
+        """Drop one pending instance of `dep` (the newest): what a ReplicaSet deletes first
+        when its replicas go down. False when none is pending."""
+        if not dep.pending:
+            return False
+        dep.pending -= 1
+        at = len(self.pending) - 1 - self.pending[::-1].index(dep)
+        del self.pending[at]
+        self.acct.events["pending_cancelled"] += 1
+        return True
+
+    def spot_pass(self, now: float) -> tuple[list[str], list[str]]:
+        """The operator's spot pass at a pace tick (`pace.spot.plan_moves`): one spot node
+        reclaimed per pending instance (a fresh instance started on it), whole idle serving
+        nodes of pairs with nothing pending or coming up donated. Returns the node names
+        (reclaimed, donated)."""
+        if not self.spot_enabled:
+            return [], []
+        scope: set[tuple[str, str]] = set()
+        busy: set[tuple[str, str]] = set()
+        for ep in self.endpoints.values():
+            region = ep.key.region
+            for d in ep.deployments:
+                scope.add((region, d.perf.gpu_type))
+            for inst in ep.provisioning:
+                busy.add((region, inst.perf.gpu_type))
+        wanted = [
+            Pending(d.perf.model, d.endpoint.key.region, d.perf.gpu_type, d.perf.gpus)
+            for d in self.pending
+        ]
+        busy |= {(p.region, p.gpu_type) for p in wanted}
+        if not wanted and not any(  # the usual tick: nothing to reclaim or donate
+            n.pool == SERVING_POOL
+            and n.free_gpus == n.gpus
+            and (n.region, n.gpu_type) in scope
+            and (n.region, n.gpu_type) not in busy
+            for n in self.nodes
         ):
-            free = self._free_node(dep, pools=pools)
-            if free is not None:
-                delay = extra + self._redeploy_delay(key.region, key.model)
-                free.pool = SERVING_POOL if free.pool == OUTSIDE_POOLS else free.pool
-                new = self._new_instance(dep, free, now, InstanceState.PROVISIONING)
-                new.ready_at = now + delay
-                ep.provisioning.append(new)
-                self.acct.events[event] += 1
-                return new, event
-        self.acct.events["scale_out_no_capacity"] += 1
-        return None
+            return [], []
+        reclaims, donations = plan_moves(
+            self._pool_nodes(), wanted, scope, DEFAULT_NODE_LABELS, busy
+        )
+        served: set[int] = set()
+        index = {id(p): i for i, p in enumerate(wanted)}
+        for pool_node, p in reclaims:
+            node = self._node[pool_node.name]
+            same = node.last_model == p.model
+            self._reclaim(node, now)
+            dep = self.pending[index[id(p)]]
+            served.add(index[id(p)])
+            dep.pending -= 1
+            inst = self._start(
+                dep, node, now, "reclaim_same_model" if same else "redeploy_other_model"
+            )
+            if self.placed is not None:
+                self.placed(inst)
+        if served:
+            self.pending = [d for i, d in enumerate(self.pending) if i not in served]
+            self.place_pending(now)
+        for pool_node in donations:
+            node = self._node[pool_node.name]
+            node.pool = SPOT_POOL
+            node.donated_at = now
+            self._spot_since[node.name] = now
+            self.acct.events["donate_to_spot"] += 1
+        return [n.name for n, _ in reclaims], [n.name for n in donations]
+
+    def _reclaim(self, node: Node, now: float) -> None:
+        """A spot node back to the serving pool; its donated time ends."""
+        self._account_spot(node, now)
+        self._spot_since.pop(node.name, None)
+        node.pool = SERVING_POOL
+        node.donated_at = None
+
+    def _account_spot(self, node: Node, until: float) -> None:
+        """A donated node's GPU-time up to `until`, under the model it last served; none
+        after the window."""
+        since = self._spot_since.get(node.name)
+        if since is None:
+            return
+        end = until if self.closed_at is None else min(until, self.closed_at)
+        if end > since:
+            k = (node.last_model or "", node.region, InstanceState.SPOT)
+            self.acct.gpu_seconds[k] += (end - since) * node.gpus
+            self.acct.instance_seconds[k] += end - since
+        self._spot_since[node.name] = max(since, until)
+
+    def donated_nodes(self) -> dict[tuple[str, str], int]:
+        """Nodes the run donated and has not reclaimed, per (region, model last served)."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for name in self._spot_since:
+            node = self._node[name]
+            out[(node.region, node.last_model or "")] += 1
+        return out
 
     def _destroy(self, inst: Instance, now: float) -> None:
         self._account(inst, now)
@@ -570,8 +703,12 @@ class Cluster:
     ) -> Instance | None:
         """Drain one instance of `key`'s `variant`: the first of `chosen_ones` (the decision
         step's choice) still serving, else the least loaded (`core.snapshot.drain_order`).
-        It takes nothing new and is donated when idle."""
+        It takes nothing new and ends when idle. A pending instance of the variant goes
+        first (None returned), as a ReplicaSet deletes its unscheduled pods first."""
         ep = self.endpoints[key]
+        for d in ep.deployments:
+            if variant in (None, d.variant) and self.unpend(d):
+                return None
         mine = [(d, i) for d in ep.deployments if variant in (None, d.variant) for i in d.instances]
         if not mine:
             return None
@@ -588,7 +725,7 @@ class Cluster:
         return inst
 
     def drain(self, dep: Deployment, inst: Instance, now: float) -> None:
-        """Take `inst` out of serving: it takes nothing new and is donated when idle."""
+        """Take `inst` out of serving: it takes nothing new and ends when idle (`release`)."""
         ep = dep.endpoint
         dep.instances.remove(inst)
         ep.invalidate()
@@ -596,22 +733,16 @@ class Cluster:
         ep.draining.append(inst)
         self.acct.events["scale_in"] += 1
         if inst.idle:
-            self.donate(inst, now)
+            self.release(inst, now)
 
-    def donate(self, inst: Instance, now: float) -> None:
-        """A drained instance goes to the region's spot pool, weights still loaded."""
-        if inst.state is not InstanceState.DRAINING:
+    def release(self, inst: Instance, now: float) -> None:
+        """A drained instance ends: its GPUs free (a pending instance may take them at
+        once); its node is donated at a pace tick if nothing else holds it. Releasing an
+        instance that already ended does nothing."""
+        if inst.state is not InstanceState.DRAINING or inst.node is None:
             return
         dep = inst.endpoint
         if isinstance(dep, Deployment) and inst in dep.endpoint.draining:
             dep.endpoint.draining.remove(inst)
-        self.set_state(inst, InstanceState.SPOT, now)
-        inst.last_model = inst.model
-        self.spot[inst.region].append(inst)
-        self.acct.events["donate_to_spot"] += 1
-
-    def spot_counts(self, region: str) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for inst in self.spot[region]:
-            out[inst.last_model or ""] += 1
-        return dict(out)
+        self._destroy(inst, now)
+        self.place_pending(now)

@@ -149,6 +149,8 @@ class SimConfig:
     #: scale out for batch work its deadlines need (`pace.pressure.deadline_pressure`);
     #: False: the paper's trough release alone (batch never causes a scale-out)
     deadline_pressure: bool = True
+    #: `spec.spot.enabled`: idle nodes donated to the spot pool, spot nodes reclaimed
+    spot_enabled: bool = True
     #: ModelPools: pooled models served by sleep-mode engines on shared pods
     #: (`sim.pooled_pods`)
     pools: tuple[PoolSetup, ...] = ()
@@ -417,8 +419,14 @@ class Simulation(InstanceHooks):
         self.progress = progress
         self.events = EventQueue()
         self.cluster = Cluster(
-            config.nodes, self, config.delays, config.seed, config.max_batched_tokens
+            config.nodes,
+            self,
+            config.delays,
+            config.seed,
+            config.max_batched_tokens,
+            config.spot_enabled,
         )
+        self.cluster.placed = self.instance_ready_at
         self.qm: BatchQueueManager[Job] = BatchQueueManager(
             config.release_rules,
             config.promotion_age_s,
@@ -606,7 +614,7 @@ class Simulation(InstanceHooks):
     def on_idle(self, inst: Instance, now: float) -> None:
         if inst.state is InstanceState.DRAINING:
             self._draining_since.pop(inst, None)
-            self.cluster.donate(inst, now)
+            self.cluster.release(inst, now)
 
     def on_decode(self, job: Job, now: float) -> None:
         """The request decodes from now on: into its instance's look-ahead map, with the
@@ -1069,6 +1077,7 @@ class Simulation(InstanceHooks):
         return jobs
 
     def _pace_tick(self, now: float) -> None:
+        self.cluster.spot_pass(now)  # before the decision, as the operator's pace pass
         if self.layouts is not None:
             self._layout_pass(now)
         # the deadline need the operator reads (the routers export it each signal round)
@@ -1139,10 +1148,11 @@ class Simulation(InstanceHooks):
             if self._window_tokens is not None:
                 self._window_tokens.roll(received)
             self._plan_if_due(now)
+        spot = self.cluster.donated_nodes()
         for key, ep in self.cluster.endpoints.items():
             ep.tokens_per_s = ep.tokens_minute / 60.0
             donated = (
-                sum(1 for i in self.cluster.spot[key.region] if i.last_model == key.model)
+                spot.get((key.region, key.model), 0)
                 if key.pool in ("unified", "interactive")
                 else 0
             )
@@ -1191,7 +1201,7 @@ class Simulation(InstanceHooks):
         current: dict[tuple[str, str, str], int] = defaultdict(int)
         for key, ep in self.cluster.endpoints.items():
             for dep in ep.deployments:
-                current[(key.model, key.region, dep.variant)] += len(dep.instances)
+                current[(key.model, key.region, dep.variant)] += len(dep.instances) + dep.pending
             for inst in ep.provisioning:
                 d = inst.endpoint
                 if isinstance(d, Deployment):
@@ -1246,7 +1256,11 @@ class Simulation(InstanceHooks):
                 else:
                     for _ in range(current - replicas):
                         drained = self.cluster.scale_in(d.key, now, variant, d.drain)
-                        if drained is not None and drained.state is InstanceState.DRAINING:
+                        if (
+                            drained is not None
+                            and drained.state is InstanceState.DRAINING
+                            and drained.node is not None  # not ended at once, idle
+                        ):
                             self._stop_later(drained, d.key.model, variant, now)
 
     def _stop_later(self, inst: Instance, model: str, variant: str, now: float) -> None:

@@ -10,8 +10,8 @@ in progress, and every `replanSeconds` a re-plan (`plan.layout_step.replan_layou
 - the budget: the plan in force's instances of those variants × their GPUs when a plan covers
   the (model, region), else the GPUs of the layout in force (`plan.layout_group.observation`);
 - the GPUs free beyond it: unplaced GPUs of the region's serving-pool nodes of that type (and
-  spot-pool nodes when `spec.spot.enabled`), plus those of donated instances on them (on
-  Kubernetes a scaled-in pod is gone and its GPUs free);
+  spot-pool nodes when `spec.spot.enabled`) (a drained instance is gone and its GPUs free,
+  as a scaled-in pod on Kubernetes);
 - the request mix: what the simulated router answered per log-2 (prompt, output) bucket over
   `historySeconds` (`ShapeCounter`, `forecast.request_types.shape_bucket`, the buckets of
   `sageserve_router_request_shapes_total`), by whole minutes, turned into types and rates
@@ -335,17 +335,15 @@ class SimLayoutLoop:
     def free_gpus(self, region: str, gpu_type: str) -> tuple[int, int]:
         """(GPUs free, node size) of `gpu_type` in `region` (`controller.layout_loop.free_gpus`
         on the inventory): unplaced GPUs of the serving-pool nodes (and spot-pool nodes with
-        `spec.spot.enabled`), plus the GPUs of donated instances on them."""
+        `spec.spot.enabled`)."""
         pools = {SERVING_POOL, SPOT_POOL} if self.setup.policy.spot.enabled else {SERVING_POOL}
         mine = [
             n
             for n in self.cluster.nodes
             if n.region == region and n.gpu_type == gpu_type and n.pool in pools
         ]
-        ids = {id(n) for n in mine}
-        donated = sum(i.gpus for i in self.cluster.spot[region] if id(i.node) in ids)
         size = max((n.gpus for n in mine), default=8)
-        return sum(n.free_gpus for n in mine) + donated, size
+        return sum(n.free_gpus for n in mine), size
 
     def windows(self, model: str, region: str, mix: Mix) -> tuple[list[Window], str]:
         """The re-plan's horizon (`controller.layout_loop.LayoutPass.windows` on the run's

@@ -6,7 +6,7 @@ sleep-mode vLLM engine per pooled model, at most `awakePerInstance` awake, and t
 the model and forwards it. Here:
 
 - one pod is one simulated instance of the pool variant's profile, on GPUs taken from the
-  same inventory as the ModelDeployments' (`Cluster.place`, `pace.spot.reclaim_order`). All
+  same inventory as the ModelDeployments' (`Cluster.place`, `pace.spot.capacity_order`). All
   engines of a pod share its GPUs, so their requests batch together on that one instance,
   as the twin runs them (`twin/sleep_mode.py`): a pod's throughput and KV cache are the
   pod's, whichever models are awake;
@@ -19,9 +19,9 @@ the model and forwards it. Here:
   until one is, as the router holds it, and is never lost;
 - the hourly plan (`lt-*`) sizes each (pool, region) from each pooled model's request rate
   per minute (`plan.pool_cycle`, through `plan.cycle.run_plan_cycle`, as the operator's plan
-  loop does) and the simulator applies what the plan grants: new pods in `reclaim_order`'s
-  order, or the least-loaded pods drained first, as the operator marks them (their held
-  requests go to another pod). Under other
+  loop does) and the simulator applies what the plan grants: new pods in `capacity_order`
+  (pending while no GPUs take them), or pending then the least-loaded pods drained first,
+  as the operator marks them (their held requests go to another pod). Under other
   strategies a pool keeps its initial size and the run's summary says so, with the reason
   and message of the operator's `Sized=False` condition (`plan.pool_cycle.pool_sizing`).
 """
@@ -216,12 +216,13 @@ class PooledEndpoint:
             self.rule.add_pod(inst.id, inst)
 
     def replicas(self) -> int:
-        return len(self.dep.instances) + len(self.ep.provisioning)
+        return len(self.dep.instances) + len(self.ep.provisioning) + self.dep.pending
 
     def resize(self, target: int, now: float) -> None:
-        """Scale to `target` pods: new ones in `reclaim_order`'s order; fewer by draining
-        serving pods, the least loaded first as the operator chooses them (least KV in
-        use, then fewest waiting: `core.snapshot.drain_order`)."""
+        """Scale to `target` pods: new ones in `capacity_order` (pending while no GPUs take
+        them); fewer: pending pods first, then serving pods drained, the least loaded first
+        as the operator chooses them (least KV in use, then fewest waiting:
+        `core.snapshot.drain_order`)."""
         current = self.replicas()
         if target != current:
             self.resizes += 1
@@ -231,6 +232,9 @@ class PooledEndpoint:
                 self.host.instance_ready_at(got[0])
         if target >= current:
             return
+        fewer = current - target
+        while fewer and self.host.cluster.unpend(self.dep):  # Pending pods go first
+            fewer -= 1
         # the operator's rule (`controller.pool_podsets.pool_drain_choice`): least KV in use,
         # then fewest waiting, by `core.snapshot.drain_order` over what vLLM reports
         by_name = {p.name: p for p in self.rule.pods.values()}
@@ -239,7 +243,7 @@ class PooledEndpoint:
             inst = p.handle
             assert isinstance(inst, Instance)
             views.append(InstanceView(p.name, "", inst.kv_at(now), inst.kv_cap, inst.waiting))
-        for view in drain_order(tuple(views))[: current - target]:
+        for view in drain_order(tuple(views))[:fewer]:
             pod = by_name[view.name]
             inst = pod.handle
             assert isinstance(inst, Instance)

@@ -139,8 +139,8 @@ class Scenario:
                     reclaim_same_model_max_s=float(sp.spot.reclaim_same_model_max_seconds),
                     redeploy_s=float(sp.spot.redeploy_seconds),
                     remote_redeploy_s=float(sp.spot.remote_redeploy_seconds),
-                    new_node_s=float(sp.spot.new_node_seconds),
                 ),
+                spot_enabled=sp.spot.enabled,
             )
         promo = [t.promotion_age_s for t in self.tiers.values() if t.promotion_age_s]
         if promo:
