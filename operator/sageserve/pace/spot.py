@@ -129,14 +129,22 @@ def serving_room(
     return sorted(
         (
             n
-            for n in nodes
-            if n.pool == serving_pool
-            and n.ready
-            and n.region == region
-            and n.gpu_type == gpu_type
-            and n.gpus - n.serving_gpus >= gpus_per_instance
+            for n in _ready_serving(nodes, region, gpu_type, serving_pool)
+            if n.gpus - n.serving_gpus >= gpus_per_instance
         ),
         key=lambda n: n.name,
+    )
+
+
+def _ready_serving(
+    nodes: Iterable[PoolNode], region: str, gpu_type: str, serving_pool: str
+) -> Iterable[PoolNode]:
+    """Ready serving-pool nodes of (region, GPU type): a node that is not Ready is lost,
+    neither room for a new pod nor idle."""
+    return (
+        n
+        for n in nodes
+        if n.pool == serving_pool and n.ready and n.region == region and n.gpu_type == gpu_type
     )
 
 
@@ -182,15 +190,7 @@ def donation_candidates(
     Nodes are returned by name so that repeated reconciles donate the same ones.
     """
     return sorted(
-        (
-            n
-            for n in nodes
-            if n.pool == serving_pool
-            and n.ready
-            and n.region == region
-            and n.gpu_type == gpu_type
-            and n.serving_gpus == 0
-        ),
+        (n for n in _ready_serving(nodes, region, gpu_type, serving_pool) if n.serving_gpus == 0),
         key=lambda n: n.name,
     )
 
