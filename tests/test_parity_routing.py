@@ -127,3 +127,38 @@ def test_both_worlds_keep_the_plans_spill_over_bounds_alike() -> None:
     assert in_sim == in_router
     assert set(in_sim) == {"r1", "r2"}  # never r3: the plan gives r1 no share of it
     assert 0.27 <= in_sim.count("r2") / 100 <= 0.31
+
+
+def test_both_worlds_read_tokens_sent_since_the_reading_and_skip_regions_with_nothing_ready() -> (
+    None
+):
+    """r1 reads 60 % of 1,000 KV tokens: a request of 200 tokens goes there and lifts the
+    estimate to 80 %, so the next goes on to r2 (50 %); r3 has nothing ready and is never a
+    candidate, however idle it reads."""
+    cfg = config(flat_perf(), regions=REGIONS, initial=1)
+    sim = Simulation(cfg, make_strategy("reactive"), iter(()))
+    eps = {k.region: e for k, e in sim.cluster.endpoints.items()}
+    for region, value in (("r1", 0.6), ("r2", 0.5), ("r3", 0.0)):
+        eps[region]._emu, eps[region]._emu_t, eps[region].kv_read = value, 0.0, 1000
+    for dep in eps["r3"].deployments:
+        dep.instances.clear()
+
+    fleet = Fleet()
+    model = ModelRoute("ns", "m", "m", REGIONS, ("iw-f",))
+    fleet.set_models([model])
+    backends = {r: Backend("ns", f"p-{r}", "m", r, "v", "http://x") for r in ("r1", "r2")}
+    fleet.set_backends(backends.values())
+    loads = {"r1": (0.6, 1000.0), "r2": (0.5, 1000.0), "r3": (0.0, 1000.0)}
+    fleet.set_load({("ns", "m", r): load for r, load in loads.items()})
+
+    chosen = []
+    for i in range(3):
+        req = Request(i, 0.0, "m", IW_F, "r1", 150, 50)
+        in_sim = sim._route_region(req, "unified", 0.0)
+        assert in_sim is not None
+        in_router = fleet.choose_region(model, "r1", 200.0)
+        assert in_router == in_sim.key.region
+        chosen.append(in_router)
+        in_sim.sent += 200  # what each world counts as sent: prompt + output budget
+        fleet.start(backends[in_router], 200.0)
+    assert chosen == ["r1", "r2", "r2"]

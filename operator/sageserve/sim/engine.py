@@ -777,7 +777,12 @@ class Simulation(InstanceHooks):
             return None
         if len(eps) == 1:
             return eps[0]
-        candidates = [(ep, ep.emu(t)) for ep in eps]
+        # as the router: only regions with a serving instance are candidates, each read
+        # with the router's estimate (last reading + what was sent since); with none, the
+        # request is held at its first region's endpoint (`_dispatch`)
+        candidates = [(ep, ep.estimated_emu(t)) for ep in eps if ep.serving]
+        if not candidates:
+            return eps[0]
         plan = self.step_state.plan
         if self.planner is None and plan is None:
             # no plan is or will be in force, so no spill bound: `route_region` would be the
