@@ -38,21 +38,24 @@ from tests.router.test_batch_release import EAST, MODEL, submit
 from tests.router.test_router_http import Pod, start
 from tests.sim.helpers import config, flat_perf
 
-#: Each round: a fresh reading (EMU, KV capacity in tokens) or None (the last one stays,
-#: corrected by what was sent since). Requests of 5,000 tokens on 100,000 tokens of KV.
-ROUNDS: list[tuple[float, float] | None] = [
-    (0.30, 100_000.0),  # 0.30: 2 released
+#: Each round: a fresh reading (EMU, KV capacity in tokens, requests waiting at the pod)
+#: or None (the last one stays, corrected by what was sent since). Requests of 5,000
+#: tokens on 100,000 tokens of KV.
+ROUNDS: list[tuple[float, float, int] | None] = [
+    (0.30, 100_000.0, 0),  # 0.30: 2 released
     None,  # 0.40: 2
     None,  # 0.50: 1 (not under 50 %)
     None,  # 0.55: 1
     None,  # 0.60: none, until the next reading
-    (0.45, 100_000.0),  # 2
+    (0.45, 100_000.0, 0),  # 2
     None,  # 0.55: 1
-    (0.70, 100_000.0),  # busy: none
-    (0.20, 0.0),  # capacity unknown: the reading alone, 2 a round
+    (0.70, 100_000.0, 0),  # busy: none
+    (0.20, 0.0, 0),  # capacity unknown: the reading alone, 2 a round
     None,
+    (0.10, 100_000.0, 3),  # low EMU, but requests wait at the pod (out of time): none
+    (0.10, 100_000.0, 0),  # the queue gone: 2
 ]
-WANT = [2, 2, 1, 1, 0, 2, 1, 0, 2, 2]
+WANT = [2, 2, 1, 1, 0, 2, 1, 0, 2, 2, 0, 2]
 #: the messages' JSON is 400 characters: 100 + 4,900 = 5,000 tokens as the router estimates
 MESSAGES = [{"role": "user", "content": "x" * (400 - 33)}]
 PROMPT_CHARS, BUDGET = len(json.dumps(MESSAGES)), 4_900
@@ -107,7 +110,9 @@ def router_rounds(tmp_path: Path) -> tuple[list[int], list[int]]:
                 await submit(client, base, [line(f"q{i}") for i in range(QUEUED)], "24h")
                 for reading in ROUNDS:
                     if reading is not None:
-                        fleet.set_load({EAST: reading})
+                        emu, capacity, waiting = reading
+                        fleet.set_load({EAST: (emu, capacity)})
+                        fleet.set_pod_waiting({"east-0": waiting})
                     trough.append(await one_round())
                 # busy from now on: only requests whose slack ran out leave, 16 a round
                 fleet.set_load({EAST: (0.95, 100_000.0)})
@@ -123,9 +128,10 @@ def router_rounds(tmp_path: Path) -> tuple[list[int], list[int]]:
     return trough, promoted
 
 
-def read(ep: Endpoint, emu: float, capacity: float, t: float) -> None:
+def read(ep: Endpoint, emu: float, capacity: float, waiting: int, t: float) -> None:
     """A reading of `ep` at `t`, as its scrape would have taken it."""
     ep._emu, ep._emu_t, ep.kv_read, ep.sent = emu, t, int(capacity), 0
+    ep._waiting_read = waiting
     ep.version += 1
 
 
@@ -150,7 +156,7 @@ def simulator_rounds() -> tuple[list[int], list[int]]:
         sim._signal_round(t)
         trough.append(before - sim.qm.pending())
         t += 1.0
-    read(ep, 0.95, 100_000.0, t)
+    read(ep, 0.95, 100_000.0, 0, t)
     for i in range(DUE):
         sim._arrive(Request(QUEUED + i, t, "m", due, "r1", prompt, BUDGET))
     promoted: list[int] = []

@@ -7,6 +7,7 @@ import pytest
 
 from sageserve.dispatch.hold import HOLD_S, MAX_HELD, Hold, admit, hold_until, keep
 from sageserve.dispatch.queue_manager import (
+    DEFAULT_RELEASE_RULES,
     PROMOTED_PER_SIGNAL,
     SIGNAL_S,
     BatchQueueManager,
@@ -74,3 +75,19 @@ def test_promotions_are_bounded_per_round_in_promotion_order() -> None:
     assert qm.pop_aged(1_000.0, PROMOTED_PER_SIGNAL) == [("m", i) for i in range(16, 32)]
     assert qm.pop_aged(1_000.0) == [("m", i) for i in range(32, 40)]  # None: all due
     assert qm.pending() == 0
+
+
+@pytest.mark.parametrize(
+    ("emu", "waiting", "released"),
+    [
+        (0.10, 0, 2),  # a trough: the paper's 2 under 50 %
+        (0.10, 1, 0),  # requests wait for admission: out of time, whatever the EMU
+        (0.55, 0, 1),
+        (0.55, 7, 0),
+        (0.80, 0, 0),  # busy by memory
+    ],
+)
+def test_an_endpoint_with_requests_waiting_takes_no_batch_work(
+    emu: float, waiting: int, released: int
+) -> None:
+    assert release_count(emu, DEFAULT_RELEASE_RULES, waiting) == released

@@ -97,8 +97,16 @@ def promotion_time(
     return deadline - margin_s
 
 
-def release_count(emu: float, rules: Sequence[tuple[float, int]] = DEFAULT_RELEASE_RULES) -> int:
-    """How many queued requests an endpoint at `emu` may take now."""
+def release_count(
+    emu: float, rules: Sequence[tuple[float, int]] = DEFAULT_RELEASE_RULES, waiting: int = 0
+) -> int:
+    """How many queued requests an endpoint at `emu` may take now; none while `waiting`
+    requests wait at its instances for admission. EMU measures memory, and an endpoint can
+    run out of time first (a small, decode-bound model queues at a low EMU): work released
+    into such a trough only lengthens the queue its interactive requests wait in. A request
+    whose slack runs out is promoted whatever the queue (`promotion_time`)."""
+    if waiting > 0:
+        return 0
     for below, count in rules:
         if emu < below:
             return count
@@ -224,12 +232,13 @@ class BatchQueueManager(Generic[T]):
             ledger.remove(entry.deadline, entry.tokens)
         return entry.item
 
-    def on_signal(self, model: str, emu: float) -> list[T]:
-        """An endpoint of `model` reports `emu`: release the requests it may take, earliest
-        deadline first (ties by arrival)."""
+    def on_signal(self, model: str, emu: float, waiting: int = 0) -> list[T]:
+        """An endpoint of `model` reports `emu` and `waiting` requests queued at its
+        instances: release the requests it may take (`release_count`), earliest deadline
+        first (ties by arrival)."""
         if not self._count.get(model):
             return []
-        n = release_count(emu, self.rules)
+        n = release_count(emu, self.rules, waiting)
         heap = self._release[model]
         out: list[T] = []
         while n > 0 and heap:

@@ -509,10 +509,17 @@ class Router:
         the model's policy's release rules (`ModelRoute.release_rules`)."""
         endpoint = (model.namespace, model.name, region)
         deadline = time.monotonic() + self.config.hold_seconds
-        if release_count(self.fleet.estimated_emu(endpoint), model.release_rules) > 0:
+
+        def releasable() -> int:
+            fleet = self.fleet
+            return release_count(
+                fleet.estimated_emu(endpoint), model.release_rules, fleet.waiting(endpoint)
+            )
+
+        if releasable() > 0:
             return
         with self.metrics.deferring(model, region, tier):
-            while release_count(self.fleet.estimated_emu(endpoint), model.release_rules) == 0:
+            while releasable() == 0:
                 waiter = self.fleet.changed
                 try:
                     await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())

@@ -179,6 +179,9 @@ class Fleet:
     #: tokens sent to each pod since the last Prometheus reading (the variant step's
     #: correction, as `sent` is the region choice's)
     pod_sent: dict[str, float] = field(default_factory=dict)
+    #: requests waiting for admission at each pod as Prometheus last reported them
+    #: (vLLM's `num_requests_waiting`)
+    pod_waiting: dict[str, int] = field(default_factory=dict)
     #: the plan's OServe layouts per endpoint (ScalingPolicy `status.layouts`)
     layouts: dict[EndpointId, EndpointLayout] = field(default_factory=dict)
     #: requests dispatched by type so far (`sageserve_router_layout_dispatch_total`)
@@ -292,6 +295,15 @@ class Fleet:
         self.changed = asyncio.Event()
 
     # ---- read by request handlers -----------------------------------------------------
+
+    def set_pod_waiting(self, waiting: Mapping[str, int]) -> None:
+        """Per-pod requests waiting for admission, from a fresh Prometheus reading."""
+        self.pod_waiting = dict(waiting)
+
+    def waiting(self, endpoint: EndpointId) -> int:
+        """Requests waiting at the endpoint's ready pods at the last reading: the batch
+        release takes nothing while any wait (`dispatch.queue_manager.release_count`)."""
+        return sum(self.pod_waiting.get(b.pod, 0) for b in self.backends.get(endpoint, ()))
 
     def estimated_emu(self, endpoint: EndpointId) -> float:
         """Prometheus' EMU plus what this router sent since (SageServe's EMU, §4), by

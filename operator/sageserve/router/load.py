@@ -22,14 +22,17 @@ async def refresh_load(
     loop = asyncio.get_running_loop()
     while True:
         pods: dict[str, tuple[float, float | None]] = {}
+        waiting: dict[str, int] = {}
         try:
             for ns in namespaces:
                 loads = await loop.run_in_executor(None, reader.pod_loads, ns)
                 pods.update({p: (x.kv_usage, x.kv_capacity_tokens) for p, x in loads.items()})
+                waiting.update({p: x.waiting for p, x in loads.items()})
         except MetricsUnavailable as exc:
             log.warning("load not refreshed: %s", exc)
         else:
             backends = [b for bs in fleet.backends.values() for b in bs]
             fleet.set_pod_loads(pods)
+            fleet.set_pod_waiting(waiting)
             fleet.set_load(endpoint_load(pods, backends))
         await asyncio.sleep(every_s)

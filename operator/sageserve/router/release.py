@@ -26,7 +26,9 @@ Here the queue is the `BatchStore` (SQLite or PostgreSQL) and each router replic
 `BatchReleaser`. Every `signal_s` (and whenever a released request completes, as the
 paper signals on completions) each endpoint of a model with queued work signals with the
 router's own EMU estimate (Prometheus' reading corrected by what was sent since, so a
-release raises the estimate at once and the rule limits itself). A claim is a lease
+release raises the estimate at once and the rule limits itself) and takes nothing while
+requests wait for admission at its pods (vLLM's `num_requests_waiting` at the last reading:
+an endpoint out of time rather than memory). A claim is a lease
 renewed while the request runs and until its answer is recorded; a replica killed
 mid-request loses nothing: its leases lapse and another replica (or its restart) claims
 the requests again. Answers are recorded in batches: kept in memory until `flush_size` of
@@ -169,7 +171,11 @@ class BatchReleaser:
                 endpoint = (model.namespace, model.name, region)
                 if not self.fleet.backends.get(endpoint):
                     continue  # nothing ready to signal from
-                n = release_count(self.fleet.estimated_emu(endpoint), model.release_rules)
+                n = release_count(
+                    self.fleet.estimated_emu(endpoint),
+                    model.release_rules,
+                    self.fleet.waiting(endpoint),
+                )
                 if n == 0:
                     continue
                 claimed = await asyncio.to_thread(

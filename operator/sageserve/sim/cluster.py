@@ -186,6 +186,7 @@ class Endpoint:
         "_emu",
         "_emu_t",
         "_scraped",
+        "_waiting_read",
         "arrivals_minute",
         "backlog",
         "checked_version",
@@ -223,6 +224,7 @@ class Endpoint:
         #: (instance, variant, KV used, KV capacity) of each reporting instance, as last
         #: scraped (`snapshot` makes them `InstanceView`s, with the queues as they are then)
         self._scraped: list[tuple[str, str, float, int]] = []
+        self._waiting_read = 0
         self.version = 0
         self.checked_version = -1
         self.provisioning: list[Instance] = []
@@ -264,6 +266,7 @@ class Endpoint:
                     if inst.reporting:
                         views.append((inst.id, d.variant, kv, inst.kv_cap))
             self._emu = max(0.0, used / cap) if cap else 1.0
+            self._waiting_read = sum(inst.waiting for d in self.deployments for inst in d.instances)
             self._scraped = views
             self._emu_t = t
             self.kv_read = cap
@@ -277,6 +280,13 @@ class Endpoint:
         old) plus the tokens dispatched here since it (prompt + predicted output, what the
         router counts as prompt + output budget) over the reading's KV capacity."""
         return estimated_emu(self.emu(t), self.sent, self.kv_read)
+
+    def waiting_requests(self) -> int:
+        """Requests waiting for admission at the serving instances at the last reading
+        (vLLM's `num_requests_waiting`, summed, as the router reads it from Prometheus):
+        the Queue Manager releases nothing here while any wait
+        (`dispatch.queue_manager.release_count`)."""
+        return self._waiting_read
 
     def invalidate(self) -> None:
         self._emu_t = -math.inf

@@ -1011,7 +1011,7 @@ class Simulation(InstanceHooks):
                 # next one: what is sent since only raises its estimate
                 if dry.get(ep) == ep.version and not ep.stale(now):
                     continue
-                jobs = qm.on_signal(model, ep.estimated_emu(now))
+                jobs = qm.on_signal(model, ep.estimated_emu(now), ep.waiting_requests())
                 if not jobs:
                     if qm.pending(model):
                         dry[ep] = ep.version
