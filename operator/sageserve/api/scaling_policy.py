@@ -402,8 +402,9 @@ class Spot(ApiModel):
         default=3600,
         ge=0,
         le=604800,
-        description="Delay to obtain a node outside the serving and spot pools; the paper "
-        "says minutes to hours, sageserve assumes 1 h.",
+        description="Delay to obtain a node outside the serving and spot pools (the paper: "
+        "minutes to hours). Read by neither the operator nor the simulator today: both take "
+        "GPUs only from the serving and spot pools.",
     )
 
 
