@@ -377,11 +377,11 @@ class Fleet:
         candidates = []
         for v in order:
             mine = by_variant[v]
-            readings = [(self.pod_kv.get(b.pod, 0.0), self.pod_capacity.get(b.pod)) for b in mine]
-            used, cap = _pooled_usage(readings)
+            read, cap = _pooled_load(
+                [(self.pod_kv.get(b.pod, 0.0), self.pod_capacity.get(b.pod)) for b in mine]
+            )
             sent = sum(self.pod_sent.get(b.pod, 0.0) for b in mine)
-            sized = all(c for _, c in readings)
-            candidates.append((v, emu(used, cap) + (sent / cap if sized and cap > 0 else 0.0)))
+            candidates.append((v, estimated_emu(read, sent, cap)))
         return by_variant[pick_deployment(candidates)]
 
     def _pick(self, pods: list[Backend], arrival: Arrival | None) -> Backend:
@@ -468,15 +468,15 @@ def endpoint_load(
             groups.setdefault(b.endpoint, []).append(pods[b.pod])
     out: dict[EndpointId, tuple[float, float]] = {}
     for key, readings in groups.items():
-        used, cap = _pooled_usage(readings)
-        out[key] = (emu(used, cap), cap if all(c for _, c in readings) else 0.0)
+        out[key] = _pooled_load(readings)
     return out
 
 
-def _pooled_usage(readings: list[tuple[float, float | None]]) -> tuple[float, float]:
-    """(KV in use, KV capacity) over pods' (usage fraction, capacity) readings, each pod
-    weighted by its capacity, or all alike (capacity 1 each) when one does not export it
-    (the operator's rule, `controller.observe`)."""
+def _pooled_load(readings: list[tuple[float, float | None]]) -> tuple[float, float]:
+    """(EMU, KV capacity in tokens) over pods' (usage fraction, capacity) readings, each
+    pod weighted by its capacity, or all alike when one does not export it (the operator's
+    rule, `controller.observe`; the capacity is then unknown, 0)."""
     sized = all(cap for _, cap in readings)
     caps = [float(cap) if sized and cap else 1.0 for _, cap in readings]
-    return sum(u * c for (u, _), c in zip(readings, caps, strict=True)), sum(caps)
+    used = sum(u * c for (u, _), c in zip(readings, caps, strict=True))
+    return emu(used, sum(caps)), sum(caps) if sized else 0.0

@@ -454,9 +454,8 @@ class Simulation(InstanceHooks):
         self._context.update(c for pool in config.pools for c in pool.contexts)
         self.sim_events = 0
         self.preemptions = 0
-        #: drained instances waiting for their grace period, by when they were drained
-        self._draining_since: dict[Instance, float] = {}
-        self._setups = {m.name: m for m in config.models}
+        #: (model, variant) -> seconds a drained instance may finish its requests
+        self._grace = {(m.name, v): s for m in config.models for v, s in m.drain_seconds.items()}
         self.qm_active = strategy.batch_via_queue_manager
         self.minutes: list[MinuteRow] = []
         #: a released batch request completed: a signal round is due (SageServe §6.2)
@@ -613,7 +612,6 @@ class Simulation(InstanceHooks):
 
     def on_idle(self, inst: Instance, now: float) -> None:
         if inst.state is InstanceState.DRAINING:
-            self._draining_since.pop(inst, None)
             self.cluster.release(inst, now)
 
     def on_decode(self, job: Job, now: float) -> None:
@@ -1261,11 +1259,7 @@ class Simulation(InstanceHooks):
                 else:
                     for _ in range(current - replicas):
                         drained = self.cluster.scale_in(d.key, now, variant, d.drain)
-                        if (
-                            drained is not None
-                            and drained.state is InstanceState.DRAINING
-                            and drained.node is not None  # not ended at once, idle
-                        ):
+                        if drained is not None:
                             self._stop_later(drained, d.key.model, variant, now)
 
     def _stop_later(self, inst: Instance, model: str, variant: str, now: float) -> None:
@@ -1273,16 +1267,15 @@ class Simulation(InstanceHooks):
         Kubernetes kills a terminating pod at its grace period (`Variant.drain_seconds`):
         what it still holds then is cut. A batch request cut goes back to be served
         again (the Batch API's lease lapses and another release claims it); an
-        interactive one is lost (its client saw the stream break)."""
-        setup = self._setups.get(model)
-        grace = (setup.drain_seconds if setup is not None else {}).get(
-            variant, float(DEFAULT_DRAIN_SECONDS)
-        )
-        self._draining_since[inst] = now
+        interactive one is lost (its client saw the stream break). An instance ends once,
+        when idle (its node gone): one drained idle has ended already."""
+        if inst.node is None:
+            return
+        grace = self._grace.get((model, variant), float(DEFAULT_DRAIN_SECONDS))
 
         def stop(when: float) -> None:
-            if self._draining_since.get(inst) != now or inst.state is not InstanceState.DRAINING:
-                return  # it finished its requests (and left) before its grace period
+            if inst.node is None:
+                return  # it finished its requests (and ended) before its grace period
             for job in inst.abandon_all():
                 self._cut(job, when)
             self.on_idle(inst, when)

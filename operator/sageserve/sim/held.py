@@ -20,7 +20,7 @@ from sageserve.sim.instance import Job
 
 
 class HeldRequests:
-    """The requests held now, each with its endpoint and when its hold began."""
+    """The requests held now, each with its endpoint."""
 
     __slots__ = ("_held", "_refuse", "call_at", "hold_s", "max_held")
 
@@ -37,8 +37,8 @@ class HeldRequests:
         self.max_held = max_held
         self.call_at = call_at
         self._refuse = refuse
-        #: id(job) -> (job, its endpoint, when its hold began)
-        self._held: dict[int, tuple[Job, Endpoint, float]] = {}
+        #: id(job) -> (job, the endpoint whose backlog it waits in)
+        self._held: dict[int, tuple[Job, Endpoint]] = {}
 
     def __len__(self) -> int:
         return len(self._held)
@@ -50,7 +50,7 @@ class HeldRequests:
         if decision is Hold.BUSY:
             self._refuse(job)
             return decision
-        self._held[id(job)] = (job, ep, now)
+        self._held[id(job)] = (job, ep)
         ep.backlog.append(job)
         self.call_at(hold_until(now, self.hold_s), lambda when: self._end(job, when))
         return decision
