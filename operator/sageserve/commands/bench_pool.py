@@ -151,7 +151,8 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
         f"[bold]{lt.name}[/]: {len(models)} models, {len(lt.requests):,} requests over "
         f"{window_h:g} h ({lt.refused:,} longer than {lt.perf.model}'s context refused); "
         f"{lt.perf.model} on {lt.perf.gpus}x {lt.perf.gpu_type}; switch {s.switch_s:.3f} s "
-        f"(Aegaeon Eq. 4), load {s.load_s:.3f} s (request-level, scale-from-zero)"
+        f"(Aegaeon Eq. 4), load {s.load_s:.3f} s + engine start-up {s.startup_s:g} s "
+        "(request-level, scale-from-zero)"
     )
     shape = pool_shape(lt)
     plan: PoolPlan = size_pool(lt.forecasts(), shape, lt.dedicated_threshold)
@@ -191,8 +192,11 @@ def bench_pool_command(  # noqa: C901 — one report, section by section
         )
 
     with console.status("dedicated, scale-to-zero"):
-        ded = simulate_pool("dedicated", reqs, s, **common)
-    row("dedicated (scale-to-zero)", ded, f"keep-alive {s.keep_alive_s:g} s; GPUs = peak")
+        ded = simulate_pool("dedicated", reqs, s, models=lt.models, **common)
+    if s.dedicated_floor:
+        row("dedicated (floor 1/model)", ded, f"start-up {s.cold_start_s:g} s; GPUs = peak")
+    else:
+        row("dedicated (scale-to-zero)", ded, f"keep-alive {s.keep_alive_s:g} s; GPUs = peak")
     with console.status("mux2"):
         mux = simulate_pool("mux2", reqs, s, models=cold, **common)
     row("mux2 (<= 2 per instance)", mux, "static, optimistic (no interference)")

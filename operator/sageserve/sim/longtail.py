@@ -129,6 +129,8 @@ def load_long_tail(directory: Path, hours: float | None = None) -> LongTail:
         ttft_s=float(slo.get("ttftSeconds", 10.0)),
         tbt_s=float(slo.get("tbtSeconds", 0.1)),
         keep_alive_s=float(pool.get("keepAliveSeconds", 60.0)),
+        startup_s=float(base.get("startupSeconds", 0.0)),
+        dedicated_floor=int(pool.get("dedicatedMinInstances", 0)),
     )
     return LongTail(
         name=str(doc.get("name", directory.name)),

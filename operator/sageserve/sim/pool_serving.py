@@ -142,6 +142,29 @@ class PoolSetup:
     q_max_s: float = Q_MAX_S
     max_group: int = MAX_GROUP
     keep_alive_s: float = 60.0
+    #: Engine start-up of a cold start (process, CUDA context, graph capture; Aegaeon §2.3
+    #: measures up to 26.9 s), paid on top of `load_s` by the baselines that start an
+    #: engine: dedicated scale-from-zero and request-level switching. 0 leaves it out.
+    startup_s: float = 0.0
+    #: Instances each model keeps in the dedicated baseline however idle (a
+    #: ModelDeployment's `minInstances`): 0 scales to zero after `keep_alive_s`; 1 keeps
+    #: every model's instance up over the whole window, started before it.
+    dedicated_floor: int = 0
+
+    def __post_init__(self) -> None:
+        if self.startup_s < 0:
+            raise ValueError(f"base.startupSeconds: must be >= 0, got {self.startup_s}")
+        if self.dedicated_floor not in (0, 1):
+            raise ValueError(
+                "pool.dedicatedMinInstances: must be 0 (scale to zero) or 1 (one instance "
+                f"per model always up), got {self.dedicated_floor}"
+            )
+
+    @property
+    def cold_start_s(self) -> float:
+        """Seconds from a cold start's decision to serving: weights over the link, then the
+        engine's start-up."""
+        return self.load_s + self.startup_s
 
     @classmethod
     def from_profile(cls, perf: VariantPerf, **kw: Any) -> PoolSetup:
@@ -703,7 +726,7 @@ class _RequestLevel(_Base):
         sl.ready = False
         sl.pending = jobs
         self.switches += 1
-        self.push(now + self.s.load_s, _SLOT_READY, sl)
+        self.push(now + self.s.cold_start_s, _SLOT_READY, sl)
 
     def event(self, kind: int, obj: object, when: float) -> None:
         assert isinstance(obj, _Slot)
@@ -851,7 +874,12 @@ class _Mux2(_Base):
 
 class _Dedicated(_Base):
     def __init__(
-        self, setup: PoolSetup, hot: Mapping[str, int], start_s: float, end_s: float
+        self,
+        setup: PoolSetup,
+        hot: Mapping[str, int],
+        start_s: float,
+        end_s: float,
+        models: Sequence[str] = (),
     ) -> None:
         super().__init__(setup, hot, start_s, end_s)
         self.slots: dict[str, _Slot] = {}
@@ -861,6 +889,17 @@ class _Dedicated(_Base):
         self.alive_s = 0.0
         self.alive = 0
         self.peak = 0
+        if setup.dedicated_floor:
+            for m in models:
+                if m in hot or m in self.slots:
+                    continue
+                inst = self._instance(f"ded-{m}")
+                sl = self.slots[m] = _Slot(inst)
+                self.by_inst[id(inst)] = sl
+                sl.model, sl.ready = m, True
+                self.up_since[m] = start_s
+                self.alive += 1
+            self.peak = self.alive
 
     def gpus(self) -> int:
         return self.peak * self.s.perf.gpus + self.hot_gpus
@@ -885,7 +924,7 @@ class _Dedicated(_Base):
             self.alive += 1
             self.peak = max(self.peak, self.alive)
             self.switches += 1
-            self.push(now + self.s.load_s, _SLOT_READY, sl)
+            self.push(now + self.s.cold_start_s, _SLOT_READY, sl)
         elif sl.ready:
             sl.inst.enqueue(self._job(r), now)
         else:
@@ -920,6 +959,8 @@ class _Dedicated(_Base):
         sl = self.by_inst.get(id(inst))
         if sl is None or sl.model is None or not sl.ready or not inst.idle:
             return
+        if self.s.dedicated_floor:
+            return  # the floor keeps it up
         self.idle_since[sl.model] = now
         self.push(now + self.s.keep_alive_s, 2, (sl.model, now))
 
@@ -952,7 +993,8 @@ def simulate_pool(
 
     ``pooled`` takes ``prefill`` and ``decode`` instances, ``request`` ``instances``,
     ``mux2`` the ``models`` it must place (two per instance), ``dedicated`` nothing: it
-    starts what the requests ask for; ``router`` ``instances`` pods, each keeping
+    starts what the requests ask for (with ``setup.dedicated_floor``, ``models`` are up from
+    the start); ``router`` ``instances`` pods, each keeping
     ``awake_per_instance`` models awake and putting one to sleep after ``idle_sleep_s``
     (a ModelPool's `awakePerInstance` and `idleSleepSeconds`). ``hot`` models are served
     by that many always-on instances of their own in every strategy.
@@ -968,7 +1010,7 @@ def simulate_pool(
     elif strategy == "mux2":
         sim = _Mux2(setup, hot, start_s, end_s, models)
     elif strategy == "dedicated":
-        sim = _Dedicated(setup, hot, start_s, end_s)
+        sim = _Dedicated(setup, hot, start_s, end_s, models)
     elif strategy == "router":
         sim = _RouterRule(setup, hot, start_s, end_s, instances, awake_per_instance, idle_sleep_s)
     else:
