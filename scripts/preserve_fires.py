@@ -35,13 +35,13 @@ def main(argv: Sequence[str]) -> None:
     for picker in ("token-jsq", "preserve"):
         counts = {"overload_checks": 0, "overload_fires": 0, "picks": 0, "penalty_picks": 0}
 
-        def count_overloaded(*args: Any, **kw: Any) -> int:
+        def count_overloaded(*args: Any, counts: dict[str, int] = counts, **kw: Any) -> int:
             n = original_count(*args, **kw)
             counts["overload_checks"] += 1
             counts["overload_fires"] += n > 0
             return n
 
-        def pick(self: Any, req: Any, candidates: Any) -> Any:
+        def pick(self: Any, req: Any, candidates: Any, counts: dict[str, int] = counts) -> Any:
             scores = [(k, original_score(req, v)) for k, v in candidates]
             weight = picker_mod.MEMORY_PENALTY_WEIGHT
             picker_mod.MEMORY_PENALTY_WEIGHT = 0.0

@@ -43,5 +43,5 @@ def test_aegaeon_small_models_dedicated_floor_holds_every_model_for_the_window()
 @pytest.mark.slow
 def test_a_floor_above_one_is_refused_with_the_field_named() -> None:
     lt_setup = load_long_tail(ROOT / "aegaeon-small-models", hours=0.01).setup
-    with pytest.raises(ValueError, match="pool.dedicatedMinInstances"):
+    with pytest.raises(ValueError, match=r"pool\.dedicatedMinInstances"):
         replace(lt_setup, dedicated_floor=2)

@@ -222,9 +222,9 @@ def layer_curves(rows: Sequence[Mapping[str, str]], tp: int) -> tuple[Curve, Cur
     if not by_tokens:
         raise ValueError(f"Vidur mlp.csv: no rows with num_tensor_parallel_workers={tp}")
     pts = sorted(by_tokens.items())
-    layer = Curve((x, sum(v[0] for v in vs) / len(vs)) for x, vs in pts)
-    emb = Curve((x, sum(v[1] for v in vs) / len(vs)) for x, vs in pts)
-    return layer, emb
+    layer_curve = Curve((x, sum(v[0] for v in vs) / len(vs)) for x, vs in pts)
+    emb_curve = Curve((x, sum(v[1] for v in vs) / len(vs)) for x, vs in pts)
+    return layer_curve, emb_curve
 
 
 def roofline(rows: Sequence[Mapping[str, str]], arch: Arch, tp: int) -> tuple[float, float]:
@@ -239,7 +239,7 @@ def roofline(rows: Sequence[Mapping[str, str]], arch: Arch, tp: int) -> tuple[fl
     if not up:
         raise ValueError(f"Vidur mlp.csv: no rows with num_tensor_parallel_workers={tp}")
     weights = arch.hidden * 2 * arch.intermediate / tp
-    (x_lo, t_lo), (x_hi, t_hi) = up[0], up[-1]
+    (_, t_lo), (x_hi, t_hi) = up[0], up[-1]
     bandwidth = weights * 2 / t_lo  # FP16 weight bytes read once
     flops = 2 * x_hi * weights / t_hi
     return bandwidth, flops
@@ -379,7 +379,8 @@ def profile_doc(arch: Arch, variants: Sequence[dict[str, Any]]) -> dict[str, Any
     return {
         "model": arch.name,
         "context_length": arch.context_length,
-        "context_length_source": arch.source.split(": ")[0] + " config.json max_position_embeddings",
+        "context_length_source": arch.source.split(": ")[0]
+        + " config.json max_position_embeddings",
         "architecture": {
             "params": arch.params,
             "layers": arch.layers,
@@ -432,8 +433,9 @@ class VidurData:
 
 
 HEADER = (
-    "# Performance profile of {model}: prefill seconds vs batched prompt tokens, decode seconds per\n"
-    "# iteration vs batched context tokens (KV in use), KV-cache capacity in tokens.\n"
+    "# Performance profile of {model}: prefill seconds vs batched prompt tokens, decode\n"
+    "# seconds per iteration vs batched context tokens (KV in use), KV-cache capacity in\n"
+    "# tokens.\n"
     "# Derived from Vidur's operator profiles by `python -m sageserve.perf.derive_vidur`; see\n"
     "# README.md. Do not edit by hand: re-run the script.\n"
 )
