@@ -1,5 +1,6 @@
-"""The regime scenarios run: PreServe's memory-bound 7B on A40s simulates a short slice, and
-Aegaeon's small-model long tail charges its baselines start-up and floors."""
+"""The regime scenarios run: PreServe's memory-bound 7B on A40s and OServe's crossing mix
+simulate a short slice, and Aegaeon's small-model long tail charges its baselines start-up
+and floors."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_a_floor_above_one_is_refused_with_the_field_named() -> None:
     lt_setup = load_long_tail(ROOT / "aegaeon-small-models", hours=0.01).setup
     with pytest.raises(ValueError, match=r"pool\.dedicatedMinInstances"):
         replace(lt_setup, dedicated_floor=2)
+
+
+@pytest.mark.slow
+def test_oserve_crossing_serves_a_slice_on_codellama_34b() -> None:
+    sc = load_scenario(ROOT / "oserve-crossing")
+    cfg = sc.sim_config()
+    cfg = replace(cfg, end_s=cfg.start_s + 300.0, drain_s=300.0)
+    result = Simulation(cfg, sc.strategy("reactive"), sc.requests()).run()
+    assert result.arrived > 1000
+    assert result.finished > 0.9 * result.arrived
