@@ -8,7 +8,8 @@ Runs the scenario's window under the `preserve` strategy once per in-region pick
 - `penalty_picks` / `picks`: routing decisions where the `preserve` picker's memory penalty
   (projected KV above 80 %) changed the score of at least one candidate.
 
-Usage: PYTHONPATH=operator python3 scripts/preserve_fires.py scenarios/preserve-memory-bound
+Usage: PYTHONPATH=operator python3 scripts/preserve_fires.py scenarios/preserve-memory-bound [HOURS]
+(HOURS cuts the scenario's window to its first HOURS hours.)
 The counters wrap the pure rules the simulator calls; the rules themselves are not changed.
 """
 
@@ -58,6 +59,8 @@ def main(argv: Sequence[str]) -> None:
         picker_mod.PreServe.pick = pick  # type: ignore[method-assign]
         try:
             cfg = dataclasses.replace(sc.sim_config(), picker=picker)
+            if len(argv) > 1:
+                cfg = dataclasses.replace(cfg, end_s=cfg.start_s + float(argv[1]) * 3600.0)
             strategy = sc.strategy("preserve")
             planner = sc.planner_for(strategy) if strategy.plan_cadence.plans else None
             history = sc.history(cfg.history_minutes) if planner else None
