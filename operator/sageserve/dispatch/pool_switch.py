@@ -4,7 +4,7 @@ A pooled pod runs one vLLM engine per model of its ModelPool, at most `awakePerI
 of them awake (weights and KV cache on the GPUs); the others sleep (level 1: weights in host
 memory). Aegaeon (Xiang et al., SOSP '25) switches models per *token* inside its engine;
 stock vLLM can only put a whole engine to sleep and wake it, so here a model is switched in
-for a request and kept while it is busy (Aegaeon §2.3's request-level switching, as
+for a request and kept while it is busy (Aegaeon §5's request-level switching, as
 ServerlessLLM does). These functions decide, from a snapshot of each pod's engines:
 
 - which pod serves a request (:func:`choose_pod`): one where its model is awake, else one

@@ -472,7 +472,7 @@ def size_switching_pool(
     ``active_quantile`` (Poisson-binomial), for a pool that rarely makes a request wait for
     a slot. Why not :func:`size_pool`: stock vLLM cannot switch models between decoding
     turns, so the decode quotas of Eqs. 2–3 do not apply; a model holds its slot for its
-    whole request (Aegaeon §2.3, request-level switching).
+    whole request (Aegaeon §5, request-level switching).
     """
     if awake_per_instance < 1:
         raise ValueError(f"awake_per_instance: must be >= 1, got {awake_per_instance}")

@@ -142,7 +142,7 @@ class PoolSetup:
     q_max_s: float = Q_MAX_S
     max_group: int = MAX_GROUP
     keep_alive_s: float = 60.0
-    #: Engine start-up of a cold start (process, CUDA context, graph capture; Aegaeon §2.3
+    #: Engine start-up of a cold start (process, CUDA context, graph capture; Aegaeon §5
     #: measures up to 26.9 s), paid on top of `load_s` by the baselines that start an
     #: engine: dedicated scale-from-zero and request-level switching. 0 leaves it out.
     startup_s: float = 0.0
