@@ -111,5 +111,5 @@ def test_settings_from_the_policy_and_their_errors() -> None:
     s = settings_for(spec)
     assert (s.learn, s.min_windows, s.at_emu) == (True, 5, 0.8)
     assert ScalingPolicySpec().capacity.learn is False
-    with pytest.raises(ValueError, match="spec.capacity.maxFactor"):
+    with pytest.raises(ValueError, match=r"spec\.capacity\.maxFactor"):
         LearnSettings(max_factor=0.9)

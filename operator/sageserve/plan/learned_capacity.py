@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from sageserve.api.model_deployment import ModelDeployment
     from sageserve.api.scaling_policy import ScalingPolicySpec
 
 #: (model deployment, variant, region)
@@ -209,3 +210,35 @@ def tier_slo_met(
     if not judged:
         return None
     return all(p95_s[t] <= slo_s[t] for t in judged)
+
+
+def declared_theta(mds: Iterable[ModelDeployment]) -> dict[CapacityKey, float]:
+    """The declared θ (`capacityTokensPerSecond`) of every (model, variant, region)."""
+    return {
+        (md.metadata.name, v.name, r.name): float(v.capacity_tokens_per_second)
+        for md in mds
+        for v in md.spec.variants
+        for r in md.spec.regions
+    }
+
+
+def with_theta(
+    mds: Sequence[ModelDeployment], theta: Mapping[tuple[str, str], float]
+) -> list[ModelDeployment]:
+    """`mds` with each (model, variant) in `theta` declaring that θ: what the plan cycle sizes
+    with once a learned θ is trusted (the manifests themselves are left as they are)."""
+    out = []
+    for md in mds:
+        name = md.metadata.name
+        if not any((name, v.name) in theta for v in md.spec.variants):
+            out.append(md)
+            continue
+        variants = [
+            v.model_copy(update={"capacity_tokens_per_second": theta[(name, v.name)]})
+            if (name, v.name) in theta
+            else v
+            for v in md.spec.variants
+        ]
+        spec = md.spec.model_copy(update={"variants": variants})
+        out.append(md.model_copy(update={"spec": spec}))
+    return out
