@@ -17,7 +17,9 @@ from sageserve.plan.learned_capacity import (
 )
 
 DECLARED = 1000.0
-S = LearnSettings(learn=True, min_windows=3, quantile=0.5, min_emu=0.3, at_emu=0.7)
+S = LearnSettings(
+    learn=True, min_windows=3, quantile=0.5, min_emu=0.3, at_emu=0.7, scale_to_emu=True
+)
 
 
 def win(at: float, tps: float, n: float = 2, emu: float = 0.7, ok: bool | None = True):
@@ -33,7 +35,7 @@ def win(at: float, tps: float, n: float = 2, emu: float = 0.7, ok: bool | None =
         ([win(0, 2600), win(60, 2600)], False, DECLARED, 2),
         # three at the threshold: trusted, per instance
         ([win(0, 2600), win(60, 2600), win(120, 2600)], True, 1300.0, 3),
-        # a window at half the threshold's EMU counts double its tokens/s
+        # scaled to the threshold: a window at half its EMU counts double its tokens/s
         ([win(0, 1000, emu=0.35)] * 3, True, 1000.0, 3),
         # SLO missed or unjudged, or too idle: not evidence
         (
@@ -62,6 +64,7 @@ def test_learned_theta_table(
 
 def test_old_windows_are_forgotten_and_recent_ones_weigh_more() -> None:
     s = LearnSettings(min_windows=1, history_s=3600, half_life_s=600, quantile=0.5)
+    assert s.scale_to_emu is False  # the default: tokens/s per instance as served
     old = [win(0, 1400)] * 5  # older than the history at now = 4000: forgotten
     assert learn_one(old, DECLARED, 4000.0, s).qualifying == 0
     # five windows an hour old (weight 1/64 each) against one recent window: the recent wins
@@ -69,6 +72,15 @@ def test_old_windows_are_forgotten_and_recent_ones_weigh_more() -> None:
     got = learn_one(mixed, DECLARED, 4000.0, s)
     assert got.windows == 6 and got.trusted
     assert got.learned_tps == pytest.approx(1200.0)
+
+
+def test_by_default_a_window_counts_what_each_instance_served() -> None:
+    raw = LearnSettings(min_windows=3, quantile=0.9)
+    windows = [win(0, 2000, emu=0.35), win(60, 2400, emu=0.5), win(120, 2600, emu=0.6)]
+    got = learn_one(windows, DECLARED, 120.0, raw)
+    assert got.trusted and got.in_force_tps == pytest.approx(1300.0)  # the 0.9 quantile
+    scaled = learn_one(windows, DECLARED, 120.0, S)  # × 0.7 / EMU: 2000, 1680, 1517
+    assert scaled.in_force_tps == pytest.approx(1680.0)
 
 
 def test_quantile_one_is_preserves_max() -> None:

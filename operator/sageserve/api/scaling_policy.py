@@ -574,16 +574,17 @@ CAPACITY_RULES = cel(
 
 class Capacity(ApiModel):
     """θ learned from the fleet (PreServe §4.1, Alg. 1, generalised; `plan.learned_capacity`):
-    per (model, variant, region), the tokens/s one instance served in the minutes that kept
-    every interactive tier's TTFT SLO, scaled to the scale-out EMU. The declared
+    per (model, variant, region), a high quantile of the tokens/s one instance served in the
+    loaded minutes that kept every interactive tier's TTFT SLO. The declared
     capacityTokensPerSecond is the starting point and the bound."""
 
     model_config = ConfigDict(json_schema_extra=CAPACITY_RULES)
 
     learn: bool = Field(
         default=False,
-        description="Plan (and cap LT-U/UA) with the learned θ once it is trusted; false: "
-        "the declared capacityTokensPerSecond only (the learned θ is still reported).",
+        description="Learn θ from the fleet and plan with it once it is trusted (the plan's "
+        "θ is also what LT-U/UA's caps turn observed load into instances with); false: the "
+        "declared capacityTokensPerSecond only, nothing is learned.",
     )
     min_windows: int = Field(
         default=30,
@@ -592,7 +593,7 @@ class Capacity(ApiModel):
         description="Qualifying one-minute windows before the learned θ is trusted.",
     )
     quantile: float = Field(
-        default=0.5,
+        default=0.9,
         gt=0,
         le=1,
         description="Quantile of the windows' per-instance tokens/s taken as θ (1: the "
@@ -604,6 +605,12 @@ class Capacity(ApiModel):
         le=1,
         description="A window counts only if its instances' EMU reached this: an idle "
         "instance says nothing about its capacity.",
+    )
+    scale_to_emu: bool = Field(
+        default=False,
+        description="Scale each window's tokens/s per instance to thresholds.scaleOutEmu "
+        "(× scaleOutEmu ÷ its EMU), so a fleet that runs cool still estimates θ at the "
+        "threshold; overestimates θ where the TTFT SLO, not KV memory, bounds an instance.",
     )
     min_factor: float = Field(
         default=0.5,

@@ -13,12 +13,14 @@ instance over historical windows with no SLO violation). This step generalises t
   95 % of its requests within the TTFT SLO) and its instances were loaded enough to say
   something about their capacity (EMU ≥ `min_emu`); an idle window says only that the
   instance was idle;
-- its sample is the tokens/s per serving instance, scaled to the EMU θ is defined at (the
-  scale-out threshold, `sim/calibrate.py`'s KV target): `tps × at_emu / emu`. Unscaled, a
-  fleet sized with a low θ would run cooler, observe less per instance, learn a lower θ and
-  grow again; scaled, each window estimates the same quantity and a window at the
-  threshold counts as it is, so the estimate settles where the fleet runs at the threshold;
-- learned θ is the `quantile` of the qualifying samples, each weighted by
+- its sample is the tokens/s per serving instance (PreServe's Σ tokens / |T_i| per
+  instance). With `scale_to_emu`, it is scaled to the EMU θ is defined at (the scale-out
+  threshold, `sim/calibrate.py`'s KV target): `tps × at_emu / emu`, so that a fleet that
+  runs cool still estimates θ at the threshold; this is linear in KV use, which holds when
+  θ is bound by KV memory and overestimates θ when it is bound by TTFT (prefill) at a
+  lower KV use, so it is off by default;
+- learned θ is the `quantile` of the qualifying samples (a high one by default: the most a
+  loaded instance served within its SLO, robust to one lucky minute), each weighted by
   0.5^(age / `half_life_s`), over the last `history_s` (older windows are forgotten);
 - trust: the declared θ is the starting point and the bound. Learned θ replaces it only
   once `min_windows` windows qualified, and never leaves [declared × `min_factor`,
@@ -73,9 +75,10 @@ class LearnSettings:
 
     learn: bool = False
     min_windows: int = 30
-    quantile: float = 0.5
+    quantile: float = 0.9
     min_emu: float = 0.3
-    #: the EMU a window's tokens/s is scaled to (the scale-out threshold)
+    #: scale each window's tokens/s to `at_emu` (the scale-out threshold)
+    scale_to_emu: bool = False
     at_emu: float = 0.7
     min_factor: float = 0.5
     max_factor: float = 2.0
@@ -107,6 +110,7 @@ def settings_for(policy: ScalingPolicySpec) -> LearnSettings:
         min_windows=c.min_windows,
         quantile=c.quantile,
         min_emu=c.min_emu,
+        scale_to_emu=c.scale_to_emu,
         at_emu=policy.thresholds.scale_out_emu,
         min_factor=c.min_factor,
         max_factor=c.max_factor,
@@ -131,12 +135,14 @@ class LearnedCapacity:
 
 
 def window_sample(w: CapacityWindow, settings: LearnSettings) -> float | None:
-    """A qualifying window's estimate of θ (tokens/s per instance at `at_emu`), else None."""
+    """A qualifying window's estimate of θ (tokens/s per instance, at `at_emu` with
+    `scale_to_emu`), else None."""
     if w.slo_met is not True or w.instances <= 0 or not math.isfinite(w.tokens_per_s):
         return None
     if not (math.isfinite(w.emu) and w.emu >= settings.min_emu) or w.tokens_per_s <= 0:
         return None
-    return w.tokens_per_s / w.instances * settings.at_emu / w.emu
+    per_instance = w.tokens_per_s / w.instances
+    return per_instance * settings.at_emu / w.emu if settings.scale_to_emu else per_instance
 
 
 def weighted_quantile(values: Sequence[tuple[float, float]], q: float) -> float:
