@@ -563,22 +563,11 @@ class Layouts(ApiModel):
     )
 
 
-CAPACITY_RULES = cel(
-    (
-        "self.minFactor <= 1.0 && self.maxFactor >= 1.0",
-        "spec.capacity: minFactor must be at most 1 and maxFactor at least 1: the declared "
-        "capacityTokensPerSecond must lie within the bounds it sets",
-    ),
-)
-
-
 class Capacity(ApiModel):
     """θ learned from the fleet (PreServe §4.1, Alg. 1, generalised; `plan.learned_capacity`):
     per (model, variant, region), a high quantile of the tokens/s one instance served in the
     loaded minutes that kept every interactive tier's TTFT SLO. The declared
     capacityTokensPerSecond is the starting point and the bound."""
-
-    model_config = ConfigDict(json_schema_extra=CAPACITY_RULES)
 
     learn: bool = Field(
         default=False,
