@@ -35,6 +35,9 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
         "deadline_need": queries.batch_deadline_need("llm"),
         "router_ttft_p95": queries.router_ttft_p95("llm"),
         "router_ttft_count": queries.router_ttft_count("llm"),
+        "variant_tps": queries.variant_tokens_per_second("60s", "llm"),
+        "variant_instances": queries.variant_instances("60s", "llm"),
+        "variant_emu": queries.variant_emu("60s", "llm"),
     }
     rules = {
         "groups": [

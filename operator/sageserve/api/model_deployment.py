@@ -258,6 +258,34 @@ class PodSetStatus(ApiModel):
     last_scale_reason: str | None = Field(default=None, max_length=1024)
 
 
+class CapacityStatus(ApiModel):
+    """θ of one (variant, region): declared, learned from the fleet, the one in force, and
+    the evidence (ScalingPolicy `spec.capacity`, `plan.learned_capacity`)."""
+
+    variant: str = Field(max_length=63)
+    region: str = Field(max_length=63)
+    declared_tokens_per_second: float = Field(
+        ge=0, description="The variant's capacityTokensPerSecond."
+    )
+    learned_tokens_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description="The quantile of the qualifying windows' tokens/s per instance, scaled to "
+        "the scale-out EMU (absent: no qualifying window yet).",
+    )
+    in_force_tokens_per_second: float = Field(
+        ge=0,
+        description="θ the plan used: the learned one once trusted (within the declared θ × "
+        "[minFactor, maxFactor]), else the declared one.",
+    )
+    windows: int = Field(ge=0, description="One-minute windows read within historySeconds.")
+    qualifying_windows: int = Field(
+        ge=0, description="Windows that kept every interactive tier's TTFT SLO at EMU ≥ minEmu."
+    )
+    trusted: bool = Field(description="At least minWindows windows qualified.")
+    learned_at: datetime | None = None
+
+
 class ModelDeploymentStatus(ApiModel):
     """What the operator has done for this model."""
 
@@ -267,6 +295,12 @@ class ModelDeploymentStatus(ApiModel):
     target_instances: int = Field(default=0, ge=0, description="Targets over all pod sets.")
     pod_sets: list[PodSetStatus] = Field(
         default_factory=list, max_length=1024, json_schema_extra=list_map("name")
+    )
+    capacity: list[CapacityStatus] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="θ learned from the fleet per (variant, region), next to the declared "
+        "one; written by the plan loop when the ScalingPolicy sets spec.capacity.learn.",
     )
 
 

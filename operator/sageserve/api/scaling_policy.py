@@ -563,6 +563,70 @@ class Layouts(ApiModel):
     )
 
 
+class Capacity(ApiModel):
+    """θ learned from the fleet (PreServe §4.1, Alg. 1, generalised; `plan.learned_capacity`):
+    per (model, variant, region), a high quantile of the tokens/s one instance served in the
+    loaded minutes that kept every interactive tier's TTFT SLO. The declared
+    capacityTokensPerSecond is the starting point and the bound."""
+
+    learn: bool = Field(
+        default=False,
+        description="Learn θ from the fleet and plan with it once it is trusted (the plan's "
+        "θ is also what LT-U/UA's caps turn observed load into instances with); false: the "
+        "declared capacityTokensPerSecond only, nothing is learned.",
+    )
+    min_windows: int = Field(
+        default=30,
+        ge=1,
+        le=100000,
+        description="Qualifying one-minute windows before the learned θ is trusted.",
+    )
+    quantile: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Quantile of the windows' per-instance tokens/s taken as θ (1: the "
+        "largest, PreServe's rule).",
+    )
+    min_emu: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="A window counts only if its instances' EMU reached this: an idle "
+        "instance says nothing about its capacity.",
+    )
+    scale_to_emu: bool = Field(
+        default=False,
+        description="Scale each window's tokens/s per instance to thresholds.scaleOutEmu "
+        "(× scaleOutEmu ÷ its EMU), so a fleet that runs cool still estimates θ at the "
+        "threshold; overestimates θ where the TTFT SLO, not KV memory, bounds an instance.",
+    )
+    min_factor: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="The learned θ in force is at least the declared θ × this.",
+    )
+    max_factor: float = Field(
+        default=2.0,
+        ge=1,
+        le=100,
+        description="The learned θ in force is at most the declared θ × this.",
+    )
+    history_seconds: int = Field(
+        default=86400,
+        ge=60,
+        le=30 * 86400,
+        description="Windows older than this are forgotten.",
+    )
+    half_life_seconds: int = Field(
+        default=21600,
+        ge=60,
+        le=30 * 86400,
+        description="A window's weight halves with each this-many seconds of age.",
+    )
+
+
 class ScalingPolicySpec(ApiModel):
     """How the fleets of the ModelDeployments referring to this policy are sized."""
 
@@ -582,6 +646,7 @@ class ScalingPolicySpec(ApiModel):
     spot: Spot = sub_object(Spot)
     siloed: Siloed = sub_object(Siloed)
     preserve: Preserve = sub_object(Preserve)
+    capacity: Capacity = sub_object(Capacity)
     layouts: Layouts | None = Field(
         default=None,
         description="OServe layouts for ModelDeployments with two or more variants of one "

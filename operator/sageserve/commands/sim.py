@@ -107,6 +107,36 @@ def layouts_table(cmp: Comparison) -> Table | None:
     return table
 
 
+def capacity_table(cmp: Comparison) -> Table | None:
+    """θ learned from the run per policy and (model, variant, region), next to the declared
+    one, with the evidence; None when no run learned θ (`spec.capacity.learn`)."""
+    rows = [
+        (policy, e)
+        for policy, p in cmp.summary["policies"].items()
+        for e in p.get("capacity") or []
+    ]
+    if not rows:
+        return None
+    table = Table(title="θ learned from the fleet (tokens/s per instance)", box=box.SIMPLE_HEAD)
+    for col in ("policy", "model/variant/region", "declared", "learned", "in force"):
+        table.add_column(col, no_wrap=True)
+    for col in ("windows", "qualifying", "trusted"):
+        table.add_column(col, no_wrap=True)
+    for policy, e in rows:
+        learned = e["learned_tps"]
+        table.add_row(
+            policy,
+            f"{e['model']}/{e['variant']}/{e['region']}",
+            f"{e['declared_tps']:.0f}",
+            "-" if learned is None else f"{learned:.0f}",
+            f"{e['in_force_tps']:.0f}",
+            str(e["windows"]),
+            str(e["qualifying"]),
+            "yes" if e["trusted"] else "no",
+        )
+    return table
+
+
 def attainment_by_day_table(cmp: Comparison) -> Table | None:
     """SLO attainment per tier by day of arrival, when the window spans more than one day:
     a day of a long run read like a one-day run of the same traffic."""
@@ -172,6 +202,9 @@ def simulate(
     layouts = layouts_table(cmp)
     if layouts is not None:
         wide.print(layouts)
+    learned = capacity_table(cmp)
+    if learned is not None:
+        wide.print(learned)
     lower = bounds.lower_bound_gpu_hours
     wide.print(
         f"bounds: {describe_bounds(cmp.summary['bounds'])}"

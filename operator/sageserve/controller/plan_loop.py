@@ -26,6 +26,7 @@ from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.model_pool import ModelPool, parse_pool
 from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.api.workload_tier import TierType
+from sageserve.controller.capacity_observe import capacity_status, interactive_slos, read_windows
 from sageserve.controller.guard import dry_run
 from sageserve.controller.kube import Kube
 from sageserve.controller.pool_podsets import apply_pool_targets
@@ -39,6 +40,7 @@ from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PodLoad, PrometheusReader
 from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
+from sageserve.plan.learned_capacity import declared_theta, learn, planned_theta, settings_for
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -273,6 +275,7 @@ class PlanPass:
             pool_rates=history.pool_rates,
             pool_current=pool_current,
             batch_need=self.deadline_need(reader),
+            capacity_tps=self.learned_capacity(reader, mds),
         )
         if pools:
             apply_pool_targets(
@@ -288,6 +291,30 @@ class PlanPass:
             )
         self.write(cycle, mds, current)
         return cycle
+
+    def learned_capacity(
+        self, reader: PrometheusReader, mds: Sequence[ModelDeployment]
+    ) -> dict[tuple[str, str], float] | None:
+        """θ per (model, variant) learned from the fleet's windows, for the plan, when the
+        policy sets `spec.capacity.learn` (`plan.learned_capacity`); each ModelDeployment's
+        `status.capacity` shows declared and learned θ and the evidence. Unreadable, the
+        plan keeps the declared θ (the starting point) and the log says why."""
+        spec = self.policy.spec
+        if not spec.capacity.learn or not mds:
+            return None
+        settings = settings_for(spec)
+        slo = interactive_slos(self.kube.objects(self.namespace, "workloadtiers"))
+        now = time.time()
+        try:
+            windows = read_windows(reader, self.namespace, slo, now, settings.history_s)
+        except MetricsUnavailable as exc:
+            self.logger.warning("capacity windows unread, planning with the declared θ: %s", exc)
+            return None
+        learned = learn(windows, declared_theta(mds), now, settings)
+        stamp = datetime.fromtimestamp(now, UTC)
+        for name, entries in capacity_status(learned, stamp).items():
+            self.kube.patch_status(self.namespace, "modeldeployments", name, {"capacity": entries})
+        return planned_theta(learned)
 
     def pod_loads(self, reader: PrometheusReader) -> dict[str, PodLoad]:
         """Each pod's load for choosing which pooled pods a scale-in removes; none when

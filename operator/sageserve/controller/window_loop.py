@@ -36,6 +36,7 @@ from sageserve.api.model_deployment import ModelDeployment
 from sageserve.controller.plan_loop import PlanPass, router_batch_queries, target_entries
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
+from sageserve.plan.learned_capacity import with_theta
 from sageserve.plan.preserve import (
     WindowPlan,
     plan_window,
@@ -108,7 +109,9 @@ class WindowPass(PlanPass):
             self.set("PlanReady", False, "PrometheusUnreachable", f"no window plan: {exc}")
             return None
         current = self.sizes(mds, self.kube.deployments_by_owner(self.namespace))
-        window = plan_window(mds, spec, *window_inputs(prompt, decode, batch), current)
+        theta = self.learned_capacity(reader, mds)
+        sized = with_theta(mds, theta) if theta else mds
+        window = plan_window(sized, spec, *window_inputs(prompt, decode, batch), current)
         status = window_status(window, mds, current, datetime.now(UTC), time.monotonic() - started)
         self.kube.patch_status(
             self.namespace, "scalingpolicies", self.policy.metadata.name, {"plan": status}

@@ -143,6 +143,13 @@ class PrometheusReader:
         """
         return {_key(labels): values for labels, values in self._range(expr, end, seconds, step)}
 
+    def series(
+        self, expr: str, end: float, seconds: float, step: float
+    ) -> list[tuple[Mapping[str, str], list[float]]]:
+        """A range query on `history`'s grid, each series with every label kept (a pod
+        set's variant, a tier)."""
+        return self._range(expr, end, seconds, step)
+
     def _range(
         self, expr: str, end: float, seconds: float, step: float
     ) -> list[tuple[Mapping[str, str], list[float]]]:

@@ -73,6 +73,33 @@ def tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
     return f"(({prompt}) + ({output})) or ({prompt}) or ({output})"
 
 
+#: per pod set: (model deployment, region, variant)
+GROUP_BY_VARIANT = f"{GROUP_BY}, {vllm.LABEL_VARIANT}"
+
+
+def variant_tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
+    """Prompt + generated tokens/s per (model, region, variant) over `window`: what a pod set's
+    instances served together, the learned θ's numerator (`plan.learned_capacity`)."""
+    parts = [
+        f"sum by ({GROUP_BY_VARIANT}) (rate({_selector(namespace, c)}[{window}]))"
+        for c in (vllm.PROMPT_TOKENS, vllm.GENERATION_TOKENS)
+    ]
+    return f"(({parts[0]}) + ({parts[1]})) or ({parts[0]}) or ({parts[1]})"
+
+
+def variant_instances(window: str = "1m", namespace: str | None = None) -> str:
+    """Pods reporting KV usage per (model, region, variant), averaged over `window`."""
+    sel = kv_usage_per_pod(namespace)
+    return f"avg_over_time((count by ({GROUP_BY_VARIANT}) ({sel}))[{window}:])"
+
+
+def variant_emu(window: str = "1m", namespace: str | None = None) -> str:
+    """EMU per (model, region, variant): its pods' KV usage averaged over `window` (the pods
+    of one pod set share one KV-cache size, so the mean is Σ used ÷ Σ capacity)."""
+    sel = kv_usage_per_pod(namespace)
+    return f"avg by ({GROUP_BY_VARIANT}) (avg_over_time({sel}[{window}]))"
+
+
 def waiting_requests(namespace: str | None = None) -> str:
     """Queued requests per (model, region)."""
     return f"sum by ({GROUP_BY}) ({_selector(namespace, vllm.REQUESTS_WAITING)})"

@@ -47,6 +47,7 @@ from sageserve.plan.fleet import (
 )
 from sageserve.plan.flow import spillover
 from sageserve.plan.ilp import PlanOptions, solve_plan
+from sageserve.plan.learned_capacity import with_theta
 from sageserve.plan.pool_cycle import PoolRates, PoolTarget, add_pools, granted, size_pools
 from sageserve.plan.result import PlanResult
 
@@ -200,6 +201,7 @@ def run_plan_cycle(
     pool_rates: PoolRates | None = None,
     pool_current: Mapping[tuple[str, str], int] | None = None,
     batch_need: Mapping[str, float] | None = None,
+    capacity_tps: Mapping[tuple[str, str], float] | None = None,
 ) -> PlanCycle:
     """Forecast, plan and derive targets for `mds` under `policy`.
 
@@ -212,7 +214,11 @@ def run_plan_cycle(
     `pool_current[(pool, region)]` are their pods now. `batch_need[model]` is the tokens/s
     the model's batch queue needs to meet every deadline (none when absent); each region
     plans for max(β, its share of it) as the batch part of ρ (`plan.batch_demand`).
+    `capacity_tps[(model, variant)]` is a trusted learned θ (`plan.learned_capacity`) that
+    replaces the variant's declared capacityTokensPerSecond in the whole cycle.
     """
+    if capacity_tps:
+        mds = with_theta(mds, capacity_tps)
     spec = forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
     forecasts: dict[tuple[str, str], Forecast] = {}

@@ -63,6 +63,8 @@ from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
 
 if TYPE_CHECKING:  # imported when a run has layouts: they pull in the plan cycle
+    from sageserve.plan.learned_capacity import LearnedCapacity
+    from sageserve.sim.capacity_windows import CapacitySetup, CapacityWindows
     from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
 
 _INF = math.inf
@@ -156,6 +158,8 @@ class SimConfig:
     pools: tuple[PoolSetup, ...] = ()
     #: OServe layouts (`spec.layouts`, `sim.layout_loop`); None: off
     layouts: SimLayouts | None = None
+    #: θ learned from the run's own minutes (`spec.capacity.learn`); None: declared θ only
+    capacity: CapacitySetup | None = None
 
 
 #: (model, region) -> one value per minute.
@@ -175,7 +179,9 @@ PerKeySeries = Mapping[tuple[str, str], Sequence[float]]
 #: sizes them from their observation and sets what the plan grants in `pools.granted`.
 #: With `tokens` (only for a strategy planning PreServe windows, `PlanSource.WINDOW`), the
 #: prompt, generated and batch tokens/s per minute counted per served (model, region) since
-#: the start (`sim.window_tokens`), what the operator's window loop reads.
+#: the start (`sim.window_tokens`), what the operator's window loop reads. With `capacity`
+#: (only when the run learns θ, `sim.capacity_windows`), the trusted learned θ per (model,
+#: variant) replaces the declared one.
 class Planner(Protocol):
     def __call__(
         self,
@@ -189,6 +195,7 @@ class Planner(Protocol):
         *,
         pools: PoolObservation | None = None,
         tokens: WindowTokens | None = None,
+        capacity: Mapping[tuple[str, str], float] | None = None,
     ) -> Plan: ...
 
 
@@ -310,6 +317,8 @@ class RunResult:
     #: OServe layouts: switches and the layout in force at the end per (model, region, GPU
     #: type), requests dispatched per type and variant (`SimLayoutLoop.summary`); None: off
     layouts: dict[str, object] | None = None
+    #: θ learned per (model, variant, region) at the end, when the run learned it
+    capacity: dict[tuple[str, str, str], LearnedCapacity] | None = None
 
 
 class _Clock:
@@ -414,6 +423,12 @@ class Simulation(InstanceHooks):
         )
         self._iw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self._niw_tok: dict[tuple[str, str], int] = defaultdict(int)
+        #: θ learned from the run's minutes, only for a planned run that asks for it
+        self._capacity: CapacityWindows | None = None
+        if config.capacity is not None and self.planner is not None:
+            from sageserve.sim.capacity_windows import CapacityWindows
+
+            self._capacity = CapacityWindows(config.capacity)
         self.strategy = strategy
         self.requests = iter(requests)
         self.progress = progress
@@ -903,6 +918,8 @@ class Simulation(InstanceHooks):
         done = job.req.output_tokens - job.out_left
         ant.enqueue(id(job), job.prompt_left, max(1, job.pred_out - done))
         inst.enqueue(job, t)
+        if self._capacity is not None:
+            self._capacity.count(inst.endpoint, job.req.prompt_tokens + job.req.output_tokens)
 
     def _pick_instance(self, ep: Endpoint, t: float, job: Job) -> Instance | None:
         if ep.dispatch is not None:
@@ -1089,6 +1106,8 @@ class Simulation(InstanceHooks):
             self._batch_need = {
                 m: need for m in qm.models() if (need := qm.required_tps(m, now)) > 0
             }
+        if self._capacity is not None:
+            self._capacity.sample(now, self.cluster.endpoints.values())
         if self.strategy.periodic:
             self._decide(self.cluster.endpoints.values(), now)
         else:
@@ -1184,6 +1203,8 @@ class Simulation(InstanceHooks):
                         job = w1.popleft()
                         job.prio = 0
                         inst.waiting0.append(job)
+        if self._capacity is not None:
+            self._capacity.minute(now, self.cluster.endpoints.values())
 
     # ---- planning ------------------------------------------------------------------------
 
@@ -1218,14 +1239,23 @@ class Simulation(InstanceHooks):
             self._deadline_need(now),
         )
         pools = self._pools
+        theta = self._capacity.plan_theta(now) if self._capacity is not None else None
         if pools is not None and pools.planned:
             seen = pools.observe()
-            plan = self.planner(*args, pools=seen)
+            plan = (
+                self.planner(*args, pools=seen, capacity=theta)
+                if theta
+                else self.planner(*args, pools=seen)
+            )
             pools.apply(seen.granted, now)
         elif self._window_tokens is not None:
-            plan = self.planner(*args, tokens=self._window_tokens)
+            plan = (
+                self.planner(*args, tokens=self._window_tokens, capacity=theta)
+                if theta
+                else self.planner(*args, tokens=self._window_tokens)
+            )
         else:
-            plan = self.planner(*args)
+            plan = self.planner(*args, capacity=theta) if theta else self.planner(*args)
         self.plans += 1
         self._planned = plan
         if self.layouts is not None:
@@ -1364,6 +1394,7 @@ class Simulation(InstanceHooks):
             batch_released=self._released_by_model(),
             pools=self._pools.summary() if self._pools is not None else {},
             layouts=self.layouts.summary() if self.layouts is not None else None,
+            capacity=self._capacity.learned(self.cfg.end_s) if self._capacity is not None else None,
         )
 
 

@@ -29,7 +29,10 @@ added, never renamed or removed, within v1):
             "by_model_region": {"<model>/<region>": {"instance_hours", "gpu_hours": {...}}}},
           "scaling_events": {"<kind>": count},
           "batch_queue": {"<model>": {"released_in_troughs", "promoted", "promoted_share"}},
-          "sim": {"events", "preemptions", "wall_s", "requests_per_wall_s"}}}}
+          "sim": {"events", "preemptions", "wall_s", "requests_per_wall_s"},
+          # a run that learned θ (`spec.capacity.learn`, `plan.learned_capacity`) only:
+          "capacity": [{"model", "variant", "region", "declared_tps", "learned_tps",
+                        "in_force_tps", "windows", "qualifying", "trusted"}]}}}
 
 `internal` GPU-hours exclude donated (spot) time, as the paper's instance-hours do;
 `provisioning` is the scaling waste (GPUs paid for while an instance comes up). They cover
@@ -69,7 +72,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -78,6 +81,9 @@ from sageserve.core.types import InstanceState
 from sageserve.dispatch.hold import HOLD_S
 from sageserve.sim.deadlines import BatchAccount, account, totals
 from sageserve.sim.engine import DAY_S, RunResult, TierModelStats
+
+if TYPE_CHECKING:
+    from sageserve.plan.learned_capacity import LearnedCapacity
 
 SCHEMA = "sageserve.sim.summary/v1"
 #: The column of the requests held for a model with nothing serving and then refused.
@@ -250,7 +256,30 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
     }
     if r.layouts is not None:
         out["layouts"] = r.layouts
+    if r.capacity is not None:
+        out["capacity"] = capacity_summary(r.capacity)
     return out
+
+
+def capacity_summary(
+    learned: Mapping[tuple[str, str, str], LearnedCapacity],
+) -> list[dict[str, Any]]:
+    """θ per (model, variant, region) at the end of a run that learned it: declared,
+    learned (the quantile of the qualifying windows), in force, and the evidence."""
+    return [
+        {
+            "model": m,
+            "variant": v,
+            "region": r,
+            "declared_tps": round(lc.declared_tps, 1),
+            "learned_tps": round(lc.learned_tps, 1) if lc.learned_tps is not None else None,
+            "in_force_tps": round(lc.in_force_tps, 1),
+            "windows": lc.windows,
+            "qualifying": lc.qualifying,
+            "trusted": lc.trusted,
+        }
+        for (m, v, r), lc in sorted(learned.items())
+    ]
 
 
 def layout_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:

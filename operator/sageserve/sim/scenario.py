@@ -142,6 +142,12 @@ class Scenario:
                 ),
                 spot_enabled=sp.spot.enabled,
             )
+            if sp.capacity.learn:
+                from sageserve.plan.learned_capacity import declared_theta, settings_for
+                from sageserve.sim.capacity_windows import CapacitySetup
+
+                setup = CapacitySetup(settings_for(sp), declared_theta(self.models))
+                cfg = replace(cfg, capacity=setup)
         promo = [t.promotion_age_s for t in self.tiers.values() if t.promotion_age_s]
         if promo:
             cfg = replace(cfg, promotion_age_s=min(promo))
@@ -342,6 +348,7 @@ class Scenario:
         minutes before the window by home region, what Prometheus holds when the run
         starts), through `plan.preserve.window_inputs` and `plan_window`."""
         from sageserve.api.scaling_policy import ScalingPolicySpec
+        from sageserve.plan.learned_capacity import with_theta
         from sageserve.plan.preserve import plan_window, window_history_minutes, window_inputs
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
@@ -378,10 +385,11 @@ class Scenario:
             *,
             pools: PoolObservation | None = None,
             tokens: WindowTokens | None = None,
+            capacity: Mapping[tuple[str, str], float] | None = None,
         ) -> Plan:
             run = tokens if tokens is not None else WindowTokens()
             window = plan_window(
-                models,
+                with_theta(models, capacity) if capacity else models,
                 spec,
                 *window_inputs(
                     joined(pre_prompt, run.prompt),
@@ -434,6 +442,7 @@ class Scenario:
             *,
             pools: PoolObservation | None = None,
             tokens: WindowTokens | None = None,
+            capacity: Mapping[tuple[str, str], float] | None = None,
         ) -> Plan:
             return Plan(now, targets)
 
@@ -458,7 +467,7 @@ class Scenario:
         from sageserve.plan.cycle import history_at_policy_step, run_plan_cycle
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
-        capacity = plannable_gpus(self.nodes)  # as the operator's plan loop counts them
+        gpus = plannable_gpus(self.nodes)  # as the operator's plan loop counts them
         models = self.models
         manifests = list(self.pools)
 
@@ -473,6 +482,7 @@ class Scenario:
             *,
             pools: PoolObservation | None = None,
             tokens: WindowTokens | None = None,
+            capacity: Mapping[tuple[str, str], float] | None = None,
         ) -> Plan:
             cycle = run_plan_cycle(
                 models,
@@ -480,7 +490,7 @@ class Scenario:
                 history_at_policy_step(spec, history),
                 history_at_policy_step(spec, batch),
                 current,
-                capacity,
+                gpus,
                 batch_received=history_at_policy_step(spec, received) or None,
                 batch_need=need,
                 pools=manifests if pools is not None else (),
@@ -490,6 +500,7 @@ class Scenario:
                     else None
                 ),
                 pool_current=pools.current if pools is not None else None,
+                capacity_tps=capacity,
             )
             if pools is not None:
                 pools.granted = cycle.pools
