@@ -45,7 +45,7 @@ def forecast_peak(
     forecast at each of those quantiles (``Forecast.uppers``) from the same fit.
 
     Gaps are missing data, never demand: NaN, negative values and partial
-    collection gaps (``forecast.gaps.partial_gaps``: a short drop by an order of magnitude,
+    collection gaps (``forecast.gaps.partial_gaps``: a run down to a fraction of the level and back,
     also at the very end of the history) are treated as missing before anything is fitted,
     and while a gap is within the model's reach (a day and a horizon back: the seasonal lags
     and peak features of SageServe §6.3's predictor) no number comes out below

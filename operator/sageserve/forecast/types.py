@@ -22,18 +22,20 @@ BoolArray = npt.NDArray[np.bool_]
 class GapRule:
     """When a recorded drop is a *collection gap* (missing data) rather than a lull in demand.
 
-    A partial gap is a short run (at most ``max_seconds``) of points at least ``drop_factor``
-    times below the level on *both* sides (the rate comes back), where that level is steady
+    A partial gap is a run (at most ``max_seconds``) entered by a step of at least
+    ``drop_factor`` below the level, whose points all stay that far below the level on *both*
+    sides (the rate comes back), where that level is steady
     (the drop is at least ``min_sigmas`` robust standard deviations of the surrounding log
     values) and no other drop crowds the context (a series full of dips is sparse, not
     gappy). Exact zeros in a busy series qualify; NaN is a gap already. See
     ``sageserve.forecast.gaps``.
     """
 
-    drop_factor: float = 10.0
-    """An order of magnitude: what ServeGen's and a half-scraped Prometheus' gaps look like."""
-    max_seconds: float = 1200.0
-    """Longest partial gap: "one or two points" of a 10-minute series."""
+    drop_factor: float = 2.5
+    """A gap keeps at most 40 % of the level (partial collection keeps 0–30 % of it); demand
+    does not fall 2.5× within a step and come back."""
+    max_seconds: float = 7200.0
+    """Longest partial gap (two hours); a longer drop is read as a real lull or decline."""
     context_seconds: float = 3600.0
     """The level on each side is the median of this much history (an hour)."""
     min_context: int = 3
