@@ -23,8 +23,9 @@ log steps on each side) keeps a sparse, bursty series, whose dips are real, from
 as gappy; so does the crowding test (more drops in one context than a gap may hold means the
 series is sparse, not gappy). The thresholds were chosen by injecting gaps at random places
 into the bundled traces (``forecast.gap_harness``). At the end of the history the rate has
-not come back yet: a trailing drop of at most ``max_seconds`` is treated as a gap
-(``trailing=True``); if it lasts longer it is a real decline and counts again.
+not come back yet: a trailing drop is treated as a gap
+(``trailing=True``) for ``trailing_seconds`` only; if it lasts longer it counts as demand
+(the drop guard, ``forecast.guard``, holds the next hour up until the drop is confirmed).
 """
 
 from __future__ import annotations
@@ -74,13 +75,14 @@ def partial_gaps(
     trough or weekend moves the level by a few percent a step and never enters by a step.
     ``trailing=False`` does not flag a run cut by the end of the series (the backtest, which
     sees the future, judges interior runs only; the forecaster, which does not, keeps the
-    default and treats a trailing run of at most ``max_seconds`` as a gap).
+    default and treats a trailing run of at most ``trailing_seconds`` as a gap).
     """
     rule = rule or GapRule()
     values = np.asarray(series, dtype=np.float64)
     n = values.size
     out: BoolArray = np.zeros(n, dtype=np.bool_)
     width, context = gap_points(rule, step_seconds)
+    trail = max(1, round(rule.trailing_seconds / step_seconds))
     if not rule.enabled or n < rule.min_context + 1:
         return out
     observed = np.isfinite(values) & (values >= 0)
@@ -101,7 +103,7 @@ def partial_gaps(
     for i in maybe:
         if i < i_next:
             continue  # inside a run already judged
-        judged = _judge_run(int(i), clean, observed, before, after, rule, width, trailing)
+        judged = _judge_run(int(i), clean, observed, before, after, rule, width, trailing, trail)
         if judged is not None:
             i_next, run = judged
             if run is not None:
@@ -127,6 +129,7 @@ def _judge_run(
     rule: GapRule,
     width: int,
     trailing: bool,
+    trail: int,
 ) -> tuple[int, tuple[int, int, float] | None] | None:
     """The run that enters at ``i`` (None when ``i`` is no step down): the next index to
     look at, and (first, last, margin of the drop over ``min_sigmas`` σ) when the run is
@@ -153,7 +156,7 @@ def _judge_run(
     run = clean[i : last + 1]
     depth = float(np.nanmedian(run))
     post = _side_level(after[last], rule.min_context)
-    if post is None and not trailing:
+    if post is None and (not trailing or count > trail):
         return last + 1, None  # cut by the end (or missing data): not seen to come back
     if post is not None and (depth * rule.drop_factor > post or float(np.nanmax(run)) > post):
         return last + 1, None  # the level after it is down too: a real decline, not a gap

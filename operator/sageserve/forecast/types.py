@@ -36,6 +36,11 @@ class GapRule:
     does not fall 2.5× within a step and come back."""
     max_seconds: float = 7200.0
     """Longest partial gap (two hours); a longer drop is read as a real lull or decline."""
+    trailing_seconds: float = 1200.0
+    """Longest drop at the very end of the history still treated as a gap: the rate has not
+    come back yet, so after two 10-minute points it counts as demand (the drop guard,
+    ``forecast.guard``, still keeps the next hour above half the recent peak until the drop
+    is confirmed)."""
     context_seconds: float = 3600.0
     """The level on each side is the median of this much history (an hour)."""
     min_context: int = 3
