@@ -13,7 +13,7 @@ from sageserve.forecast import FORECASTERS, ForecastSpec, forecast_peak
 from sageserve.forecast.backtest import load_servegen_aggregate, score_hours, summarize
 from sageserve.forecast.gap_harness import detect, inject_gaps
 from sageserve.forecast.gaps import gap_mask, gap_points, partial_gaps, recent_level, spikes
-from sageserve.forecast.types import FloatArray, GapRule, IntArray, PeakModel
+from sageserve.forecast.types import DropGuard, FloatArray, GapRule, IntArray, PeakModel
 
 from .test_forecast import TRACES, diurnal
 
@@ -188,7 +188,9 @@ def test_partial_gaps_in_a_series_are_detected_and_forecast_around() -> None:
     assert fc.upper_tps == pytest.approx(reference.upper_tps, rel=0.03)
     assert fc.peak_tps == pytest.approx(reference.peak_tps, rel=0.03)
     # ... where reading the gaps as demand would provision less than half the recent level.
-    blind = forecast_peak(series, ForecastSpec(gaps=GapRule(enabled=False)))
+    blind = forecast_peak(
+        series, ForecastSpec(gaps=GapRule(enabled=False), guard=DropGuard(enabled=False))
+    )
     assert blind.upper_tps < 0.5 * level
     assert fc.upper_tps >= 0.5 * level
 
@@ -240,7 +242,8 @@ def test_no_forecast_below_half_the_recent_level_because_of_a_gap(
     assert level is not None
     FORECASTERS["collapse"] = Collapse
     try:
-        fc = forecast_peak(series, method="collapse", quantiles=(0.95,))
+        unguarded = ForecastSpec(guard=DropGuard(enabled=False))  # the gap floor alone
+        fc = forecast_peak(series, unguarded, method="collapse", quantiles=(0.95,))
     finally:
         del FORECASTERS["collapse"]
     assert fc.method == "collapse", case
