@@ -133,6 +133,7 @@ def coverage(series: FloatArray, spec: ForecastSpec, start: int) -> float:
     return float(np.mean(hits))
 
 
+@pytest.mark.slow
 def test_coverage_holds_when_the_noise_doubles() -> None:
     """Five calm days, then three twice as noisy: the week-long quantile keeps the calm
     days' width and misses; the rolling conformal one follows the change."""

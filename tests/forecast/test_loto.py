@@ -29,6 +29,7 @@ def traces() -> dict[str, FloatArray]:
     return {f"t{i}": diurnal(2.5, seed=i, noise=0.04 + 0.03 * i) for i in range(3)}
 
 
+@pytest.mark.slow
 def test_each_trace_is_reported_on_choices_made_on_the_others_only() -> None:
     series = traces()
     rows = leave_one_out(series, **SMALL)  # type: ignore[arg-type]
@@ -56,6 +57,7 @@ def test_an_external_series_is_held_out_from_all_the_traces() -> None:
         leave_one_out({"t1": series["t1"]}, **SMALL)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_injected_gaps_scored_as_demand_wreck_the_figures_and_detection_restores_them() -> None:
     series = {"t0": diurnal(2.5, seed=0), "t1": diurnal(2.5, seed=1)}
     rows = leave_one_out(series, inject=12, **SMALL)  # type: ignore[arg-type]
