@@ -88,6 +88,10 @@ def test_minute_rows_are_averaged_to_the_traces_ten_minutes() -> None:
     assert out[0] == pytest.approx(4.5) and np.isnan(out[1]) and out.size == 2
     with pytest.raises(ValueError, match="--step-seconds"):
         to_step(minutes, 70.0, 600.0)
+    # Minutes lost by the collector are found at their own step and left out of the mean.
+    busy = np.full(120, 100.0)
+    busy[23:27] = 5.0
+    assert to_step(busy, 60.0, 600.0)[2] == pytest.approx(100.0)
 
 
 def test_the_cli_names_a_missing_column(tmp_path: Path) -> None:

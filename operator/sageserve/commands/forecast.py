@@ -13,6 +13,7 @@ from rich.table import Table
 
 from sageserve.forecast.api import forecast_peak
 from sageserve.forecast.backtest import backtest, load_series_csv, load_servegen_aggregate
+from sageserve.forecast.gaps import gap_mask
 from sageserve.forecast.loto import GOALS as GOALS_LOTO
 from sageserve.forecast.loto import HeldOut, leave_one_out
 from sageserve.forecast.protocol import (
@@ -23,7 +24,7 @@ from sageserve.forecast.protocol import (
     Report,
     run_protocol,
 )
-from sageserve.forecast.types import FloatArray, ForecastSpec
+from sageserve.forecast.types import FloatArray, ForecastSpec, GapRule
 
 # arima-classic (plain ARIMA(3,1,2), SageServe §6.3) takes ~0.5 s a fit: add it with --method.
 DEFAULT_METHODS = [
@@ -265,9 +266,13 @@ def bench_forecast_command(series: int, methods: list[str], console: Console) ->
     console.print(table)
 
 
-def to_step(values: FloatArray, step_seconds: float, target_seconds: float) -> FloatArray:
+def to_step(
+    values: FloatArray, step_seconds: float, target_seconds: float, rule: GapRule | None = None
+) -> FloatArray:
     """``values`` at ``step_seconds`` as means over ``target_seconds`` windows, counted back
-    from the last row (a window with no observation stays a gap)."""
+    from the last row. Gaps are found at the series' own step first (``forecast.gaps`` with
+    ``rule``) and left out of the means, so a window that lost some of its rows is the mean
+    of the rest; a window with no observation stays a gap."""
     k = round(target_seconds / step_seconds)
     if step_seconds <= 0 or k < 1 or abs(k * step_seconds - target_seconds) > 1e-6:
         raise ValueError(
@@ -275,6 +280,7 @@ def to_step(values: FloatArray, step_seconds: float, target_seconds: float) -> F
         )
     if k == 1:
         return values
+    values = np.where(gap_mask(values, step_seconds, rule, trailing=False), np.nan, values)
     whole = values[values.size % k :].reshape(-1, k)
     ok = np.isfinite(whole)
     sums = np.where(ok, whole, 0.0).sum(axis=1)
@@ -312,7 +318,9 @@ def loto_command(
     out from all the bundled ones."""
     series = {_short(t): load_servegen_aggregate(t, signal) for t in traces or bundled_traces()}
     external = {
-        c.name: to_step(load_series_csv(c, column, signal), step_seconds, spec.step_seconds)
+        c.name: to_step(
+            load_series_csv(c, column, signal), step_seconds, spec.step_seconds, spec.gaps
+        )
         for c in csvs
     }
     with console.status("scoring") as status:
