@@ -59,11 +59,12 @@ def forecast_peak(
     forecast at each of those quantiles (``Forecast.uppers``) from the same fit.
 
     Gaps are missing data, never demand: NaN, negative values and partial
-    collection gaps (``forecast.gaps.partial_gaps``: a run down to a fraction of the level and back,
-    also at the very end of the history) are treated as missing before anything is fitted,
-    and while a gap is within the model's reach (a day and a horizon back: the seasonal lags
-    and peak features of SageServe §6.3's predictor) no number comes out below
-    ``spec.gaps.floor_fraction`` of the recent level.
+    collection gaps (``forecast.gaps.partial_gaps``: a run down to a fraction of the level
+    and back, also at the very end of the history) are treated as missing before anything
+    is fitted, and while a gap is within the model's reach (a day and a horizon back: the
+    seasonal lags and peak features of SageServe §6.3's predictor) no number comes out below
+    ``spec.gaps.floor_fraction`` of the recent level. Nothing is provisioned below the drop
+    guard's floor (``forecast.guard``: half the last hours' peak until a drop is confirmed).
     """
     spec = spec or ForecastSpec()
     values = np.asarray(history_tps, dtype=np.float64)
@@ -74,30 +75,26 @@ def forecast_peak(
     fc = replace(fc, gaps=int(mask.sum()))
     if not fc.reliable:
         return fc
-    floors: list[tuple[float, str]] = []
     _, last = spec.steps()
     reach = round(DAY_SECONDS / spec.step_seconds) + last
     if spec.gaps.enabled and mask[-reach:].any():
         level = recent_level(values, mask, max(last, 1))
         if level is not None:
-            floors.append((spec.gaps.floor_fraction * level, "gap floor: half the recent level"))
+            fc = _floor(fc, spec.gaps.floor_fraction * level, "gap floor", raise_point=True)
     guard = drop_floor(values, mask, spec.step_seconds, spec.guard)
-    if guard > 0:
-        floors.append((guard, "drop guard: half the last hours' peak"))
-    if not floors:
+    # The guard bounds what is provisioned: the uppers, and the point only at a quantile
+    # ≤ 0.5, where the point is what the plan provisions (plan.cycle).
+    return _floor(fc, guard, "drop guard", raise_point=spec.quantile <= 0.5)
+
+
+def _floor(fc: Forecast, floor: float, why: str, raise_point: bool) -> Forecast:
+    """``fc`` with no provisioned number (and, with ``raise_point``, no point forecast)
+    below ``floor``, saying so when it bound. The gap floor raises the point too: a gap is
+    missing data, and the point must not read it as a lull."""
+    if floor <= 0:
         return fc
-    return _floor(fc, *max(floors), provisioned_only=spec.quantile > 0.5)
-
-
-def _floor(fc: Forecast, floor: float, why: str, provisioned_only: bool = False) -> Forecast:
-    """``fc`` with no provisioned number below ``floor``, saying so when it bound. The gap
-    floor raises the point forecast too (a gap is missing data, the point must not read it
-    as a lull); the drop guard raises only what is provisioned (``provisioned_only``:
-    the upper quantiles; the point too at a quantile ≤ 0.5, where it is what the plan
-    provisions)."""
     fc = replace(fc, floor_tps=max(fc.floor_tps, floor))
-    raise_point = not provisioned_only or why.startswith("gap")
-    if floor <= 0 or (fc.upper_tps >= floor and (fc.peak_tps >= floor or not raise_point)):
+    if fc.upper_tps >= floor and (fc.peak_tps >= floor or not raise_point):
         return fc
     return replace(
         fc,
