@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from sageserve.forecast.types import Conformal, FloatArray
 
@@ -56,8 +57,14 @@ def conformal_offset(
     target = 1.0 - quantile  # the miss rate asked
     alpha = target
     if rule.gamma > 0:
+        # Every window the replay reads, sorted once (NaN padding sorts last): each hour is
+        # then a rank lookup, what ``conformal_quantile`` would return on ``e[t - w : t]``.
+        w = rule.window_hours
+        padded = np.concatenate([np.full(w, np.nan), e])
+        windows = np.sort(sliding_window_view(padded, w)[: e.size], axis=1)
         for t in range(rule.min_errors, e.size):
-            past = e[max(0, t - rule.window_hours) : t]
-            miss = float(e[t] > conformal_quantile(past, 1.0 - alpha))
+            n = min(t, w)
+            rank = math.ceil((n + 1) * (1.0 - alpha) - 1e-9)
+            miss = float(e[t] > windows[t, min(max(rank, 1), n) - 1])
             alpha += rule.gamma * (target - miss)
     return conformal_quantile(e[-rule.window_hours :], 1.0 - alpha)
