@@ -90,12 +90,13 @@ def partial_gaps(
     pad = np.concatenate([np.full(context, np.nan), clean, np.full(context, np.nan)])
     windows = sliding_window_view(pad, context)
     before, after = windows[:n], windows[context + 1 : context + 1 + n]
-    # Cheap necessary condition first (a median is at most its side's max): only the few
-    # points this leaves need the medians, so a long 1-minute history stays fast.
-    highs = sliding_window_view(np.nan_to_num(pad, nan=-np.inf), context).max(axis=1)
-    around = np.maximum(highs[:n], highs[context + 1 : context + 1 + n])
+    # Each side's level (the median of its observations, NaN with fewer than min_context)
+    # for every point at once, by a rolling median: only the points that step down from it
+    # are looked at one by one, so a long 1-minute history stays fast.
+    levels = _side_levels(clean, context, rule.min_context)
+    entry = np.where(np.isfinite(levels[0]), levels[0], levels[1])
     with np.errstate(invalid="ignore"):
-        maybe = np.flatnonzero(observed & (clean * rule.drop_factor <= around))
+        maybe = np.flatnonzero(observed & (entry > 0) & (clean * rule.drop_factor <= entry))
     if maybe.size == 0:
         return out
     runs: list[tuple[int, int, float]] = []  # first, last, margin of the drop over the noise
@@ -103,7 +104,9 @@ def partial_gaps(
     for i in maybe:
         if i < i_next:
             continue  # inside a run already judged
-        judged = _judge_run(int(i), clean, observed, before, after, rule, width, trailing, trail)
+        judged = _judge_run(
+            int(i), clean, observed, (before, after), levels, rule, width, trailing, trail
+        )
         if judged is not None:
             i_next, run = judged
             if run is not None:
@@ -124,22 +127,19 @@ def _judge_run(
     i: int,
     clean: FloatArray,
     observed: BoolArray,
-    before: FloatArray,
-    after: FloatArray,
+    sides: tuple[FloatArray, FloatArray],
+    levels: tuple[FloatArray, FloatArray],
     rule: GapRule,
     width: int,
     trailing: bool,
     trail: int,
 ) -> tuple[int, tuple[int, int, float] | None] | None:
-    """The run that enters at ``i`` (None when ``i`` is no step down): the next index to
-    look at, and (first, last, margin of the drop over ``min_sigmas`` σ) when the run is
-    short and came back, else None."""
+    """The run that enters at ``i`` (a step down from the level before it, or after it where
+    the level before is unknown): the next index to look at, and (first, last, margin of
+    the drop over ``min_sigmas`` σ) when the run is short and came back, else None."""
     n = clean.size
-    level = _side_level(before[i], rule.min_context)
-    if level is None:
-        level = _side_level(after[i], rule.min_context)
-    if level is None or level <= 0 or clean[i] * rule.drop_factor > level:
-        return None
+    before, after = sides
+    level = float(levels[0][i]) if math.isfinite(levels[0][i]) else float(levels[1][i])
     # Extend while the points stay that far below the level and do not step back up from
     # the run (NaN does not break it): a gap ends by a step, as it began.
     j, count, last = i, 0, i
@@ -155,7 +155,7 @@ def _judge_run(
         return j, None  # too long: a real lull or decline
     run = clean[i : last + 1]
     depth = float(np.nanmedian(run))
-    post = _side_level(after[last], rule.min_context)
+    post = float(levels[1][last]) if math.isfinite(levels[1][last]) else None
     if post is None and (not trailing or count > trail):
         return last + 1, None  # cut by the end (or missing data): not seen to come back
     if post is not None and (depth * rule.drop_factor > post or float(np.nanmax(run)) > post):
@@ -178,12 +178,19 @@ def _step_sigma(side: FloatArray, ref: float) -> float:
     return MAD_TO_SIGMA * float(np.median(np.abs(steps - centre))) / math.sqrt(2.0)
 
 
-def _side_level(side: FloatArray, min_context: int) -> float | None:
-    """Median of one side's observations; None when it has fewer than ``min_context``."""
-    ok = side[np.isfinite(side)]
-    if ok.size < min_context:
-        return None
-    return float(np.median(ok))
+def _side_levels(
+    clean: FloatArray, context: int, min_context: int
+) -> tuple[FloatArray, FloatArray]:
+    """Per point, the median of the observations among the ``context`` points before it and
+    among the ``context`` points after it; NaN where a side has fewer than ``min_context``."""
+    import pandas as pd  # a C rolling median; imported here, as statsmodels imports it anyway
+
+    def rolling(x: FloatArray) -> FloatArray:
+        med = pd.Series(x).rolling(context, min_periods=min_context).median().to_numpy()
+        out: FloatArray = np.concatenate([[np.nan], med[:-1]])  # the points before, not it
+        return out
+
+    return rolling(clean), rolling(clean[::-1])[::-1]
 
 
 def spikes(
