@@ -686,9 +686,14 @@ app.add_typer(forecast_app, name="forecast")
 @forecast_app.command("backtest")
 def forecast_backtest(
     trace: Annotated[
-        list[Path],
-        typer.Option("--trace", "-t", help="ServeGen *_aggregate_10min.csv (repeatable)."),
-    ],
+        list[Path] | None,
+        typer.Option(
+            "--trace",
+            "-t",
+            help="ServeGen *_aggregate_10min.csv (repeatable; --leave-one-out defaults to the "
+            "bundled ones).",
+        ),
+    ] = None,
     method: Annotated[
         str | None,
         typer.Option(
@@ -711,18 +716,64 @@ def forecast_backtest(
     report_days: Annotated[
         str | None, typer.Option(help="Days the out-of-sample choice is reported on (8-14).")
     ] = None,
+    leave_one_out: Annotated[
+        bool,
+        typer.Option(
+            "--leave-one-out",
+            help="For each trace, choose the gap detector, the method and the conformal rule "
+            "on the other traces and report on it (docs/results/forecast-backtests.md).",
+        ),
+    ] = False,
+    csv: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--csv",
+            help="With --leave-one-out: a user's series (one row per step, a header), held "
+            "out from all the traces (repeatable).",
+        ),
+    ] = None,
+    csv_column: Annotated[
+        str | None, typer.Option(help="The --csv value column (default: the last).")
+    ] = None,
+    step_seconds: Annotated[
+        float,
+        typer.Option(
+            help="Seconds per row of the --csv series; rows are averaged to the traces' 10 "
+            "minutes (600 must be a multiple of it)."
+        ),
+    ] = 600.0,
+    inject_gaps: Annotated[
+        int,
+        typer.Option(
+            help="With --leave-one-out: drop this many partial gaps (0-30 %% of the level, 10 "
+            "min to 2 h) into each held-out series, and show the figures with detection off."
+        ),
+    ] = 0,
 ) -> None:
     """Rolling hourly backtest: MAPE of the next-hour peak, coverage, mean over-forecast."""
-    from sageserve.commands.forecast import DEFAULT_METHODS, backtest_command, protocol_command
+    from sageserve.commands.forecast import (
+        DEFAULT_METHODS,
+        backtest_command,
+        loto_command,
+        protocol_command,
+    )
     from sageserve.forecast.protocol import parse_days
     from sageserve.forecast.types import ForecastSpec
 
     methods = [m.strip() for m in method.split(",")] if method else DEFAULT_METHODS
     spec = ForecastSpec(
-        quantile=quantile, lead_seconds=lead_minutes * 60, horizon_seconds=horizon_minutes * 60
+        quantile=quantile,
+        lead_seconds=lead_minutes * 60,
+        horizon_seconds=horizon_minutes * 60,
     )
     try:
-        if choose_days is not None or report_days is not None:
+        if leave_one_out or csv:
+            loto_command(
+                trace or [], csv or [], csv_column, step_seconds, signal, spec, inject_gaps, console
+            )
+        elif not trace:
+            raise ValueError("--trace: give at least one trace (or --leave-one-out)")
+        elif choose_days is not None or report_days is not None:
             pick, rep = parse_days(choose_days or "1-7"), parse_days(report_days or "8-14")
             protocol_command(trace, methods if method else None, signal, spec, pick, rep, console)
         else:

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from sageserve.forecast import FORECASTERS, ForecastSpec, forecast_peak
-from sageserve.forecast.backtest import score_hours, summarize
+from sageserve.forecast.backtest import load_servegen_aggregate, score_hours, summarize
+from sageserve.forecast.gap_harness import detect, inject_gaps
 from sageserve.forecast.gaps import gap_mask, gap_points, partial_gaps, recent_level, spikes
-from sageserve.forecast.types import FloatArray, GapRule, IntArray, PeakModel
+from sageserve.forecast.types import DropGuard, FloatArray, GapRule, IntArray, PeakModel
 
-from .test_forecast import diurnal
+from .test_forecast import TRACES, diurnal
 
 LEVEL = 1000.0
 
@@ -37,9 +38,9 @@ DETECTION: list[tuple[str, FloatArray, bool, list[int]]] = [
     ("one point 20x down", steady(p10=50.0), True, [10]),
     ("an exact zero in a busy series", steady(p10=0.0), True, [10]),
     ("two points down, one of them zero", steady(p20=0.0, p21=30.0), True, [20, 21]),
-    ("a run of three: a lull, not a gap", steady(p20=40.0, p21=40.0, p22=40.0), True, []),
-    ("only 3x down: demand", steady(p10=330.0), True, []),
-    ("exactly 10x down: a gap", steady(p10=100.0), True, [10]),
+    ("a run of three at 4 %: a gap", steady(p20=40.0, p21=40.0, p22=40.0), True, [20, 21, 22]),
+    ("a point at 30 % of the level: a gap", steady(p10=300.0), True, [10]),
+    ("a point at half the level: demand", steady(p10=500.0), True, []),
     ("two separate gaps in one hour", steady(p10=20.0, p14=20.0), True, [10, 14]),
     (
         "a NaN inside the run does not break it",
@@ -47,9 +48,26 @@ DETECTION: list[tuple[str, FloatArray, bool, list[int]]] = [
         True,
         [10, 12],
     ),
+    (
+        "two hours at a quarter of the level and back: a gap",
+        steady(60, **{f"p{i}": 250.0 for i in range(20, 32)}),
+        True,
+        list(range(20, 32)),
+    ),
+    (
+        "over two hours down and back: a real lull",
+        steady(60, **{f"p{i}": 250.0 for i in range(20, 33)}),
+        True,
+        [],
+    ),
     ("trailing point: not come back yet, a gap for the forecaster", steady(p39=20.0), True, [39]),
     ("trailing point: the backtest judges interior points only", steady(p39=20.0), False, []),
-    ("trailing run of three: a real decline", steady(p37=20.0, p38=20.0, p39=20.0), True, []),
+    (
+        "trailing run of three hours: a real decline",
+        steady(60, **{f"p{i}": 20.0 for i in range(42, 60)}),
+        True,
+        [],
+    ),
     ("leading point", steady(p0=20.0), True, [0]),
 ]
 
@@ -83,12 +101,13 @@ def test_a_noisy_level_hides_a_tenfold_dip() -> None:
 
 
 def test_widths_are_in_seconds_so_every_granularity_means_the_same() -> None:
-    assert gap_points(GapRule(), 600.0) == (2, 6)
-    assert gap_points(GapRule(), 60.0) == (20, 60)
+    assert gap_points(GapRule(), 600.0) == (12, 6)
+    assert gap_points(GapRule(), 60.0) == (120, 60)
     minute = np.full(300, LEVEL)
     minute[100:110] = 0.0  # a 10-minute collection gap seen at 1-minute steps
     assert where(partial_gaps(minute, 60.0)) == list(range(100, 110))
-    minute[200:230] = 0.0  # 30 minutes: longer than a gap, a real lull
+    minute = np.concatenate([minute, np.full(200, LEVEL)])
+    minute[250:400] = 0.0  # 150 minutes: longer than a gap, a real lull
     assert where(partial_gaps(minute, 60.0)) == list(range(100, 110))
 
 
@@ -169,7 +188,9 @@ def test_partial_gaps_in_a_series_are_detected_and_forecast_around() -> None:
     assert fc.upper_tps == pytest.approx(reference.upper_tps, rel=0.03)
     assert fc.peak_tps == pytest.approx(reference.peak_tps, rel=0.03)
     # ... where reading the gaps as demand would provision less than half the recent level.
-    blind = forecast_peak(series, ForecastSpec(gaps=GapRule(enabled=False)))
+    blind = forecast_peak(
+        series, ForecastSpec(gaps=GapRule(enabled=False), guard=DropGuard(enabled=False))
+    )
     assert blind.upper_tps < 0.5 * level
     assert fc.upper_tps >= 0.5 * level
 
@@ -221,7 +242,8 @@ def test_no_forecast_below_half_the_recent_level_because_of_a_gap(
     assert level is not None
     FORECASTERS["collapse"] = Collapse
     try:
-        fc = forecast_peak(series, method="collapse", quantiles=(0.95,))
+        unguarded = ForecastSpec(guard=DropGuard(enabled=False))  # the gap floor alone
+        fc = forecast_peak(series, unguarded, method="collapse", quantiles=(0.95,))
     finally:
         del FORECASTERS["collapse"]
     assert fc.method == "collapse", case
@@ -247,3 +269,51 @@ def test_backtest_does_not_score_an_hour_whose_actual_window_is_a_gap() -> None:
     assert (row.hours, row.skipped) == (22, 2)
     full = summarize(score_hours(clean, "persistence", start_seconds=3 * 86400.0))
     assert (full.hours, full.skipped) == (24, 0)
+
+
+def week(days: int = 7, seed: int = 3) -> FloatArray:
+    """A 10-minute series with a deep nightly trough (10 % of the daytime peak, reached
+    over hours) and a weekend (days 5 and 6 at 40 % of the weekdays, easing in over six
+    hours), with 8 % noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(days * 144) / 144.0
+    hour = (t % 1.0) * 24
+    daily = 0.1 + 0.9 * np.clip(np.sin(np.pi * (hour - 6) / 16), 0, None) ** 2
+    weekend = np.interp(t, [0, 5, 5.25, 7], [1.0, 1.0, 0.4, 0.4])
+    out: FloatArray = 1e4 * daily * weekend * np.exp(rng.normal(0, 0.08, t.size))
+    return out
+
+
+def test_a_nightly_trough_and_a_weekend_are_demand_not_gaps() -> None:
+    for seed in range(5):
+        series = week(seed=seed)
+        assert series.min() < 0.05 * series.max()  # the trough is deep
+        assert where(gap_mask(series, trailing=False)) == [], seed
+
+
+def test_the_bundled_traces_troughs_and_weekends_are_not_gaps() -> None:
+    for name in ("m-small", "m-large"):
+        for signal in ("tokens", "requests"):
+            series = load_servegen_aggregate(
+                TRACES / f"language_{name}_aggregate_10min.csv", signal
+            )
+            assert where(partial_gaps(series, trailing=False)) == [], (name, signal)
+
+
+def test_injected_partial_gaps_are_found_in_series_the_rule_was_not_written_for() -> None:
+    """Gaps keeping 0–30 % of the level for 10 minutes to two hours, at random places in
+    a synthetic week and in the bundled traces: most are found, few flags are wrong."""
+    week_score = detect(week(), GapRule(), seeds=(0, 1, 2))
+    assert week_score.recall >= 0.85 and week_score.precision >= 0.95
+    trace = load_servegen_aggregate(TRACES / "language_m-large_aggregate_10min.csv")
+    trace_score = detect(trace, GapRule(), seeds=(0, 1, 2))
+    assert trace_score.recall >= 0.85 and trace_score.precision >= 0.95
+    assert trace_score.gaps_found >= 0.85 * trace_score.gaps
+
+
+def test_gaps_are_injected_where_the_mask_says() -> None:
+    series = np.full(500, LEVEL)
+    gappy, truth = inject_gaps(series, seed=4, count=5)
+    assert 5 <= truth.sum() <= 60
+    assert np.all(gappy[truth] <= 0.3 * LEVEL) and np.all(gappy[~truth] == LEVEL)
+    assert np.array_equal(inject_gaps(series, seed=4, count=5)[0], gappy)

@@ -145,8 +145,8 @@ def test_a_short_drop_is_missing_data_and_a_lasting_one_shrinks_the_pool() -> No
         )
         return cycle.pools[0].target
 
-    # quiet minutes read as a collection gap at first (forecast.gaps: a drop by an order of
-    # magnitude, judged against the last hour), not as demand gone: no scale-in on it
+    # quiet minutes read as a collection gap at first (forecast.gaps: a step down that has
+    # not come back yet, for up to 20 minutes), not as demand gone: no scale-in on it
     assert target(5) > 1
     # quiet for an hour: the rate is real, the pool shrinks to its minimum
     assert target(60) == 1

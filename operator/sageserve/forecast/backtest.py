@@ -24,7 +24,7 @@ import numpy as np
 
 from sageserve.forecast.api import forecast_peak
 from sageserve.forecast.gaps import gap_mask
-from sageserve.forecast.types import FloatArray, ForecastSpec, GapRule
+from sageserve.forecast.types import FloatArray, Forecast, ForecastSpec, GapRule
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class HourScore:
     """Provisioned forecast at each quantile of ``Scores.quantiles``."""
     fallback: bool
     seconds: float
+    forecast: Forecast | None = None
+    """The whole forecast: what ``forecast.api.upper_at`` replays other conformal rules on."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,39 @@ def load_servegen_aggregate(path: str | Path, signal: str = "tokens") -> FloatAr
             tout = _num(row.get("output_tokens_mean_weighted"))
             values.append(rate * (tin + tout))
     return np.asarray(values, dtype=np.float64)
+
+
+def load_series_csv(
+    path: str | Path, column: str | None = None, signal: str = "tokens"
+) -> FloatArray:
+    """A user's series: one row per step, oldest first, with a header. ``column`` names the
+    value column (default: the only column, else the last one); empty or non-numeric cells
+    and negative values are gaps (NaN). A ServeGen ``*_aggregate_10min.csv`` is read as
+    ``load_servegen_aggregate`` reads it (``signal``)."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        fields = list(reader.fieldnames or [])
+        if "total_rate_rps" in fields and column is None:
+            return load_servegen_aggregate(path, signal)
+        if not fields:
+            raise ValueError(f"{path}: no header row; the first row must name the columns")
+        name = column if column is not None else fields[-1]
+        if name not in fields:
+            raise ValueError(
+                f"{path}: no column {name!r}; --csv-column must be one of {', '.join(fields)}"
+            )
+        values = [_cell(row.get(name)) for row in reader]
+    if not values:
+        raise ValueError(f"{path}: no rows under the header")
+    return np.asarray(values, dtype=np.float64)
+
+
+def _cell(text: str | None) -> float:
+    try:
+        value = float(text) if text not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+    return value if math.isfinite(value) and value >= 0 else math.nan
 
 
 def _num(text: str | None) -> float:
@@ -145,6 +180,7 @@ def score_hours(
                 uppers=tuple(u for _, u in fc.uppers),
                 fallback=fc.method != method,
                 seconds=seconds,
+                forecast=fc,
             )
         )
     return Scores(method, grid, tuple(hours), tuple(skipped))

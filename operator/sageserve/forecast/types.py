@@ -22,18 +22,25 @@ BoolArray = npt.NDArray[np.bool_]
 class GapRule:
     """When a recorded drop is a *collection gap* (missing data) rather than a lull in demand.
 
-    A partial gap is a short run (at most ``max_seconds``) of points at least ``drop_factor``
-    times below the level on *both* sides (the rate comes back), where that level is steady
+    A partial gap is a run (at most ``max_seconds``) entered by a step of at least
+    ``drop_factor`` below the level, whose points all stay that far below the level on *both*
+    sides (the rate comes back), where that level is steady
     (the drop is at least ``min_sigmas`` robust standard deviations of the surrounding log
     values) and no other drop crowds the context (a series full of dips is sparse, not
     gappy). Exact zeros in a busy series qualify; NaN is a gap already. See
     ``sageserve.forecast.gaps``.
     """
 
-    drop_factor: float = 10.0
-    """An order of magnitude: what ServeGen's and a half-scraped Prometheus' gaps look like."""
-    max_seconds: float = 1200.0
-    """Longest partial gap: "one or two points" of a 10-minute series."""
+    drop_factor: float = 2.5
+    """A gap keeps at most 40 % of the level (partial collection keeps 0–30 % of it); demand
+    does not fall 2.5× within a step and come back."""
+    max_seconds: float = 7200.0
+    """Longest partial gap (two hours); a longer drop is read as a real lull or decline."""
+    trailing_seconds: float = 1200.0
+    """Longest drop at the very end of the history still treated as a gap: the rate has not
+    come back yet, so after two 10-minute points it counts as demand (the drop guard,
+    ``forecast.guard``, still keeps the next hour above half the recent peak until the drop
+    is confirmed)."""
     context_seconds: float = 3600.0
     """The level on each side is the median of this much history (an hour)."""
     min_context: int = 3
@@ -51,6 +58,56 @@ class GapRule:
     """No forecast below this share of the recent level when a gap is within the model's reach
     (no forecast provisions less than half of the recent level because of a gap)."""
     enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Conformal:
+    """How the provisioned quantile is calibrated (``forecast.conformal``)."""
+
+    window_hours: int = 72
+    """Errors of the last this many hourly decisions set the quantile (three days: recent
+    enough to follow a change of burstiness, long enough for a q0.85 quantile)."""
+    gamma: float = 0.02
+    """Adaptive step per hour (0: plain split conformal on the window)."""
+    warmup_hours: int = 96
+    """Errors before the window that the adaptive level is replayed over first."""
+    min_errors: int = 8
+    """Fewer errors than this: no conformal quantile (the caller uses a Gaussian one)."""
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.window_hours < 1:
+            raise ValueError(f"conformal.window_hours must be ≥ 1, got {self.window_hours}")
+        if not 0.0 <= self.gamma < 1.0:
+            raise ValueError(f"conformal.gamma must be in [0, 1), got {self.gamma}")
+
+    @property
+    def origins(self) -> int:
+        """Past origins the forecaster replays for it."""
+        return self.window_hours + self.warmup_hours
+
+
+@dataclass(frozen=True)
+class DropGuard:
+    """The drop guard's settings (``forecast.guard``)."""
+
+    fraction: float = 0.5
+    """The floor is this share of the recent peak."""
+    lookback_seconds: float = 3 * 3600.0
+    """The recent peak is the largest observation of this much history (three hours)."""
+    confirm_seconds: float = 1800.0
+    """A drop is confirmed once every observation of this much history lies below the floor."""
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"guard.fraction must be in [0, 1], got {self.fraction}")
+        if self.confirm_seconds > self.lookback_seconds:
+            raise ValueError(
+                f"guard.confirm_seconds ({self.confirm_seconds:g}) must not exceed "
+                f"guard.lookback_seconds ({self.lookback_seconds:g}): a drop is confirmed "
+                "within the hours the peak is taken from"
+            )
 
 
 @dataclass(frozen=True)
@@ -73,6 +130,10 @@ class ForecastSpec:
     """A fit window with more gaps than this falls back to a baseline."""
     gaps: GapRule = field(default_factory=GapRule)
     """Partial collection gaps: detected, treated as missing, floored (``forecast.gaps``)."""
+    conformal: Conformal = field(default_factory=Conformal)
+    """How the provisioned quantile is calibrated online (``forecast.conformal``)."""
+    guard: DropGuard = field(default_factory=DropGuard)
+    """The floor under what is provisioned after a drop (``forecast.guard``)."""
     arima_order: tuple[int, int, int] | None = None
     """``arima-classic``'s (p, d, q); None: chosen by AIC (SageServe §6.3)."""
 
@@ -108,7 +169,17 @@ class Forecast:
     """History points treated as missing: NaN, ±Inf, negative, partial gaps or absurd spikes
     (``forecast.gaps``)."""
     floored: bool = False
-    """True when the gap floor (``GapRule.floor_fraction`` of the recent level) raised it."""
+    """True when a floor raised it: the gap floor (``GapRule.floor_fraction`` of the recent
+    level) or the drop guard (``DropGuard``)."""
+    floor_tps: float = 0.0
+    """The floor under what is provisioned (the larger of the gap floor and the guard's)."""
+    calibration: tuple[float, ...] = field(default_factory=tuple)
+    """The conformal correction's input: log errors of the model's past hourly forecasts,
+    oldest first (NaN: a gap hour); empty when the upper came from elsewhere."""
+    model_peak_log: float = float("nan")
+    """log(1 + the model's peak) before any correction."""
+    point_log: float = float("nan")
+    """log(1 + the point forecast) before any floor."""
 
 
 class PeakModel(Protocol):
