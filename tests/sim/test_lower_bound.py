@@ -10,10 +10,19 @@ import numpy as np
 import pytest
 
 from sageserve.perf.model import PiecewiseLinear
-from sageserve.sim.bounds import bounds_dict, describe_bounds, gpu_hour_bounds
+from sageserve.sim.bounds import (
+    bounds_dict,
+    bounds_work,
+    describe_bounds,
+    gpu_hour_bounds,
+    peak_at_slo,
+    tightest_bound,
+)
 from sageserve.sim.lower_bound import (
     ModelWork,
     RequestCost,
+    WindowLoad,
+    capacity_bound,
     cheapest_prefill_s_per_token,
     decode_support_line,
     solve_model,
@@ -117,6 +126,40 @@ def test_the_lp_moves_work_only_where_its_deadlines_allow(w: ModelWork, gpu_hour
     assert solve_model(w) == pytest.approx(gpu_hours, abs=1e-9)
 
 
+def token_load(arrived: dict[int, float], due: dict[int, float], minutes: int) -> WindowLoad:
+    tw = work(arrived, due, minutes, floor=1.0)
+    return WindowLoad({}, {}, {"m": tw}, {("m", "tp1"): 1, ("m", "tp4"): 4})
+
+
+@pytest.mark.parametrize(
+    ("peaks", "gpu_hours"),
+    [
+        # 1,200 tokens/s per GPU on TP4 (4,800 per instance) beats 1,000 on TP1: the
+        # 120,000 interactive tokens of minute 0 take 100 GPU-s in it (100/60 GPUs), minute 1
+        # sits at the floor of 1 GPU
+        ({("m", "tp1"): 1000.0, ("m", "tp4"): 4800.0}, (100 / 60 + 1) / 60),
+        # only TP1 measured: 120 GPU-s in minute 0
+        ({("m", "tp1"): 1000.0}, (2 + 1) / 60),
+        # a model no run measured keeps its peak-efficiency figure
+        ({("other", "tp1"): 1000.0}, 0.5),
+    ],
+)
+def test_the_capacity_bound_sizes_at_the_best_measured_tokens_per_gpu(
+    peaks: dict[tuple[str, str], float], gpu_hours: float
+) -> None:
+    load = token_load({0: 120_000.0}, {0: 120_000.0}, 2)
+    assert capacity_bound(load, peaks, {"m": 0.5}).gpu_hours == pytest.approx(gpu_hours)
+
+
+def test_the_fleets_capacity_is_the_most_any_run_measured() -> None:
+    runs = [
+        {"capacity_at_slo_tps": {"m": {"tp4": 4000.0, "tp8": 5000.0}}},
+        {"capacity_at_slo_tps": {"m": {"tp4": 4400.0}}},
+        {},  # a scenario without a ScalingPolicy measures nothing
+    ]
+    assert peak_at_slo(runs) == {("m", "tp4"): 4400.0, ("m", "tp8"): 5000.0}
+
+
 def test_bounds_are_printed_and_kept_in_the_summary() -> None:
     b = gpu_hour_bounds(load_scenario(TINY))
     d = bounds_dict(b)
@@ -142,12 +185,16 @@ def test_no_run_that_keeps_its_slos_uses_fewer_gpu_hours_than_the_bound(
         seed=seed,
         sources=[dataclasses.replace(s, rate_scale=scale) for s in wl.sources],
     )
-    bound = gpu_hour_bounds(sc).lower_bound_gpu_hours
+    bw = bounds_work(sc)
+    bound = bw.bounds.lower_bound_gpu_hours
     assert bound > 0
     cmp = run_policies(sc, ["reactive", "siloed", "lt-ua", "static"])
+    at_capacity = bounds_dict(bw.at_capacity(peak_at_slo(cmp.summary["policies"].values())))
+    assert at_capacity["capacity_bound_gpu_hours"] >= bound - 1e-6
     kept = 0
     for row in cmp.table:
         if all(v >= 1.0 for v in row["slo"].values()):
             kept += 1
             assert row["gpu_hours"] >= bound - 1e-6, row["policy"]
+            assert row["gpu_hours"] >= tightest_bound(at_capacity) - 1e-3, row["policy"]
     assert kept >= 1  # the property was exercised

@@ -159,7 +159,10 @@ def test_simulate_writes_summary_minutes_and_report(tmp_path: Path) -> None:
             "scaling_events",
             "batch_queue",
             "sim",
+            "capacity_at_slo_tps",
         }
+        assert set(p["capacity_at_slo_tps"]) == {"llama-2-70b"}
+        assert doc["bounds"]["capacity_bound_gpu_hours"] >= doc["bounds"]["lower_bound_gpu_hours"]
         assert set(p["fleet"]["gpu_hours"]) == {
             "serving",
             "provisioning",

@@ -35,7 +35,7 @@ from sageserve.compare.output import (
 )
 from sageserve.compare.runner import Outcome, Task, bounds_task, make_backend, run_all
 from sageserve.pace.base import make_strategy
-from sageserve.sim.bounds import describe_bounds
+from sageserve.sim.bounds import BoundsWork, bounds_dict, describe_bounds, peak_at_slo
 from sageserve.sim.scenario import (
     Scenario,
     default_scenario_dir,
@@ -175,7 +175,7 @@ def compare(
         the_tier,
         target,
         settings,
-        extra_results[0] if extra_results else None,
+        bounds_of(extra_results[0] if extra_results else None, outcomes),
         {
             "backend": backend.description,
             "count": len(tasks),
@@ -194,6 +194,15 @@ def compare(
     console.print(f"{len(tasks)} runs in {wall:.0f} s; wrote " + ", ".join(map(str, paths)))
     console.print(escape(doc["recommendation"]), style="bold", highlight=False)
     return doc
+
+
+def bounds_of(work: BoundsWork | None, outcomes: Sequence[Outcome]) -> dict[str, float] | None:
+    """The summary's bounds: those of the request stream, with the capacity-at-SLO bound at
+    the capacity the runs measured (`sim.bounds`)."""
+    if work is None:
+        return None
+    measured = peak_at_slo(o.result["summary"] for o in outcomes if o.result is not None)
+    return bounds_dict(work.at_capacity(measured))
 
 
 def print_tables(doc: dict[str, Any], console: Console) -> Console:

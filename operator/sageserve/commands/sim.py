@@ -15,7 +15,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sageserve.core.types import Request
-from sageserve.sim.bounds import bounds_dict, describe_bounds, gpu_hour_bounds
+from sageserve.sim.bounds import (
+    bounds_dict,
+    bounds_work,
+    describe_bounds,
+    peak_at_slo,
+    tightest_bound,
+)
 from sageserve.sim.deadlines import describe
 from sageserve.sim.results import REFUSED_NO_INSTANCE, layout_rows
 from sageserve.sim.run import Comparison, run_policies, write_outputs
@@ -189,7 +195,7 @@ def simulate(
 
         cmp = run_policies(sc, names, seed, on_progress)
         bounds_task = prog.add_task("bounds", total=None)
-        bounds = gpu_hour_bounds(sc)
+        bounds = bounds_work(sc).at_capacity(peak_at_slo(cmp.summary["policies"].values()))
         prog.update(bounds_task, total=1.0, completed=1.0)
     cmp.summary["bounds"] = bounds_dict(bounds)
     cmp.summary["policy_settings"] = list(settings or [])
@@ -205,13 +211,16 @@ def simulate(
     learned = capacity_table(cmp)
     if learned is not None:
         wide.print(learned)
-    lower = bounds.lower_bound_gpu_hours
+    lower = tightest_bound(cmp.summary["bounds"])
+    which = (
+        "capacity-at-SLO bound" if bounds.capacity_bound_gpu_hours is not None else "lower bound"
+    )
     wide.print(
         f"bounds: {describe_bounds(cmp.summary['bounds'])}"
         + (
             "; "
             + ", ".join(f"{r['policy']} {r['gpu_hours'] / lower:.2f}x" for r in cmp.table)
-            + " the lower bound"
+            + f" the {which}"
             if lower > 0
             else ""
         )

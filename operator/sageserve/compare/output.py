@@ -6,7 +6,8 @@ Schema `sageserve.compare/v1` (fields are only added within v1):
     {"schema": "sageserve.compare/v1",
      "scenario": {"name", "path", "window": {"start_s", "end_s"}, "seed"},
      "tier": "iw-f", "target": 0.95, "settings": [common --set], "baseline": "<policy>",
-     "bounds": {"floor_gpu_hours", "lower_bound_gpu_hours", "oracle_gpu_hours"} | null,
+     "bounds": {"floor_gpu_hours", "lower_bound_gpu_hours", "oracle_gpu_hours",
+                "capacity_bound_gpu_hours" (when runs measured it)} | null,
      "runs": {"backend", "count", "failed", "wall_s"},
      "policies": {"<policy>": {
         "strategy", "knobs": [PATH, ...],
@@ -288,6 +289,7 @@ def plot_frontiers(path: Path, doc: Mapping[str, Any]) -> None:
     lines = (
         ("oracle_gpu_hours", ":", "θ-sized estimate (perfect foresight at θ)"),
         ("lower_bound_gpu_hours", "-", "lower bound (fluid LP)"),
+        ("capacity_bound_gpu_hours", "-.", "capacity-at-SLO bound (fluid LP)"),
     )
     for key, style, label in lines:
         if key in bounds:

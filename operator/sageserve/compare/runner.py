@@ -27,9 +27,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sageserve.compare.grid import Job
+
+if TYPE_CHECKING:
+    from sageserve.sim.bounds import BoundsWork
 
 #: The progress queue of a local worker process (set by the pool's initializer).
 _LOCAL_QUEUE: Any = None
@@ -126,13 +129,14 @@ def run_task(task: Task, sink: Any = None) -> dict[str, Any]:
     return out
 
 
-def bounds_task(scenario: str, seed: int | None = None) -> dict[str, float]:
+def bounds_task(scenario: str, seed: int | None = None) -> BoundsWork:
     """Floor, lower bound and θ-sized estimate of the scenario's GPU-hours (`sim.bounds`):
-    how much there was to save."""
-    from sageserve.sim.bounds import bounds_dict, gpu_hour_bounds
+    how much there was to save; the capacity-at-SLO bound follows from the runs
+    (`BoundsWork.at_capacity`)."""
+    from sageserve.sim.bounds import bounds_work
     from sageserve.sim.scenario import load_scenario
 
-    return bounds_dict(gpu_hour_bounds(load_scenario(Path(scenario)).with_seed(seed)))
+    return bounds_work(load_scenario(Path(scenario)).with_seed(seed))
 
 
 class Future(Protocol):

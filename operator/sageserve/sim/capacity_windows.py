@@ -8,8 +8,11 @@ the scrapes), and whether every interactive tier with first tokens in the minute
 TTFT P95 within its SLO (the endpoint's minute histogram, the routers' histogram in a
 cluster). The learning rule itself is the pure step's, shared with the operator.
 
-Only a run whose ScalingPolicy sets `spec.capacity.learn` counts anything, so a run without
-it is unchanged.
+Every run counts its minutes, for the most tokens/s one instance of each (model, variant)
+served in a minute that kept the SLO (`peak_at_slo`): the fleet's measured capacity at SLO,
+which the capacity-at-SLO bound (`sim.lower_bound.capacity_bound`) sizes with. Only a run
+whose ScalingPolicy sets `spec.capacity.learn` keeps the windows, samples EMU and plans with
+what they teach, so a run without it decides exactly as before.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ class CapacityWindows:
     def __init__(self, setup: CapacitySetup) -> None:
         self.setup = setup
         self.windows: deque[CapacityWindow] = deque()
+        #: the run learns θ (else it only measures `peak_at_slo`)
+        self.learning = setup.settings.learn
+        #: per (model, variant): the most tokens/s per instance in a minute that kept the
+        #: SLO (or had no interactive first token to judge it by)
+        self.peak_at_slo: dict[tuple[str, str], float] = {}
         self._tokens: dict[Deployment, int] = {}
         #: per deployment: Σ EMU over the pace ticks of the minute, and the ticks
         self._emu: dict[Deployment, tuple[float, int]] = {}
@@ -76,8 +84,15 @@ class CapacityWindows:
                 s, k = self._emu.pop(dep, (0.0, 0))
                 if n == 0:
                     continue
-                emu = s / k if k else dep.emu(now)
                 key = ep.key
+                if met is not False:
+                    pk = (key.model, dep.variant)
+                    tps = tokens / 60.0 / n
+                    if tps > self.peak_at_slo.get(pk, 0.0):
+                        self.peak_at_slo[pk] = tps
+                if not self.learning:
+                    continue
+                emu = s / k if k else dep.emu(now)
                 self.windows.append(
                     CapacityWindow(
                         now, key.model, dep.variant, key.region, tokens / 60.0, n, emu, met
@@ -91,5 +106,6 @@ class CapacityWindows:
         return learn(self.windows, self.setup.declared, now, self.setup.settings)
 
     def plan_theta(self, now: float) -> dict[tuple[str, str], float]:
-        """θ per (model, variant) the plan sizes with: the trusted learned ones."""
-        return planned_theta(self.learned(now))
+        """θ per (model, variant) the plan sizes with: the trusted learned ones (none when
+        the run does not learn)."""
+        return planned_theta(self.learned(now)) if self.learning else {}

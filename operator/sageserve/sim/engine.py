@@ -158,7 +158,8 @@ class SimConfig:
     pools: tuple[PoolSetup, ...] = ()
     #: OServe layouts (`spec.layouts`, `sim.layout_loop`); None: off
     layouts: SimLayouts | None = None
-    #: θ learned from the run's own minutes (`spec.capacity.learn`); None: declared θ only
+    #: the run's minutes counted per pod set (`sim.capacity_windows`): its capacity at SLO,
+    #: and with `spec.capacity.learn` θ learned from them; None: nothing counted
     capacity: CapacitySetup | None = None
 
 
@@ -319,6 +320,9 @@ class RunResult:
     layouts: dict[str, object] | None = None
     #: θ learned per (model, variant, region) at the end, when the run learned it
     capacity: dict[tuple[str, str, str], LearnedCapacity] | None = None
+    #: per (model, variant): the most tokens/s one instance served in a minute that kept the
+    #: SLO (`sim.capacity_windows`); empty for a scenario without a ScalingPolicy
+    peak_at_slo: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 class _Clock:
@@ -423,9 +427,10 @@ class Simulation(InstanceHooks):
         )
         self._iw_tok: dict[tuple[str, str], int] = defaultdict(int)
         self._niw_tok: dict[tuple[str, str], int] = defaultdict(int)
-        #: θ learned from the run's minutes, only for a planned run that asks for it
+        #: the run's minutes: its capacity at SLO, and θ learned from them for a planned run
+        #: that asks for it
         self._capacity: CapacityWindows | None = None
-        if config.capacity is not None and self.planner is not None:
+        if config.capacity is not None:
             from sageserve.sim.capacity_windows import CapacityWindows
 
             self._capacity = CapacityWindows(config.capacity)
@@ -1106,7 +1111,7 @@ class Simulation(InstanceHooks):
             self._batch_need = {
                 m: need for m in qm.models() if (need := qm.required_tps(m, now)) > 0
             }
-        if self._capacity is not None:
+        if self._capacity is not None and self._capacity.learning:
             self._capacity.sample(now, self.cluster.endpoints.values())
         if self.strategy.periodic:
             self._decide(self.cluster.endpoints.values(), now)
@@ -1394,7 +1399,12 @@ class Simulation(InstanceHooks):
             batch_released=self._released_by_model(),
             pools=self._pools.summary() if self._pools is not None else {},
             layouts=self.layouts.summary() if self.layouts is not None else None,
-            capacity=self._capacity.learned(self.cfg.end_s) if self._capacity is not None else None,
+            capacity=(
+                self._capacity.learned(self.cfg.end_s)
+                if self._capacity is not None and self._capacity.learning
+                else None
+            ),
+            peak_at_slo=dict(self._capacity.peak_at_slo) if self._capacity is not None else {},
         )
 
 

@@ -30,7 +30,7 @@ fewer GPU-hours; one that misses them can, by the work it left undone or late.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -171,11 +171,15 @@ def solve_model(work: ModelWork) -> float:
 
 @dataclass
 class WindowLoad:
-    """One pass over a scenario's request stream: each model's work (`ModelWork`) and each
-    (model, home region)'s tokens/s (input + output) per minute of the window."""
+    """One pass over a scenario's request stream: each model's work (`ModelWork`), the same
+    in tokens with each interactive request due in its arrival minute (`token_work`, for
+    `capacity_bound`), the GPUs per instance of each (model, variant), and each (model, home
+    region)'s tokens/s (input + output) per minute of the window."""
 
     work: dict[str, ModelWork]
     tokens_per_s: dict[tuple[str, str], np.ndarray]
+    token_work: dict[str, ModelWork] = field(default_factory=dict)
+    gpus: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def window_load(scenario: Scenario, max_batched_tokens: int = MAX_BATCHED_TOKENS) -> WindowLoad:
@@ -197,6 +201,10 @@ def window_load(scenario: Scenario, max_batched_tokens: int = MAX_BATCHED_TOKENS
         )
         for m in setup.models
     }
+    token_works = {
+        name: ModelWork(w.floor_gpus, np.zeros(minutes), np.zeros(minutes))
+        for name, w in works.items()
+    }
     tokens: dict[tuple[str, str], np.ndarray] = {}
     for req in requests(wl, scenario.tiers, contexts):
         work = works.get(req.model)
@@ -207,7 +215,10 @@ def window_load(scenario: Scenario, max_batched_tokens: int = MAX_BATCHED_TOKENS
         series = tokens.get(key)
         if series is None:
             series = tokens[key] = np.zeros(minutes)
-        series[t] += (req.prompt_tokens + req.output_tokens) / 60.0
+        n_tokens = req.prompt_tokens + req.output_tokens
+        series[t] += n_tokens / 60.0
+        tw = token_works[req.model]
+        tw.arrived[t] += n_tokens
         prefill, decode = min(
             (c.gpu_seconds(req.prompt_tokens, req.output_tokens) for c in costs[req.model]),
             key=sum,
@@ -216,19 +227,56 @@ def window_load(scenario: Scenario, max_batched_tokens: int = MAX_BATCHED_TOKENS
         tier = req.tier
         if tier.interactive and tier.ttft_slo_s is not None:  # the first token's prefill
             due, pinned = int((req.arrival + tier.ttft_slo_s - wl.start_s) // 60.0), prefill
+            tw.due[t] += n_tokens  # at capacity at SLO: all of it, in its minute
         elif not tier.interactive and tier.deadline_s is not None:  # all of it
             due, pinned = (
                 int((req.arrival + tier.deadline_s - wl.start_s) // 60.0),
                 prefill + decode,
             )
+            if due < minutes:
+                tw.due[due] += n_tokens
         else:
             continue
         if due < minutes:
             work.due[due] += pinned
-    return WindowLoad(works, tokens)
+    gpus = {(m.name, v): perf.gpus for m in setup.models for v, perf in m.variants}
+    return WindowLoad(works, tokens, token_works, gpus)
 
 
 def fluid_lower_bound(work: dict[str, ModelWork]) -> LowerBound:
     """The lower bound on GPU-hours over the window of the models' `work`."""
     by_model = {name: solve_model(w) for name, w in work.items()}
+    return LowerBound(sum(by_model.values()), by_model)
+
+
+def capacity_bound(
+    load: WindowLoad,
+    peak_tps: Mapping[tuple[str, str], float],
+    fallback: Mapping[str, float],
+) -> LowerBound:
+    """The least GPU-hours at the fleet's measured capacity at SLO: the LP of `solve_model`
+    with each request's tokens costing tokens ÷ c GPU-seconds, c the most tokens/s per GPU
+    any instance of the model served in a minute that kept the SLO (`peak_tps` per (model,
+    variant), measured by the runs, `sim.capacity_windows`), every interactive request's
+    tokens served in its arrival minute and batch by its deadline (SageServe §6.3: the ILP
+    sizes interactive load per interval at the capacity at SLO, batch fills the troughs).
+
+    Why next to the peak-efficiency bound: that one holds for any run but charges work at a
+    batch no instance reaches within a latency SLO, so it sits far under every policy; this
+    one charges what the fleet showed it can serve at SLO. No run that kept the SLO in every
+    minute can go below it, up to a request's tokens shifting by the minute they straddle:
+    none of its instances served more than c per GPU in such a minute. A model no run
+    measured keeps its peak-efficiency figure (`fallback`)."""
+    by_model: dict[str, float] = {}
+    for name, tw in load.token_work.items():
+        per_gpu = [
+            tps / load.gpus[(m, v)]
+            for (m, v), tps in peak_tps.items()
+            if m == name and tps > 0 and (m, v) in load.gpus
+        ]
+        if not per_gpu:
+            by_model[name] = fallback.get(name, 0.0)
+            continue
+        c = max(per_gpu)
+        by_model[name] = solve_model(ModelWork(tw.floor_gpus, tw.arrived / c, tw.due / c))
     return LowerBound(sum(by_model.values()), by_model)

@@ -32,7 +32,10 @@ added, never renamed or removed, within v1):
           "sim": {"events", "preemptions", "wall_s", "requests_per_wall_s"},
           # a run that learned θ (`spec.capacity.learn`, `plan.learned_capacity`) only:
           "capacity": [{"model", "variant", "region", "declared_tps", "learned_tps",
-                        "in_force_tps", "windows", "qualifying", "trusted"}]}}}
+                        "in_force_tps", "windows", "qualifying", "trusted"}],
+          # a scenario with a ScalingPolicy: the most tokens/s per instance in a minute
+          # that kept the SLO (`sim.capacity_windows`), for the capacity-at-SLO bound
+          "capacity_at_slo_tps": {"<model>": {"<variant>": float}}}}}
 
 `internal` GPU-hours exclude donated (spot) time, as the paper's instance-hours do;
 `provisioning` is the scaling waste (GPUs paid for while an instance comes up). They cover
@@ -258,6 +261,11 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
         out["layouts"] = r.layouts
     if r.capacity is not None:
         out["capacity"] = capacity_summary(r.capacity)
+    if r.peak_at_slo:
+        peaks: dict[str, dict[str, float]] = {}
+        for (model, variant), tps in sorted(r.peak_at_slo.items()):
+            peaks.setdefault(model, {})[variant] = round(tps, 1)
+        out["capacity_at_slo_tps"] = peaks
     return out
 
 

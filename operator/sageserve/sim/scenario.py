@@ -142,12 +142,11 @@ class Scenario:
                 ),
                 spot_enabled=sp.spot.enabled,
             )
-            if sp.capacity.learn:
-                from sageserve.plan.learned_capacity import declared_theta, settings_for
-                from sageserve.sim.capacity_windows import CapacitySetup
+            from sageserve.plan.learned_capacity import declared_theta, settings_for
+            from sageserve.sim.capacity_windows import CapacitySetup
 
-                setup = CapacitySetup(settings_for(sp), declared_theta(self.models))
-                cfg = replace(cfg, capacity=setup)
+            setup = CapacitySetup(settings_for(sp), declared_theta(self.models))
+            cfg = replace(cfg, capacity=setup)
         promo = [t.promotion_age_s for t in self.tiers.values() if t.promotion_age_s]
         if promo:
             cfg = replace(cfg, promotion_age_s=min(promo))
