@@ -218,6 +218,16 @@ class Instance:
 
     # ---- read-only views (no state change), used by routers and metrics ----------------
 
+    def interactive_running(self) -> int:
+        """Interactive-tier requests admitted and not finished (decoding, prefilling or in
+        chunked prefill): Chiron's "instance running an interactive request"."""
+        n = sum(1 for job in self._running if job.req.tier.interactive)
+        n += sum(1 for job in self.prefilling if job.req.tier.interactive)
+        chunk = self.chunk_job
+        if chunk is not None and chunk not in self.prefilling and chunk.req.tier.interactive:
+            n += 1
+        return n
+
     def v_at(self, t: float) -> float:
         """Virtual iteration count at time t without advancing the instance."""
         if self.prefilling or self._n == 0:
