@@ -156,6 +156,9 @@ class PaceSamples:
     projections: dict[str, tuple[float, ...]]
     #: each interactive tier's TTFT over the last minute, per endpoint (the routers')
     ttft: dict[tuple[str, str, str], TierTtft] = field(default_factory=dict)
+    #: each pod's interactive requests in flight (the routers'), None unless the strategy
+    #: reads Chiron's interactive backpressure
+    interactive: dict[str, int] | None = None
 
 
 @dataclass
@@ -293,6 +296,9 @@ class PacePass:
                 reader.batch_deadline_needs(self.namespace),
                 reader.pod_projections(self.namespace) if strategy.uses_projection else {},
                 reader.tier_ttft(self.namespace),
+                reader.pod_interactive_running(self.namespace)
+                if strategy.uses_interactive_busy
+                else None,
             )
         except MetricsTooSlow as exc:
             message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
@@ -347,6 +353,7 @@ class PacePass:
                 max(release.one_below_emu, release.two_below_emu),
                 samples.ttft,
                 slo,
+                samples.interactive,
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all

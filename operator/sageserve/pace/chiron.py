@@ -83,7 +83,8 @@ def chiron_decision(obs: EndpointObservation, p: ChironParams) -> tuple[ActionKi
     ibp = interactive_backpressure(obs)
     if ibp is None:
         return None
-    busy = f"interactive backpressure {ibp:.0%} ({obs.interactive_busy}/{obs.interactive_reporting})"
+    seen = f"{obs.interactive_busy}/{obs.interactive_reporting}"
+    busy = f"interactive backpressure {ibp:.0%} ({seen})"
     room = obs.active < obs.max_instances
     if ibp > p.interactive_busy_above and room:
         return ActionKind.SCALE_OUT, f"{busy} > {p.interactive_busy_above:.0%}"
