@@ -19,9 +19,7 @@ PODS = [ready_pod(n) for n in "abc"]
 
 
 def test_each_pods_interactive_count_reaches_its_instance_view() -> None:
-    snap = endpoint_snapshots(MD, "llm", SETS, PODS, LOADS, {}, interactive_running={"a": 2})[
-        KEY
-    ]
+    snap = endpoint_snapshots(MD, "llm", SETS, PODS, LOADS, {}, interactive_running={"a": 2})[KEY]
     assert {v.name: v.interactive_running for v in snap.instances} == {"a": 2, "b": 0, "c": 0}
     obs = snap.observation(0.0)
     assert (obs.interactive_busy, obs.interactive_reporting) == (1, 3)
