@@ -64,7 +64,9 @@ class ForecastMethod(StrEnum):
     """Forecasters (docs/forecast.md). `arima` is the paper's load predictor (a seasonal AR
     fit of the log rate); `arima-classic` is statsmodels' ARIMA; `peak-regression` predicts
     the next hour's peak directly; `ensemble` blends the two best on the ServeGen backtest;
-    the rest are baselines, also usable as fallbacks."""
+    the rest are baselines, also usable as fallbacks. `realised` is the load that actually
+    came, which only a simulation knows (the achievable reference, `sageserve simulate
+    --reference`); the operator refuses it."""
 
     ARIMA = "arima"
     ARIMA_CLASSIC = "arima-classic"
@@ -73,6 +75,7 @@ class ForecastMethod(StrEnum):
     PERSISTENCE = "persistence"
     SEASONAL_NAIVE = "seasonal-naive"
     MOVING_AVERAGE = "moving-average"
+    REALISED = "realised"
 
 
 class FallbackMethod(StrEnum):

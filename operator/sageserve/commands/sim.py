@@ -17,6 +17,12 @@ from rich.table import Table
 from sageserve.core.types import Request
 from sageserve.sim.bounds import bounds_dict, describe_bounds, gpu_hour_bounds
 from sageserve.sim.deadlines import describe
+from sageserve.sim.reference import (
+    REFERENCE_POLICY,
+    REFERENCE_SETTING,
+    describe_reference,
+    reference_dict,
+)
 from sageserve.sim.results import REFUSED_NO_INSTANCE, layout_rows
 from sageserve.sim.run import Comparison, run_policies, write_outputs
 from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
@@ -134,6 +140,7 @@ def simulate(
     report: bool,
     console: Console,
     settings: list[str] | None = None,
+    reference: bool = False,
 ) -> Comparison:
     sc = with_policy_settings(
         load_scenario(scenario or default_scenario_dir()), settings or []
@@ -158,6 +165,15 @@ def simulate(
             prog.update(tasks[name], completed=min(1.0, max(0.0, frac)))
 
         cmp = run_policies(sc, names, seed, on_progress)
+        if reference:
+            ref_task = prog.add_task(f"reference ({REFERENCE_POLICY}, realised)", total=1.0)
+            ref = run_policies(
+                with_policy_settings(sc, [REFERENCE_SETTING]),
+                [REFERENCE_POLICY],
+                seed,
+                lambda _n, frac: prog.update(ref_task, completed=min(1.0, max(0.0, frac))),
+            )
+            cmp.summary["reference"] = reference_dict(ref.table[0])
         bounds_task = prog.add_task("bounds", total=None)
         bounds = gpu_hour_bounds(sc)
         prog.update(bounds_task, total=1.0, completed=1.0)
@@ -173,16 +189,19 @@ def simulate(
     if layouts is not None:
         wide.print(layouts)
     lower = bounds.lower_bound_gpu_hours
+    rows = [(r["policy"], r["gpu_hours"]) for r in cmp.table]
+    if "reference" in cmp.summary:
+        rows.append(("reference", cmp.summary["reference"]["gpu_hours"]))
     wide.print(
         f"bounds: {describe_bounds(cmp.summary['bounds'])}"
         + (
-            "; "
-            + ", ".join(f"{r['policy']} {r['gpu_hours'] / lower:.2f}x" for r in cmp.table)
-            + " the lower bound"
+            "; " + ", ".join(f"{p} {g / lower:.2f}x" for p, g in rows) + " the lower bound"
             if lower > 0
             else ""
         )
     )
+    if "reference" in cmp.summary:
+        wide.print(describe_reference(cmp.summary["reference"]))
     for line in pool_lines(cmp.summary):
         wide.print(line)
     console.print("wrote " + ", ".join(str(p) for p in paths))

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.model_pool import ModelPool, parse_pool
-from sageserve.api.scaling_policy import ScalingPolicy, Strategy
+from sageserve.api.scaling_policy import ForecastMethod, ScalingPolicy, Strategy
 from sageserve.controller import deadlines
 from sageserve.controller.faults import lost_pods
 from sageserve.controller.guard import FaultReport, Guard, dry_run, report_after_s
@@ -57,6 +57,7 @@ from sageserve.core.labels import (
 from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
+from sageserve.forecast.realised import REALISED_ONLY_IN_SIMULATION
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import (
     MetricsTooSlow,
@@ -266,6 +267,9 @@ class PacePass:
         if refused is not None:
             message = f"spec.strategy: {strategy.value} {refused}"
             self.condition("Ready", False, "UnsupportedStrategy", message)
+            return False
+        if self.policy.spec.forecast.method is ForecastMethod.REALISED:
+            self.condition("Ready", False, "UnsupportedForecast", REALISED_ONLY_IN_SIMULATION)
             return False
         problems = self.problems()
         if problems:
