@@ -40,9 +40,10 @@ class InstanceView:
     #: projected KV usage over the look-ahead (fractions of capacity, PreServe §4.3.1),
     #: from the instance's load anticipator; empty where no anticipator sees the instance
     projection: tuple[float, ...] = ()
-    #: requests of interactive tiers the instance is running (admitted, not finished), for
-    #: Chiron's interactive backpressure (`pace.chiron`); None where the world did not
-    #: observe it (only strategies that declare `uses_interactive_busy` ask for it)
+    #: requests of interactive tiers sent to the instance and not finished (queued there or
+    #: running: the router's in-flight count per pod), for Chiron's interactive
+    #: backpressure (`pace.chiron`); None where the world did not observe it (only
+    #: strategies that declare `uses_interactive_busy` ask for it)
     interactive_running: int | None = None
 
 

@@ -219,10 +219,13 @@ class Instance:
     # ---- read-only views (no state change), used by routers and metrics ----------------
 
     def interactive_running(self) -> int:
-        """Interactive-tier requests admitted and not finished (decoding, prefilling or in
-        chunked prefill): Chiron's "instance running an interactive request"."""
-        n = sum(1 for job in self._running if job.req.tier.interactive)
-        n += sum(1 for job in self.prefilling if job.req.tier.interactive)
+        """Interactive-tier requests sent here and not finished (waiting for admission,
+        prefilling, in chunked prefill or decoding): Chiron's "instance running an
+        interactive request", counted as the router counts its in-flight requests per pod
+        (from sending to the answer's end)."""
+        n = 0
+        for jobs in (self._running, self.prefilling, self.waiting0, self.waiting1):
+            n += sum(1 for job in jobs if job.req.tier.interactive)
         chunk = self.chunk_job
         if chunk is not None and chunk not in self.prefilling and chunk.req.tier.interactive:
             n += 1
