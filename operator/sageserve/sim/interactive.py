@@ -3,8 +3,8 @@
 Why: Chiron's interactive backpressure (`pace.chiron`) counts the instances running at
 least one interactive request. The operator reads it from the routers' per-pod gauge
 (`sageserve_router_pod_interactive_in_flight`: sent and not answered); the simulator counts
-the same of its instances (queued there or running). Only for strategies that declare `uses_interactive_busy`, so other runs pay
-nothing.
+the same of its instances (queued there or running). Only for strategies that declare
+`uses_interactive_busy`, so other runs pay nothing.
 """
 
 from __future__ import annotations
