@@ -69,8 +69,8 @@ def test_compare_runs_the_reference_policies_and_the_achievable_reference(
     assert list(doc["policies"]) == ["reactive", "reactive-paper", "chiron", "lt-ua"]
     chiron = doc["policies"]["chiron"]["points"]
     assert [p["label"] for p in chiron] == ["interactiveBusyAbove=0.4", "interactiveBusyAbove=0.8"]
-    # a lower Θ scales out sooner: never fewer GPU-hours
-    assert chiron[0]["gpu_hours"] >= chiron[1]["gpu_hours"]
+    # Θ reaches the simulated strategy: a lower one scales out sooner, more GPU-hours
+    assert chiron[0]["gpu_hours"] > chiron[1]["gpu_hours"]
     ref = doc["reference"]
     assert (ref["policy"], ref["setting"]) == ("lt-ua", "forecast.method=realised")
     assert ref["gpu_hours"] >= doc["bounds"]["lower_bound_gpu_hours"] - 1e-6
