@@ -181,13 +181,20 @@ def simulate(
             "like a manifest).",
         ),
     ] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            help="Also run the achievable reference: LT-UA with the realised future as its "
+            "forecast (forecast.method=realised), printed next to the lower bound."
+        ),
+    ] = False,
 ) -> None:
     """Replay a scenario's traces against simulated fleets, one run per policy, and compare."""
     from sageserve.commands.sim import simulate as run
 
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy else None
     try:
-        run(scenario, names, out, seed, report, console, settings)
+        run(scenario, names, out, seed, report, console, settings, reference)
     except (FileNotFoundError, ValueError, KeyError) as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
@@ -236,6 +243,13 @@ def compare(
         bool, typer.Option(help="Compute the floor, the lower bound and the θ-sized estimate.")
     ] = True,
     report: Annotated[bool, typer.Option(help="Write frontier.png and report.html.")] = True,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            help="Also run the achievable reference: LT-UA with the realised future as its "
+            "forecast (forecast.method=realised), printed next to the lower bound."
+        ),
+    ] = False,
     from_summary: Annotated[
         Path | None,
         typer.Option("--from", help="Read a finished comparison's summary.json at --target."),
@@ -264,6 +278,7 @@ def compare(
             tier=tier,
             bounds=bounds,
             report=report,
+            reference=reference,
         )
     except (FileNotFoundError, ValueError, KeyError) as e:
         err_console.print(f"[red]error:[/red] {e}")

@@ -109,8 +109,9 @@ class _NoCadence:
 
 
 def test_a_strategy_missing_a_capability_is_refused_where_it_registers() -> None:
-    assert missing_members(_NoCadence()) == ["plan_cadence", "uses_projection"]
-    with pytest.raises(TypeError, match="'old' lacks plan_cadence, uses_projection"):
+    lacks = ["plan_cadence", "queue_signals", "uses_interactive_busy", "uses_projection"]
+    assert missing_members(_NoCadence()) == lacks
+    with pytest.raises(TypeError, match=f"'old' lacks {', '.join(lacks)}"):
         register_strategy("old")(lambda _params: _NoCadence())
     with pytest.raises(KeyError, match="unknown scaling strategy 'old'"):
         make_strategy("old")

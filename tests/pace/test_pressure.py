@@ -93,7 +93,7 @@ def test_load_is_the_largest_of_emu_and_the_pressure_on_emus_scale(
         ("reactive", 0.20, 0.5, None),  # a queue forming: do not shrink onto it
         ("reactive", 0.20, 1.2, ActionKind.SCALE_OUT),  # backlog over saturation: grow
         ("reactive", 0.45, 0.0, None),
-        ("reactive-paper", 0.20, 1.2, ActionKind.SCALE_OUT),
+        ("reactive-paper", 0.20, 1.2, ActionKind.SCALE_IN),  # the paper's rule: EMU alone
         ("siloed", 0.20, 1.2, ActionKind.SCALE_OUT),
     ],
 )

@@ -27,8 +27,9 @@ from sageserve.sim.lower_bound import (
     decode_support_line,
     solve_model,
 )
+from sageserve.sim.reference import REFERENCE_POLICY, REFERENCE_SETTING
 from sageserve.sim.run import run_policies
-from sageserve.sim.scenario import load_scenario
+from sageserve.sim.scenario import load_scenario, with_policy_settings
 
 TINY = Path(__file__).parent / "fixtures" / "tiny"
 MEASURED_DECODE = PiecewiseLinear(  # the bundled Llama-2-70B TP4 decode curve's shape
@@ -188,11 +189,14 @@ def test_no_run_that_keeps_its_slos_uses_fewer_gpu_hours_than_the_bound(
     bw = bounds_work(sc)
     bound = bw.bounds.lower_bound_gpu_hours
     assert bound > 0
-    cmp = run_policies(sc, ["reactive", "siloed", "lt-ua", "static"])
-    at_capacity = bounds_dict(bw.at_capacity(peak_at_slo(cmp.summary["policies"].values())))
+    cmp = run_policies(sc, ["reactive", "reactive-paper", "siloed", "lt-ua", "static", "chiron"])
+    # the achievable reference: LT-UA with the realised future as its forecast
+    ref = run_policies(with_policy_settings(sc, [REFERENCE_SETTING]), [REFERENCE_POLICY])
+    runs = [*cmp.summary["policies"].values(), *ref.summary["policies"].values()]
+    at_capacity = bounds_dict(bw.at_capacity(peak_at_slo(runs)))
     assert at_capacity["capacity_bound_gpu_hours"] >= bound - 1e-6
     kept = 0
-    for row in cmp.table:
+    for row in [*cmp.table, *ref.table]:
         if all(v >= 1.0 for v in row["slo"].values()):
             kept += 1
             assert row["gpu_hours"] >= bound - 1e-6, row["policy"]

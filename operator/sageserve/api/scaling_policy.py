@@ -32,7 +32,8 @@ class Strategy(StrEnum):
 
     reactive: unified pool, scale on EMU thresholds only (the paper's main baseline),
     counting instances still starting as capacity (as the HPA counts unready pods).
-    reactive-paper: the same rule on serving instances only, as the paper writes it.
+    reactive-paper: the paper's rule exactly (SageServe §7.1): EMU of serving instances
+    only, none of reactive's queue signals or scale-in holds.
     siloed: separate interactive and batch pools, same thresholds (status quo at O365).
     lt-immediate (LT-I): apply the hourly ILP target at once.
     lt-utilization (LT-U): step toward the target only while EMU crosses the thresholds.
@@ -43,10 +44,14 @@ class Strategy(StrEnum):
     at most once per window.
     static: a fixed fleet sized for the window's peak (PreServe §5's static baseline; a
     simulation baseline).
+    chiron (Chiron, Patke et al., SageServe v3 §7.1's baseline): interactive backpressure
+    (share of instances running an interactive request above spec.chiron's threshold: out
+    one, else in one) and the batch queue's pending time against its deadlines.
     """
 
     REACTIVE = "reactive"
     REACTIVE_PAPER = "reactive-paper"
+    CHIRON = "chiron"
     SILOED = "siloed"
     LT_IMMEDIATE = "lt-immediate"
     LT_UTILIZATION = "lt-utilization"
@@ -59,7 +64,9 @@ class ForecastMethod(StrEnum):
     """Forecasters (docs/forecast.md). `arima` is the paper's load predictor (a seasonal AR
     fit of the log rate); `arima-classic` is statsmodels' ARIMA; `peak-regression` predicts
     the next hour's peak directly; `ensemble` blends the two best on the ServeGen backtest;
-    the rest are baselines, also usable as fallbacks."""
+    the rest are baselines, also usable as fallbacks. `realised` is the load that actually
+    came, which only a simulation knows (the achievable reference, `sageserve simulate
+    --reference`); the operator refuses it."""
 
     ARIMA = "arima"
     ARIMA_CLASSIC = "arima-classic"
@@ -68,6 +75,7 @@ class ForecastMethod(StrEnum):
     PERSISTENCE = "persistence"
     SEASONAL_NAIVE = "seasonal-naive"
     MOVING_AVERAGE = "moving-average"
+    REALISED = "realised"
 
 
 class FallbackMethod(StrEnum):
@@ -420,6 +428,19 @@ class Siloed(ApiModel):
     )
 
 
+class Chiron(ApiModel):
+    """The Chiron baseline's interactive autoscaler (Patke et al.; SageServe v3 §7.1)."""
+
+    interactive_busy_above: float = Field(
+        default=0.6,
+        gt=0,
+        lt=1,
+        description="Strategy chiron: scale out one instance when more than this share of "
+        "an endpoint's serving instances run at least one interactive request, else scale "
+        "in one (Chiron's interactive backpressure threshold; SageServe: 0.6).",
+    )
+
+
 POLICY_RULES = cel(
     (
         "self.forecast.horizonSeconds >= self.intervals.planSeconds",
@@ -645,6 +666,7 @@ class ScalingPolicySpec(ApiModel):
     optimizer: Optimizer = sub_object(Optimizer)
     spot: Spot = sub_object(Spot)
     siloed: Siloed = sub_object(Siloed)
+    chiron: Chiron = sub_object(Chiron)
     preserve: Preserve = sub_object(Preserve)
     capacity: Capacity = sub_object(Capacity)
     layouts: Layouts | None = Field(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,17 @@ from sageserve.compare.output import (
     write_report,
     write_summary,
 )
-from sageserve.compare.runner import Outcome, Task, bounds_task, make_backend, run_all
+from sageserve.compare.runner import (
+    Outcome,
+    Task,
+    bounds_task,
+    make_backend,
+    reference_task,
+    run_all,
+)
 from sageserve.pace.base import make_strategy
 from sageserve.sim.bounds import BoundsWork, bounds_dict, describe_bounds, peak_at_slo
+from sageserve.sim.reference import describe_reference
 from sageserve.sim.scenario import (
     Scenario,
     default_scenario_dir,
@@ -89,6 +97,7 @@ def compare(
     tier: str | None = None,
     bounds: bool = True,
     report: bool = True,
+    reference: bool = False,
 ) -> dict[str, Any]:
     """Run the comparison, write `summary.json` (and the report) into `out`, print the
     tables; returns the summary document. Bad input (policy, setting, grid, tier, target)
@@ -156,12 +165,15 @@ def compare(
                 run = f"{len(finished)}/{len(tasks)} {escape(o.task.job.run_id)}"
                 console.print(f"{run}: {status}", highlight=False)
 
-        extra = [(bounds_task, (str(root), seed))] if bounds else []
+        extra = courtesy_runs(str(root), seed, settings, bounds, reference)
         try:
-            outcomes, extra_results = run_all(backend, order, on_progress, on_done, extra)
+            outcomes, extra_results = run_all(
+                backend, order, on_progress, on_done, list(extra.values())
+            )
         finally:
             backend.close()
     outcomes.sort(key=lambda o: o.task.index)
+    found = dict(zip(extra, extra_results, strict=True))
     wall = time.perf_counter() - t0
     failed = [o for o in outcomes if o.error is not None]
     doc = summary_doc(
@@ -175,7 +187,7 @@ def compare(
         the_tier,
         target,
         settings,
-        bounds_of(extra_results[0] if extra_results else None, outcomes),
+        bounds_of(found.get("bounds"), outcomes),
         {
             "backend": backend.description,
             "count": len(tasks),
@@ -183,6 +195,7 @@ def compare(
             "wall_s": round(wall, 1),
         },
     )
+    doc["reference"] = found.get("reference")
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "summary.json"]
     write_summary(paths[0], doc)
@@ -205,6 +218,19 @@ def bounds_of(work: BoundsWork | None, outcomes: Sequence[Outcome]) -> dict[str,
     return bounds_dict(work.at_capacity(measured))
 
 
+def courtesy_runs(
+    root: str, seed: int | None, settings: Sequence[str], bounds: bool, reference: bool
+) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """What runs beside the sweep, by its key in the summary: the bounds, the achievable
+    reference (`sim.reference`)."""
+    extra: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
+    if bounds:
+        extra["bounds"] = (bounds_task, (root, seed))
+    if reference:
+        extra["reference"] = (reference_task, (root, seed, tuple(settings)))
+    return extra
+
+
 def print_tables(doc: dict[str, Any], console: Console) -> Console:
     """Every point, then each policy at the target, then the bounds; returns the console
     used (a wide one when the output is not a terminal, so that files keep whole rows)."""
@@ -220,6 +246,8 @@ def print_tables(doc: dict[str, Any], console: Console) -> Console:
     )
     if doc["bounds"]:
         wide.print(f"bounds: {describe_bounds(doc['bounds'])}")
+    if doc.get("reference"):
+        wide.print(describe_reference(doc["reference"], doc.get("tier")))
     return wide
 
 

@@ -23,6 +23,12 @@ from sageserve.sim.bounds import (
     tightest_bound,
 )
 from sageserve.sim.deadlines import describe
+from sageserve.sim.reference import (
+    REFERENCE_POLICY,
+    REFERENCE_SETTING,
+    describe_reference,
+    reference_dict,
+)
 from sageserve.sim.results import REFUSED_NO_INSTANCE, layout_rows
 from sageserve.sim.run import Comparison, run_policies, write_outputs
 from sageserve.sim.scenario import default_scenario_dir, load_scenario, with_policy_settings
@@ -170,6 +176,7 @@ def simulate(
     report: bool,
     console: Console,
     settings: list[str] | None = None,
+    reference: bool = False,
 ) -> Comparison:
     sc = with_policy_settings(
         load_scenario(scenario or default_scenario_dir()), settings or []
@@ -194,8 +201,19 @@ def simulate(
             prog.update(tasks[name], completed=min(1.0, max(0.0, frac)))
 
         cmp = run_policies(sc, names, seed, on_progress)
+        runs = list(cmp.summary["policies"].values())
+        if reference:
+            ref_task = prog.add_task(f"reference ({REFERENCE_POLICY}, realised)", total=1.0)
+            ref = run_policies(
+                with_policy_settings(sc, [REFERENCE_SETTING]),
+                [REFERENCE_POLICY],
+                seed,
+                lambda _n, frac: prog.update(ref_task, completed=min(1.0, max(0.0, frac))),
+            )
+            cmp.summary["reference"] = reference_dict(ref.table[0])
+            runs += ref.summary["policies"].values()
         bounds_task = prog.add_task("bounds", total=None)
-        bounds = bounds_work(sc).at_capacity(peak_at_slo(cmp.summary["policies"].values()))
+        bounds = bounds_work(sc).at_capacity(peak_at_slo(runs))
         prog.update(bounds_task, total=1.0, completed=1.0)
     cmp.summary["bounds"] = bounds_dict(bounds)
     cmp.summary["policy_settings"] = list(settings or [])
@@ -215,16 +233,19 @@ def simulate(
     which = (
         "capacity-at-SLO bound" if bounds.capacity_bound_gpu_hours is not None else "lower bound"
     )
+    rows = [(r["policy"], r["gpu_hours"]) for r in cmp.table]
+    if "reference" in cmp.summary:
+        rows.append(("reference", cmp.summary["reference"]["gpu_hours"]))
     wide.print(
         f"bounds: {describe_bounds(cmp.summary['bounds'])}"
         + (
-            "; "
-            + ", ".join(f"{r['policy']} {r['gpu_hours'] / lower:.2f}x" for r in cmp.table)
-            + f" the {which}"
+            "; " + ", ".join(f"{p} {g / lower:.2f}x" for p, g in rows) + f" the {which}"
             if lower > 0
             else ""
         )
     )
+    if "reference" in cmp.summary:
+        wide.print(describe_reference(cmp.summary["reference"]))
     for line in pool_lines(cmp.summary):
         wide.print(line)
     console.print("wrote " + ", ".join(str(p) for p in paths))

@@ -11,6 +11,8 @@ Each policy is swept along the knobs that trade GPU-hours for SLO attainment (Sa
   paper's point forecast).
 - LT-UA: the quantile and its valve, `forecastGap.overloadEmu` (scale past the plan while
   EMU is above it; 1 turns it off).
+- chiron: its interactive backpressure threshold `chiron.interactiveBusyAbove` (Θ; a
+  lower one scales out sooner).
 
 A knob is a PATH of the ScalingPolicy spec, as `sageserve simulate --set PATH=VALUE` takes
 it, so a point of the frontier is reproduced by one `simulate` command.
@@ -28,6 +30,7 @@ SCALE_OUT = "thresholds.scaleOutEmu"
 SCALE_IN = "thresholds.scaleInEmu"
 QUANTILE = "forecast.quantile"
 VALVE = "forecastGap.overloadEmu"
+CHIRON_THETA = "chiron.interactiveBusyAbove"
 
 #: SageServe's thresholds, 30 % / 70 %: the scale-in a swept scale-out keeps its ratio to.
 PAPER_IN_OUT_RATIO = 0.3 / 0.7
@@ -49,6 +52,7 @@ class Axis:
 _REACTIVE = (Axis(SCALE_OUT, (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)),)
 _LT = (Axis(QUANTILE, (0.5, 0.7, 0.9)),)
 _LT_UA = (Axis(QUANTILE, (0.5, 0.7, 0.9)), Axis(VALVE, (0.8, 0.9, 1.0)))
+_CHIRON = (Axis(CHIRON_THETA, (0.4, 0.5, 0.6, 0.7, 0.8)),)
 
 #: Default sweeps per strategy (its registered name). Chosen before any comparison was run,
 #: to span each knob's useful range; `--grid` replaces them.
@@ -59,6 +63,7 @@ DEFAULT_AXES: Mapping[str, tuple[Axis, ...]] = {
     "lt-immediate": _LT,
     "lt-utilization": _LT,
     "lt-utilization-arima": _LT_UA,
+    "chiron": _CHIRON,
 }
 
 

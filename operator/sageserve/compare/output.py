@@ -8,6 +8,9 @@ Schema `sageserve.compare/v1` (fields are only added within v1):
      "tier": "iw-f", "target": 0.95, "settings": [common --set], "baseline": "<policy>",
      "bounds": {"floor_gpu_hours", "lower_bound_gpu_hours", "oracle_gpu_hours",
                 "capacity_bound_gpu_hours" (when runs measured it)} | null,
+     "reference": {"policy", "setting", "gpu_hours", "slo": {"<tier>": attainment},
+                   "niw_deadline_attainment", "niw_missed", "scale_events"} | null
+        (the achievable reference, `sim.reference`; with --reference),
      "runs": {"backend", "count", "failed", "wall_s"},
      "policies": {"<policy>": {
         "strategy", "knobs": [PATH, ...],
@@ -54,6 +57,7 @@ from sageserve.compare.grid import canonical
 from sageserve.compare.recommend import recommendation
 from sageserve.compare.runner import Outcome
 from sageserve.sim.bounds import describe_bounds
+from sageserve.sim.reference import describe_reference
 
 SCHEMA = "sageserve.compare/v1"
 
@@ -416,6 +420,8 @@ def write_report(out: Path, doc: Mapping[str, Any]) -> Path:
     sc = doc["scenario"]
     bounds = doc.get("bounds")
     bounds_p = f"<p>Bounds: {html.escape(describe_bounds(bounds))}.</p>" if bounds else ""
+    if doc.get("reference"):
+        bounds_p += f"<p>{html.escape(describe_reference(doc['reference'], doc.get('tier')))}.</p>"
     settings = " ".join(doc["settings"]) or "none"
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>sageserve compare: {html.escape(str(sc.get("name")))}</title>

@@ -139,6 +139,20 @@ def bounds_task(scenario: str, seed: int | None = None) -> BoundsWork:
     return bounds_work(load_scenario(Path(scenario)).with_seed(seed))
 
 
+def reference_task(
+    scenario: str, seed: int | None = None, settings: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The achievable reference (`sim.reference`): LT-UA with the realised future as its
+    forecast, under the comparison's common settings."""
+    from sageserve.sim.reference import REFERENCE_POLICY, REFERENCE_SETTING, reference_dict
+    from sageserve.sim.run import run_policies
+    from sageserve.sim.scenario import load_scenario, with_policy_settings
+
+    sc = with_policy_settings(load_scenario(Path(scenario)), [*settings, REFERENCE_SETTING])
+    cmp = run_policies(sc, [REFERENCE_POLICY], seed)
+    return reference_dict(cmp.table[0])
+
+
 class Future(Protocol):
     """What this module uses of a `concurrent.futures` or `distributed` future."""
 
@@ -292,7 +306,7 @@ def run_all(
         for fut in extras:
             try:
                 extra_results.append(fut.result())
-            except Exception:  # the bounds are a courtesy; the comparison stands without
+            except Exception:  # bounds and reference are a courtesy; the comparison stands
                 extra_results.append(None)
     except BaseException:
         for fut, _ in pending.values():

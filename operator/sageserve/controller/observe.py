@@ -20,6 +20,10 @@ value, which the parity test checks:
 - requests waiting are the pods' queues plus the requests the router holds for an
   endpoint with nothing serving (`sageserve_router_held_requests`): the demand that brings
   a model back from zero;
+- each pod's running interactive requests (Chiron's interactive backpressure, only for
+  the `chiron` strategy) are the routers' in-flight count per pod
+  (`sageserve_router_pod_interactive_in_flight`): vLLM exports its running requests but not
+  their tier, and the router knows the tier of what it sent;
 - the batch deadline need is the tokens/s the model's batch queue needs to meet every
   deadline, as the routers read the shared queue
   (`sageserve_batch_deadline_need_tokens_per_second`, `PrometheusReader.
@@ -69,6 +73,7 @@ def endpoint_snapshots(
     release_below: float = 0.6,
     ttft: Mapping[tuple[str, str, str], TierTtft] | None = None,
     ttft_slo_s: Mapping[str, float] | None = None,
+    interactive_running: Mapping[str, int] | None = None,
 ) -> dict[EndpointKey, EndpointSnapshot]:
     """One snapshot per region of `md` that has a pod set (existing Deployments only);
     pods on `lost_nodes` (not Ready) are not serving. `projections` are each pod's
@@ -80,7 +85,10 @@ def endpoint_snapshots(
     TTFT P95 and count per tier over the last minute as the routers measured it on
     streamed answers (`PrometheusReader.tier_ttft`), `ttft_slo_s` each interactive tier's
     SLO (its WorkloadTier's `ttftP95Seconds`): the TTFT pressure of `pace.pressure`, read
-    as the simulator reads its own minute histogram (`sim.cluster.TtftWindow`)."""
+    as the simulator reads its own minute histogram (`sim.cluster.TtftWindow`).
+    `interactive_running` is each pod's interactive requests in flight as the routers count
+    them (`PrometheusReader.pod_interactive_running`; a pod absent runs none), for Chiron's
+    interactive backpressure; None leaves the count unobserved."""
     name = md.metadata.name
     variants = tuple(v.name for v in md.spec.variants)
     mine: dict[str, list[Mapping[str, Any]]] = {}
@@ -109,8 +117,11 @@ def endpoint_snapshots(
             variant = str(pod["metadata"]["labels"][LABEL_VARIANT])
             name_ = pod["metadata"]["name"]
             projection = (projections or {}).get(name_, ())
+            running = None if interactive_running is None else interactive_running.get(name_, 0)
             views.append(
-                InstanceView(name_, variant, load.kv_usage * cap, cap, load.waiting, projection)
+                InstanceView(
+                    name_, variant, load.kv_usage * cap, cap, load.waiting, projection, running
+                )
             )
         key3 = (namespace, name, region.name)
         key = EndpointKey(name, region.name)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.api.model_pool import ModelPool, parse_pool
-from sageserve.api.scaling_policy import ScalingPolicy, Strategy
+from sageserve.api.scaling_policy import ForecastMethod, ScalingPolicy, Strategy
 from sageserve.controller import deadlines
 from sageserve.controller.faults import lost_pods
 from sageserve.controller.guard import FaultReport, Guard, dry_run, report_after_s
@@ -57,6 +57,7 @@ from sageserve.core.labels import (
 from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
+from sageserve.forecast.realised import REALISED_ONLY_IN_SIMULATION
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import (
     MetricsTooSlow,
@@ -156,6 +157,9 @@ class PaceSamples:
     projections: dict[str, tuple[float, ...]]
     #: each interactive tier's TTFT over the last minute, per endpoint (the routers')
     ttft: dict[tuple[str, str, str], TierTtft] = field(default_factory=dict)
+    #: each pod's interactive requests in flight (the routers'), None unless the strategy
+    #: reads Chiron's interactive backpressure
+    interactive: dict[str, int] | None = None
 
 
 @dataclass
@@ -264,6 +268,9 @@ class PacePass:
             message = f"spec.strategy: {strategy.value} {refused}"
             self.condition("Ready", False, "UnsupportedStrategy", message)
             return False
+        if self.policy.spec.forecast.method is ForecastMethod.REALISED:
+            self.condition("Ready", False, "UnsupportedForecast", REALISED_ONLY_IN_SIMULATION)
+            return False
         problems = self.problems()
         if problems:
             message = "; ".join(p.message for p in problems) + "; holding every size"
@@ -293,6 +300,9 @@ class PacePass:
                 reader.batch_deadline_needs(self.namespace),
                 reader.pod_projections(self.namespace) if strategy.uses_projection else {},
                 reader.tier_ttft(self.namespace),
+                reader.pod_interactive_running(self.namespace)
+                if strategy.uses_interactive_busy
+                else None,
             )
         except MetricsTooSlow as exc:
             message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
@@ -347,6 +357,7 @@ class PacePass:
                 max(release.one_below_emu, release.two_below_emu),
                 samples.ttft,
                 slo,
+                samples.interactive,
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all

@@ -40,6 +40,11 @@ class InstanceView:
     #: projected KV usage over the look-ahead (fractions of capacity, PreServe §4.3.1),
     #: from the instance's load anticipator; empty where no anticipator sees the instance
     projection: tuple[float, ...] = ()
+    #: requests of interactive tiers sent to the instance and not finished (queued there or
+    #: running: the router's in-flight count per pod), for Chiron's interactive
+    #: backpressure (`pace.chiron`); None where the world did not observe it (only
+    #: strategies that declare `uses_interactive_busy` ask for it)
+    interactive_running: int | None = None
 
 
 def drain_order(instances: tuple[InstanceView, ...]) -> list[InstanceView]:
@@ -131,6 +136,12 @@ class EndpointSnapshot:
             tokens_per_s=self.tokens_per_s,
             waiting=self.waiting,
             projections=tuple(i.projection for i in self.instances if i.projection),
+            interactive_busy=sum(1 for i in self.instances if i.interactive_running),
+            interactive_reporting=sum(
+                1 for i in self.instances if i.interactive_running is not None
+            ),
+            batch_need_tps=self.batch_need_tps,
+            batch_capacity_tps=self.batch_capacity_tps,
         )
 
 

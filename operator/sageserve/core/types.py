@@ -134,6 +134,14 @@ class EndpointObservation:
     #: since the caller's state began); strategies with per-window rules read them
     last_event_at: float | None = None
     last_scale_in_at: float | None = None
+    #: reporting instances running at least one interactive request, and how many
+    #: instances reported that count (Chiron's interactive backpressure, `pace.chiron`)
+    interactive_busy: int = 0
+    interactive_reporting: int = 0
+    #: the endpoint's share of its model's batch deadline need and its batch capacity
+    #: under the release threshold (`pace.pressure.with_deadline_need`; 0 where none)
+    batch_need_tps: float = 0.0
+    batch_capacity_tps: float = 0.0
 
     @property
     def active(self) -> int:

@@ -258,6 +258,16 @@ class PrometheusReader:
                 by_pod.setdefault(pod, {})[q] = value
         return {pod: projection_from_quantiles(qs) for pod, qs in by_pod.items()}
 
+    def pod_interactive_running(self, namespace: str) -> dict[str, int]:
+        """Each pod's interactive-tier requests in flight as the routers count them (pods
+        no router sent an interactive request to are absent: none running)."""
+        out: dict[str, int] = {}
+        for labels, value in self.samples(queries.pod_interactive_in_flight(namespace)):
+            pod = labels.get(vllm.LABEL_POD, "")
+            if pod and math.isfinite(value):
+                out[pod] = max(0, round(value))
+        return out
+
     def held_requests(self, namespace: str) -> Series:
         """Requests the router holds per (model, region) while nothing serves there."""
         return self.instant(queries.held_requests(namespace))

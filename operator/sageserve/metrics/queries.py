@@ -160,6 +160,18 @@ def projected_kv_per_pod(namespace: str | None = None) -> str:
     return f"sum by ({vllm.LABEL_POD}, quantile) ({PROJECTED_KV}{matcher})"
 
 
+#: The router's gauge of interactive-tier requests in flight on each pod (Chiron's
+#: interactive backpressure counts the pods with at least one; `pace.chiron`).
+POD_INTERACTIVE = "sageserve_router_pod_interactive_in_flight"
+
+
+def pod_interactive_in_flight(namespace: str | None = None) -> str:
+    """Each pod's interactive requests in flight, summed over router replicas (each counts
+    only what it sent)."""
+    matcher = f'{{{vllm.LABEL_NAMESPACE}="{namespace}"}}' if namespace else ""
+    return f"sum by ({vllm.LABEL_POD}) ({POD_INTERACTIVE}{matcher})"
+
+
 #: The router's counter of tokens answered per endpoint and tier.
 ROUTER_TOKENS = "sageserve_router_tokens"
 

@@ -126,6 +126,19 @@ class PacingStrategy(Protocol):
         ...
 
     @property
+    def queue_signals(self) -> bool:
+        """Whether the decision step adds the queue-side signals to EMU (`pace.pressure`:
+        backlog, TTFT over the SLO, batch deadline need) and holds scale-in after them; off
+        for the literal baselines, which read only their own signals."""
+        ...
+
+    @property
+    def uses_interactive_busy(self) -> bool:
+        """Whether each instance's count of running interactive requests must be observed
+        (Chiron's interactive backpressure, `pace.chiron`)."""
+        ...
+
+    @property
     def periodic(self) -> bool:
         """Whether every endpoint is evaluated each pace period (LT-I), not only when a
         request reaches it (the paper's rule for the others; the operator samples every
@@ -207,7 +220,7 @@ ALIASES = {"lt-i": "lt-immediate", "lt-u": "lt-utilization", "lt-ua": "lt-utiliz
 def make_strategy(name: str, params: Mapping[str, Any] | None = None) -> PacingStrategy:
     """Build the strategy registered under `name` (or its short alias) with `params`."""
     # importing the built-ins registers them
-    from sageserve.pace import longterm, preserve, reactive  # noqa: F401
+    from sageserve.pace import chiron, longterm, preserve, reactive  # noqa: F401
 
     try:
         factory = _REGISTRY[ALIASES.get(name, name)]
@@ -222,6 +235,6 @@ def make_strategy(name: str, params: Mapping[str, Any] | None = None) -> PacingS
 
 
 def available_strategies() -> list[str]:
-    from sageserve.pace import longterm, preserve, reactive  # noqa: F401
+    from sageserve.pace import chiron, longterm, preserve, reactive  # noqa: F401
 
     return sorted(_REGISTRY)

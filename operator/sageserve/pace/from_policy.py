@@ -24,6 +24,7 @@ def strategy_params(spec: ScalingPolicySpec) -> dict[str, Any]:
         "gap_scale_down_ratio": spec.forecast_gap.scale_down_ratio,
         "overload_emu": spec.forecast_gap.overload_emu,
         "interactive_share": 1.0 - spec.siloed.batch_instance_fraction,
+        "interactive_busy_above": spec.chiron.interactive_busy_above,
         "window_s": float(spec.preserve.window_seconds),
         "lookahead": spec.preserve.lookahead_iterations,
         "overload_kv": spec.preserve.overload_kv_usage,

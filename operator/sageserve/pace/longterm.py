@@ -166,6 +166,8 @@ class LongTerm:
     layout: PoolLayout = field(default_factory=PoolLayout)
     batch_via_queue_manager: bool = True
     uses_projection: bool = False
+    queue_signals: bool = True
+    uses_interactive_busy: bool = False
 
     @property
     def plan_cadence(self) -> PlanCadence:

@@ -168,6 +168,8 @@ class Preserve:
     periodic: bool = True
     #: executors attach each instance's look-ahead projection to the snapshot
     uses_projection: bool = True
+    queue_signals: bool = True
+    uses_interactive_busy: bool = False
 
     @property
     def cooldown_s(self) -> float:
@@ -198,6 +200,8 @@ class Static:
     batch_via_queue_manager: bool = True
     plan_cadence: PlanCadence = STATIC_CADENCE
     uses_projection: bool = False
+    queue_signals: bool = True
+    uses_interactive_busy: bool = False
     periodic: bool = True
 
     def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:

@@ -9,19 +9,31 @@ the executor's job. Batch work waits in the Queue Manager.
 Siloed: the same rule applied to separate interactive and batch pools; batch requests go
 straight to the batch pool (the status quo at O365 before unification).
 
-EMU while instances are provisioning: the signal counts only serving instances, so a naive
-rule would add an instance every cooldown until the first one is up (1-10 min later). We
-count capacity that is on its way (`count_provisioning`, on by default), the convention of
-the Kubernetes HPA for unready pods. `reactive-paper` has it off: the literal paper rule.
+What `reactive` adds to the paper's rule, each absent from `reactive-paper`, the rule
+exactly as SageServe §4 / §7.1 states it (EMU over serving instances > 70 % out one, < 30 %
+in one, 15 s cooldown, nothing else):
 
-The signal is the largest of EMU and the queue-side pressure (`pace.pressure.load`: backlog
-per instance, TTFT over the SLO), so a queue that grows while EMU stays low scales out too.
+1. capacity on its way counts (`count_provisioning`): EMU is scaled by serving ÷ (serving +
+   coming up), the Kubernetes HPA's convention for unready pods; the literal rule reads
+   serving instances only, so a burst adds an instance every cooldown until the first one
+   is up (1-10 min later);
+2. no scale-in while an instance is still coming up (`scale_in_while_provisioning` off);
+3. the queue-side signals of the decision step (`pace.pressure`): waiting requests per
+   instance, an interactive tier's TTFT P95 over its SLO and the batch deadline need, put
+   on EMU's scale, the largest read (`pace.pressure.load`), so a queue that grows while
+   EMU stays low scales out too;
+4. after such a signal at its level, no scale-in for the policy's
+   `intervals.scaleInStabilizationSeconds` (the HPA's scale-down stabilization).
+
+Both keep what every strategy shares in `pace.step.decide` and the executors: the floor
+(`minInstances`, from zero when requests wait), the ceiling (`maxInstances`), the hold on
+missing or partial load data, the split over variants and the spot order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sageserve.core.snapshot import EndpointPlan
@@ -38,6 +50,8 @@ class ReactiveParams:
     scale_in_below: float = 0.30
     cooldown_s: float = 15.0
     count_provisioning: bool = True
+    #: False: scale in whatever is coming up (the literal rule); True waits for it
+    scale_in_while_provisioning: bool = False
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ReactiveParams:
@@ -54,7 +68,8 @@ def reactive_decision(obs: EndpointObservation, p: ReactiveParams) -> ActionKind
         emu = emu * obs.serving / (obs.serving + obs.provisioning)
     if emu > p.scale_out_above and obs.active < obs.max_instances:
         return ActionKind.SCALE_OUT
-    if emu < p.scale_in_below and obs.serving > obs.min_instances and obs.provisioning == 0:
+    settled = p.scale_in_while_provisioning or obs.provisioning == 0
+    if emu < p.scale_in_below and obs.serving > obs.min_instances and settled:
         return ActionKind.SCALE_IN
     return None
 
@@ -70,6 +85,9 @@ class UnifiedReactive:
     #: baselines ignore forecasts: executors need not run the planner for them
     plan_cadence: PlanCadence = NO_PLAN
     uses_projection: bool = False
+    #: the step's queue-side signals and scale-in hold (off: the literal paper rule)
+    queue_signals: bool = True
+    uses_interactive_busy: bool = False
     periodic: bool = False
 
     @property
@@ -77,6 +95,8 @@ class UnifiedReactive:
         return self.params.cooldown_s
 
     def step(self, obs: EndpointObservation, plan: EndpointPlan | None) -> ScalingAction | None:
+        if not self.queue_signals:
+            obs = replace(obs, pressure=0.0, pressure_reason="")  # EMU alone, as the paper
         kind = reactive_decision(obs, self.params)
         if kind is None:
             return None
@@ -101,11 +121,13 @@ def _make_reactive(params: Mapping[str, Any]) -> UnifiedReactive:
 
 @register_strategy("reactive-paper")
 def _make_reactive_paper(params: Mapping[str, Any]) -> UnifiedReactive:
-    """The literal rule of SageServe §7.1: EMU of serving instances only, so a burst adds an
-    instance every cooldown until the first one is up. A simulation baseline (the paper's
-    "Reactive"); the operator's `reactive` counts capacity on its way."""
-    merged = {**params, "count_provisioning": False}
-    return UnifiedReactive(ReactiveParams.from_mapping(merged), name="reactive-paper")
+    """The literal rule of SageServe §4 / §7.1 ("Reactive"): EMU of serving instances only,
+    > 70 % out one, < 30 % in one, 15 s cooldown; none of the four additions of `reactive`
+    (module doc). The operator runs it too."""
+    merged = {**params, "count_provisioning": False, "scale_in_while_provisioning": True}
+    return UnifiedReactive(
+        ReactiveParams.from_mapping(merged), name="reactive-paper", queue_signals=False
+    )
 
 
 @register_strategy("siloed")

@@ -25,7 +25,9 @@ simulator used to re-derive each in its own way:
   every strategy as `pressure` next to EMU (`pace.pressure`), so a queue that grows while
   the KV cache stays low is seen (the HPA and AIBrix take the largest of several signals);
   after such a signal at its level no scale-in for 5 minutes (the HPA's scale-down
-  stabilization), the time of the last one being state the caller keeps.
+  stabilization), the time of the last one being state the caller keeps. A strategy that
+  declares `queue_signals` off (the literal baselines: `reactive-paper`, `chiron`) gets
+  neither.
 
 The strategy (reactive, LT-I/U/UA, ...) only says whether one endpoint should grow or
 shrink now. Where new capacity comes from (spot order, SageServe §6.4) is the pure
@@ -259,6 +261,9 @@ def _strategy_action(
     the endpoint's last events), a scale-in held during the pressure's stabilization."""
     key = ep.key
     endpoint_plan = state.plan.for_endpoint(key) if state.plan else None
+    if not strategy.queue_signals:  # a literal baseline: its own signals only, no hold
+        obs = replace(ep.observation(now), last_event_at=last_event, last_scale_in_at=last_scale_in)
+        return strategy.step(obs, endpoint_plan)
     pressure = endpoint_pressure(ep)
     if pressure.ratio > 0:
         obs = replace(

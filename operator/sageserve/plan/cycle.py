@@ -36,6 +36,11 @@ from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.api import batch_buffer_tps, forecast_peak
+from sageserve.forecast.realised import (
+    REALISED,
+    REALISED_ONLY_IN_SIMULATION,
+    realised_forecast,
+)
 from sageserve.forecast.types import Forecast, ForecastSpec
 from sageserve.plan.batch_demand import batch_demand_tps, split_need
 from sageserve.plan.fleet import (
@@ -202,6 +207,7 @@ def run_plan_cycle(
     pool_current: Mapping[tuple[str, str], int] | None = None,
     batch_need: Mapping[str, float] | None = None,
     capacity_tps: Mapping[tuple[str, str], float] | None = None,
+    realised_tps: PerEndpoint | None = None,
 ) -> PlanCycle:
     """Forecast, plan and derive targets for `mds` under `policy`.
 
@@ -216,11 +222,16 @@ def run_plan_cycle(
     plans for max(β, its share of it) as the batch part of ρ (`plan.batch_demand`).
     `capacity_tps[(model, variant)]` is a trusted learned θ (`plan.learned_capacity`) that
     replaces the variant's declared capacityTokensPerSecond in the whole cycle.
+    `realised_tps[(md, region)]` is the interactive tokens/s per step after now that did
+    arrive, which only a simulation knows: the forecast of `spec.forecast.method: realised`
+    (`forecast.realised`); that method without it is refused.
     """
     if capacity_tps:
         mds = with_theta(mds, capacity_tps)
     spec = forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
+    if method == REALISED and realised_tps is None:
+        raise ValueError(REALISED_ONLY_IN_SIMULATION)
     forecasts: dict[tuple[str, str], Forecast] = {}
     buffers: dict[tuple[str, str], float] = {}
     demand: dict[tuple[str, str], float] = {}
@@ -235,7 +246,10 @@ def run_plan_cycle(
         interactive: dict[str, float] = {}  # per region: provisioned forecast, or held
         for region in md.spec.regions:
             key = (name, region.name)
-            fc = forecast_peak(history_tps.get(key, []), spec, method=method, fallback=fallback)
+            if realised_tps is not None and method == REALISED:
+                fc = realised_forecast(realised_tps.get(key, []), spec)
+            else:
+                fc = forecast_peak(history_tps.get(key, []), spec, method=method, fallback=fallback)
             forecasts[key] = fc
             batch = batch_tps_last_hour.get(key, [])
             arrived = (batch_received or {}).get(key, batch)

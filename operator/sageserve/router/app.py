@@ -593,7 +593,12 @@ class Router:
             self.fleet.start(backend, tokens)
             ticket = self.fleet.track(backend, model, client, arrival)
             try:
-                with self.metrics.flying(model, backend.region, tier):
+                with (
+                    self.metrics.flying(model, backend.region, tier),
+                    self.metrics.interactive_on_pod(
+                        model, backend.region, backend.pod, not self.fleet.is_batch(model, tier)
+                    ),
+                ):
                     response = await self._proxy(
                         request, body, backend, model, tier, started, ticket
                     )

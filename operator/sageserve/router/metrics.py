@@ -12,7 +12,7 @@ ServiceMonitor sets).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -26,6 +26,7 @@ from sageserve.metrics.queries import (
     BATCH_ACCEPTED_TOKENS,
     BATCH_DEADLINE_NEED,
     HELD_REQUESTS,
+    POD_INTERACTIVE,
     PROJECTED_KV,
     REQUEST_SHAPES,
     ROUTER_TOKENS,
@@ -98,6 +99,13 @@ class RouterMetrics:
             "sageserve_router_in_flight_requests",
             "Requests sent to a pod and not answered yet",
             [*ENDPOINT, "tier"],
+            registry=r,
+        )
+        self.pod_interactive = Gauge(
+            POD_INTERACTIVE,
+            "Interactive-tier requests sent to a pod and not answered yet (the operator's "
+            "chiron strategy counts the pods running at least one)",
+            [*ENDPOINT, "pod"],
             registry=r,
         )
         self.shapes = Counter(
@@ -229,6 +237,14 @@ class RouterMetrics:
 
     def flying(self, m: ModelRoute, region: str, tier: str) -> AbstractContextManager[None]:
         return self.in_flight.labels(m.namespace, m.name, region, tier).track_inprogress()
+
+    def interactive_on_pod(
+        self, m: ModelRoute, region: str, pod: str, interactive: bool
+    ) -> AbstractContextManager[None]:
+        """An interactive request in flight on `pod` (nothing counted for batch work)."""
+        if not interactive:
+            return nullcontext()
+        return self.pod_interactive.labels(m.namespace, m.name, region, pod).track_inprogress()
 
     def deferring(self, m: ModelRoute, region: str, tier: str) -> AbstractContextManager[None]:
         return self.deferred.labels(m.namespace, m.name, region, tier).track_inprogress()

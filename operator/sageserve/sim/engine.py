@@ -59,6 +59,7 @@ from sageserve.sim.events import INSTANCE, EventQueue
 from sageserve.sim.events import fire as fire_instance_event
 from sageserve.sim.held import HeldRequests
 from sageserve.sim.instance import Instance, InstanceHooks, Job
+from sageserve.sim.interactive import with_interactive_running
 from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
 
@@ -862,6 +863,8 @@ class Simulation(InstanceHooks):
         snaps = {ep.key: ep.snapshot(t) for ep in eps}
         if self.strategy.uses_projection:
             snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}
+        if self.strategy.uses_interactive_busy:
+            snaps = {ep.key: with_interactive_running(ep, snaps[ep.key]) for ep in eps}
         if self._batch_need:
             snaps = {k: self._with_deadlines(s) for k, s in snaps.items()}
         outcome = decide(

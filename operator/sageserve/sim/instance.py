@@ -218,6 +218,19 @@ class Instance:
 
     # ---- read-only views (no state change), used by routers and metrics ----------------
 
+    def interactive_running(self) -> int:
+        """Interactive-tier requests sent here and not finished (waiting for admission,
+        prefilling, in chunked prefill or decoding): Chiron's "instance running an
+        interactive request", counted as the router counts its in-flight requests per pod
+        (from sending to the answer's end)."""
+        n = 0
+        for jobs in (self._running, self.prefilling, self.waiting0, self.waiting1):
+            n += sum(1 for job in jobs if job.req.tier.interactive)
+        chunk = self.chunk_job
+        if chunk is not None and chunk not in self.prefilling and chunk.req.tier.interactive:
+            n += 1
+        return n
+
     def v_at(self, t: float) -> float:
         """Virtual iteration count at time t without advancing the instance."""
         if self.prefilling or self._n == 0:

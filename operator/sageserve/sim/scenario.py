@@ -463,12 +463,16 @@ class Scenario:
         what the plan grants is set in `pools.granted`.
         """
         from sageserve.api.scaling_policy import ScalingPolicySpec
+        from sageserve.forecast.realised import REALISED
         from sageserve.plan.cycle import history_at_policy_step, run_plan_cycle
+        from sageserve.sim.reference import realised_future
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
         gpus = plannable_gpus(self.nodes)  # as the operator's plan loop counts them
         models = self.models
         manifests = list(self.pools)
+        # the achievable reference's forecast: the load that will arrive (`sim.reference`)
+        future = self._token_series(0) if spec.forecast.method.value == REALISED else None
 
         def plan(
             now: float,
@@ -500,6 +504,7 @@ class Scenario:
                 ),
                 pool_current=pools.current if pools is not None else None,
                 capacity_tps=capacity,
+                realised_tps=realised_future(future, now, spec) if future is not None else None,
             )
             if pools is not None:
                 pools.granted = cycle.pools
