@@ -64,4 +64,9 @@ def test_the_router_counts_interactive_requests_per_pod_while_they_run() -> None
         assert value() == 1.0
         with metrics.interactive_on_pod(route, "us-east", "a", interactive=False):
             assert value() == 1.0  # batch work is not Chiron's interactive backpressure
-    assert value() == 0.0
+        with metrics.interactive_on_pod(route, "us-east", "a", interactive=True):
+            assert value() == 2.0
+        assert value() == 1.0
+    # answered: the pod's series goes (a pod gone with a scale-in leaves none behind), which
+    # the operator reads as no interactive request running on it
+    assert value() is None

@@ -12,7 +12,7 @@ ServiceMonitor sets).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -108,6 +108,9 @@ class RouterMetrics:
             [*ENDPOINT, "pod"],
             registry=r,
         )
+        #: interactive requests in flight per pod's labels (the gauge's value, kept here so
+        #: that a pod's series goes when it reaches 0)
+        self._pod_in_flight: dict[tuple[str, str, str, str], int] = {}
         self.shapes = Counter(
             REQUEST_SHAPES,
             "Answered requests by prompt and output length (log-2 buckets, upper bounds in "
@@ -241,10 +244,27 @@ class RouterMetrics:
     def interactive_on_pod(
         self, m: ModelRoute, region: str, pod: str, interactive: bool
     ) -> AbstractContextManager[None]:
-        """An interactive request in flight on `pod` (nothing counted for batch work)."""
+        """An interactive request in flight on `pod` (nothing counted for batch work). A
+        pod's series is removed when its last request is answered, so the label set follows
+        the pods serving now, not every pod that ever served (pods come and go with scaling)."""
         if not interactive:
             return nullcontext()
-        return self.pod_interactive.labels(m.namespace, m.name, region, pod).track_inprogress()
+        return self._on_pod((m.namespace, m.name, region, pod))
+
+    @contextmanager
+    def _on_pod(self, labels: tuple[str, str, str, str]) -> Iterator[None]:
+        self._pod_in_flight[labels] = self._pod_in_flight.get(labels, 0) + 1
+        self.pod_interactive.labels(*labels).set(self._pod_in_flight[labels])
+        try:
+            yield
+        finally:
+            left = self._pod_in_flight[labels] - 1
+            if left:
+                self._pod_in_flight[labels] = left
+                self.pod_interactive.labels(*labels).set(left)
+            else:
+                del self._pod_in_flight[labels]
+                self.pod_interactive.remove(*labels)
 
     def deferring(self, m: ModelRoute, region: str, tier: str) -> AbstractContextManager[None]:
         return self.deferred.labels(m.namespace, m.name, region, tier).track_inprogress()
