@@ -90,12 +90,24 @@ class Waiting(NamedTuple):
     started: bool = False
 
 
+def waiting_for(
+    arrival: float,
+    ttft_slo_s: float | None,
+    priority: int,
+    batch: bool,
+    started: bool = False,
+) -> Waiting:
+    """A request that arrived at `arrival`, of a tier with this TTFT SLO and declared
+    priority: its TTFT deadline and rank (batch: none, and after every interactive tier)."""
+    if batch:
+        return Waiting(arrival, _INF, LAST_RANK, started)
+    deadline = arrival + ttft_slo_s if ttft_slo_s is not None else _INF
+    return Waiting(arrival, deadline, priority, started)
+
+
 def waiting_of(tier: Tier, arrival: float, started: bool = False) -> Waiting:
-    """A request of `tier` that arrived at `arrival`: its TTFT deadline and rank."""
-    if tier.interactive:
-        slo = tier.ttft_slo_s
-        return Waiting(arrival, arrival + slo if slo is not None else _INF, tier.priority, started)
-    return Waiting(arrival, _INF, LAST_RANK, started)
+    """A request of `tier` that arrived at `arrival` (`waiting_for` on the tier)."""
+    return waiting_for(arrival, tier.ttft_slo_s, tier.priority, not tier.interactive, started)
 
 
 Key = tuple[float, ...]
@@ -173,5 +185,6 @@ __all__ = [
     "engine_priority",
     "order",
     "sort_key",
+    "waiting_for",
     "waiting_of",
 ]
