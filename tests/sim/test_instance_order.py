@@ -7,11 +7,14 @@ its 1 s SLO; PF and EDF let it overtake, which is what Fig. 15 measures.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sageserve.core.types import IW_F, IW_N, NIW, Request, Tier
 from sageserve.dispatch.instance_order import InstanceScheduling, OrderPolicy
 from sageserve.sim.instance import Instance, Job
+from sageserve.sim.scenario import load_scenario, with_policy_settings
 from tests.sim.helpers import flat_perf
 from tests.sim.test_instance import Driver
 
@@ -59,3 +62,23 @@ def test_an_instance_without_an_order_keeps_no_order_object() -> None:
     """FCFS costs nothing: the instance holds no order and never sorts its queue."""
     inst = Instance("i", flat_perf(), "r1", Driver(), order=InstanceScheduling())
     assert inst.order is None
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tiny"
+
+
+def test_the_scenarios_policy_sets_the_order_and_its_tiers_their_rank() -> None:
+    """`sageserve simulate --set instanceScheduling.policy=dpa` reaches every instance; the
+    tiers keep their declared priority (IW-F 0, IW-N 1) so PF and DPA tell them apart."""
+    sc = load_scenario(FIXTURE)
+    assert sc.sim_config().instance_scheduling.policy is OrderPolicy.FCFS
+    assert (sc.tiers["iw-f"].priority, sc.tiers["iw-n"].priority) == (0, 1)
+    dpa = with_policy_settings(
+        sc, ["instanceScheduling.policy=dpa", "instanceScheduling.urgentWithinSeconds=5"]
+    ).sim_config()
+    assert dpa.instance_scheduling == InstanceScheduling(OrderPolicy.DPA, urgent_within_s=5.0)
+
+
+def test_a_policy_the_api_server_would_refuse_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="instanceScheduling"):
+        with_policy_settings(load_scenario(FIXTURE), ["instanceScheduling.policy=lifo"])
