@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sageserve.core.percentile import percentile
@@ -64,8 +65,9 @@ def workload(
     model: str,
     seed: int,
 ) -> list[Request]:
-    """A window of `minutes` of the trace starting where `seed` says, compressed to `rate`
-    requests/s (None: as recorded), each request's tier drawn by `seed`."""
+    """A window of the trace starting where `seed` says, holding about `minutes` of requests
+    at `rate` requests/s and compressed to exactly that mean rate (None: `minutes` as
+    recorded), each request's tier drawn by `seed`."""
     rng = random.Random(seed)
     span = rows[-1][0]
     length = minutes * 60.0
@@ -79,7 +81,13 @@ def workload(
         )
     start = rng.uniform(0.0, span - length)
     window = [r for r in rows if start <= r[0] < start + length]
-    factor = (minutes * 60.0) / length  # new time = (old - start) × factor
+    if not window:
+        raise ValueError(f"the trace holds no request in the window seed {seed} picked")
+    # new time = (old - start) × factor: the window's own mean rate becomes `rate` exactly
+    # (windows differ in load; at a fixed fleet's knee that difference would swamp the
+    # policies'), and as recorded the window lasts `minutes`
+    span_new = minutes * 60.0 if rate is None else len(window) / rate
+    factor = span_new / length
     return [
         Request(
             i,
@@ -187,17 +195,20 @@ def bench_tiers_command(
     for seed in seeds:
         reqs = workload(rows, minutes, rate, fast_share, normal, perf.model, seed)
         fast = sum(1 for q in reqs if q.tier is IW_F)
+        took = reqs[-1].arrival - reqs[0].arrival
         console.print(
-            f"seed {seed}: {len(reqs)} requests in {minutes:g} min "
-            f"({len(reqs) / (minutes * 60):.2f}/s), {fast} IW-F, {len(reqs) - fast} IW-N"
+            f"seed {seed}: {len(reqs)} requests in {took / 60:.1f} min "
+            f"({len(reqs) / max(took, 1e-9):.2f}/s), {fast} IW-F, {len(reqs) - fast} IW-N"
         )
         for order in orders:
             figs = run_once(perf, instances, reqs, order, tiers)
             for name, fig in figs.items():
                 results[order.policy.value][name].append(fig)
     tab = Table(
-        title=f"{instances} × {model} on {gpus}× {gpu_type}, {trace.name}, {minutes:g} min per "
-        f"seed, {len(seeds)} seeds (mean [min–max]); IW-F SLO 1 s, IW-N {normal_slo_s:g} s"
+        title=escape(
+            f"{instances} × {model} on {gpus}× {gpu_type}, {trace.name}, {minutes:g} min per "
+            f"seed, {len(seeds)} seeds (mean [min–max]); IW-F SLO 1 s, IW-N {normal_slo_s:g} s"
+        )
     )
     for c in (
         "policy",
