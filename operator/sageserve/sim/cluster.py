@@ -465,7 +465,9 @@ class Cluster:
             dep.endpoint.key.region,
             self.hooks,
             self.max_batched_tokens,
-            self.order,
+            # a ModelPool's engines run vLLM's FCFS scheduler (the router sends them no
+            # priority), so its pods keep arrival order
+            self.order if dep.endpoint.pooled is None else None,
         )
         inst.endpoint = dep
         inst.node = node
