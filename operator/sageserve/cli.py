@@ -461,6 +461,63 @@ def bench_route(
         raise typer.Exit(2) from None
 
 
+@bench_app.command("tiers")
+def bench_tiers(
+    trace: Annotated[
+        Path, typer.Option("--trace", help="Request trace: Azure 2023 CSV or JSON lines.")
+    ] = Path("data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"),
+    instances: Annotated[int, typer.Option(help="Fixed fleet size.")] = 2,
+    rate: Annotated[
+        float | None,
+        typer.Option(help="Requests/s the window is compressed to (default: as recorded)."),
+    ] = None,
+    minutes: Annotated[float, typer.Option(help="Minutes replayed per seed.")] = 10.0,
+    fast_share: Annotated[float, typer.Option(help="Share of requests that are IW-F.")] = 0.5,
+    normal_slo: Annotated[
+        float, typer.Option("--normal-slo", help="IW-N's TTFT SLO in seconds.")
+    ] = 60.0,
+    policies: Annotated[
+        str, typer.Option(help="Instance orders, comma-separated: fcfs, edf, pf, dpa.")
+    ] = ",".join(("fcfs", "edf", "pf", "dpa")),
+    seeds: Annotated[str, typer.Option(help="Seeds, comma-separated.")] = "1,2,3",
+    expired_after: Annotated[
+        float, typer.Option("--expired-after", help="DPA's τ_n in seconds.")
+    ] = 10.0,
+    urgent_within: Annotated[
+        float, typer.Option("--urgent-within", help="DPA's τ_p in seconds.")
+    ] = 2.0,
+    model: Annotated[str, typer.Option(help="Perf profile of the instances.")] = "llama-2-70b",
+    gpu_type: Annotated[str, typer.Option("--gpu-type")] = "NVIDIA-H100-80GB-HBM3",
+    gpus: Annotated[int, typer.Option(help="GPUs per instance.")] = 4,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
+) -> None:
+    """SageServe's multi-tier instance orders (FCFS, EDF, PF, DPA) on a fixed fleet: Q3 TTFT
+    and SLO violations of IW-F and IW-N per policy, over several seeds (v3 Fig. 15)."""
+    from sageserve.commands.bench_tiers import bench_tiers_command
+
+    try:
+        bench_tiers_command(
+            trace,
+            instances,
+            rate,
+            minutes,
+            fast_share,
+            normal_slo,
+            [p.strip() for p in policies.split(",") if p.strip()],
+            [int(x) for x in seeds.split(",") if x.strip()],
+            expired_after,
+            urgent_within,
+            model,
+            gpu_type,
+            gpus,
+            console,
+            json_out,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
 @bench_app.command("pool")
 def bench_pool(
     scenario: Annotated[

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from sageserve.api.model_deployment import ModelDeployment
-from sageserve.controller.podset import render_pod_set, render_pod_sets
+from sageserve.controller.podset import policy_scheduling, render_pod_set, render_pod_sets
 from sageserve.core.labels import NodeLabels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,3 +106,42 @@ def test_initial_size_goes_to_the_first_variant_until_a_plan_says_otherwise() ->
     assert sizes["llama-2-70b-us-east-h100"] == 20
     assert sizes["llama-2-70b-us-east-a100"] == 0
     assert sizes["llama-2-70b-us-west-a100"] == 5
+
+
+def _policy(name: str, scheduling: dict | None) -> dict:
+    spec = {} if scheduling is None else {"instanceScheduling": scheduling}
+    return {
+        "apiVersion": "sageserve.io/v1alpha1",
+        "kind": "ScalingPolicy",
+        "metadata": {"name": name, "namespace": "llm"},
+        "spec": spec,
+    }
+
+
+def _args(policies: list[dict]) -> list[str]:
+    md = _llama()
+    scheduling = policy_scheduling(policies, md.spec.policy_ref.name)
+    sets = render_pod_sets(md, {}, namespace="llm", scheduling=scheduling)
+    return list(sets[0]["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_a_policy_ordering_instances_runs_vllm_with_priority_scheduling() -> None:
+    """The router then sends each request's tier as vLLM's `priority` (SageServe v3 §6.5);
+    vLLM serves it only with `--scheduling-policy priority`."""
+    name = _llama().spec.policy_ref.name
+    for order in ("edf", "pf", "dpa"):
+        args = _args([_policy(name, {"policy": order})])
+        i = args.index("--scheduling-policy")
+        assert args[i + 1] == "priority", order
+
+
+def test_fcfs_a_missing_or_an_invalid_policy_render_vllms_default_scheduler() -> None:
+    name = _llama().spec.policy_ref.name
+    for policies in (
+        [_policy(name, None)],
+        [_policy(name, {"policy": "fcfs"})],
+        [],
+        [_policy(name, {"policy": "lifo"})],  # refused by the API server; FCFS here
+        [_policy("other", {"policy": "pf"})],  # another model's policy
+    ):
+        assert "--scheduling-policy" not in _args(policies), policies

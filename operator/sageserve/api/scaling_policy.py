@@ -191,6 +191,48 @@ class Routing(ApiModel):
     batch_release: BatchRelease = sub_object(BatchRelease)
 
 
+class InstanceOrder(StrEnum):
+    """The order an instance admits waiting interactive requests in (SageServe v3 §6.5)."""
+
+    FCFS = "fcfs"
+    EDF = "edf"
+    PF = "pf"
+    DPA = "dpa"
+
+
+class InstanceScheduling(ApiModel):
+    """How each instance orders its waiting interactive requests when tiers of different
+    TTFT SLOs share it (SageServe v3 §6.5, Fig. 15). Batch work waits behind interactive
+    work under every policy (SageServe §6.1)."""
+
+    policy: InstanceOrder = Field(
+        default=InstanceOrder.FCFS,
+        description="fcfs: by arrival (the engine's default); edf: earliest TTFT deadline "
+        "(arrival + the tier's slo.ttftP95Seconds) first, expired ones first; pf: every "
+        "request of the tier with the lower spec.priority first (IW-F before IW-N), by "
+        "arrival within a tier; dpa: severely expired, urgent by tier, non-urgent by tier, "
+        "recently expired. On Kubernetes any policy but fcfs runs vLLM with "
+        "--scheduling-policy priority and the router sends each request's priority (dpa "
+        "as pf: a fixed number cannot follow the time left).",
+    )
+    expired_after_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="dpa's τ_n: a request later than this past its TTFT deadline is severely "
+        "expired and served first; one less late waits behind every request still on time. "
+        "The paper gives no value; 10 s is ten IW-F SLOs.",
+    )
+    urgent_within_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=3600,
+        description="dpa's τ_p: a request due within this is urgent (served before every "
+        "non-urgent one, faster tier first). The paper gives no value; 2 s makes every "
+        "live IW-F request (1 s SLO) urgent.",
+    )
+
+
 FORECAST_GAP_RULES = cel(
     (
         "self.scaleDownRatio < 1.0 && self.scaleUpRatio > 1.0",
@@ -661,6 +703,7 @@ class ScalingPolicySpec(ApiModel):
     intervals: Intervals = sub_object(Intervals)
     thresholds: Thresholds = sub_object(Thresholds)
     routing: Routing = sub_object(Routing)
+    instance_scheduling: InstanceScheduling = sub_object(InstanceScheduling)
     forecast_gap: ForecastGap = sub_object(ForecastGap)
     forecast: Forecast = sub_object(Forecast)
     optimizer: Optimizer = sub_object(Optimizer)

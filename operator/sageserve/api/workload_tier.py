@@ -175,7 +175,10 @@ class WorkloadTierSpec(ApiModel):
         ge=0,
         le=1000,
         description="Lower is served first by the instance scheduler and kept first when "
-        "capacity falls short (SageServe: 0 for interactive, 1 for batch).",
+        "capacity falls short (SageServe: 0 for interactive, 1 for batch). Interactive work "
+        "always goes before batch work; among interactive tiers the lower value is the "
+        "faster tier (IW-F 0, IW-N 1), which the ScalingPolicy's instanceScheduling pf and "
+        "dpa orders serve first.",
     )
     slo: Slo = sub_object(Slo)
     batch: BatchSettings | None = Field(

@@ -25,7 +25,7 @@ from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
-from sageserve.controller.podset import render_pod_sets
+from sageserve.controller.podset import policy_scheduling, render_pod_sets
 from sageserve.controller.pool_podsets import (
     on_model_pool,  # noqa: F401  (ModelPool handlers)
     reconcile_pool,
@@ -102,9 +102,10 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
     md = ModelDeployment.model_validate(raw)
     k = kube()
     labels = NodeLabels.from_env(os.environ)
+    policies = k.objects(namespace, "scalingpolicies")
     problems = model_deployment_problems(
         md,
-        policies=k.names(namespace, "scalingpolicies"),
+        policies=[p["metadata"]["name"] for p in policies],
         tiers=k.names(namespace, "workloadtiers"),
         nodes=cluster_node_shapes(k, labels),
     )
@@ -117,7 +118,10 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
             for v in md.spec.variants
             if (name := pod_set_name(md.metadata.name, r.name, v.name)) in existing
         }
-        desired = render_pod_sets(md, current, namespace, uid, labels)
+        # the engine's scheduler follows the policy's instance order: a policy changed
+        # later reaches the pod sets on the next resync (a rolling restart)
+        scheduling = policy_scheduling(policies, md.spec.policy_ref.name)
+        desired = render_pod_sets(md, current, namespace, uid, labels, scheduling)
         wanted = {d["metadata"]["name"] for d in desired}
         for deployment in desired:
             have = existing.get(deployment["metadata"]["name"])

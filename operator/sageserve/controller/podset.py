@@ -7,6 +7,7 @@ are passed in (they belong to the pacing loop), everything else comes from the s
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sageserve.api.model_deployment import (
@@ -16,6 +17,7 @@ from sageserve.api.model_deployment import (
     pod_set_name,
 )
 from sageserve.api.model_pool import ModelPool
+from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.core.labels import (
     DEFAULT_NODE_LABELS,
     GPU_RESOURCE,
@@ -26,6 +28,8 @@ from sageserve.core.labels import (
     MANAGED_BY_LABEL,
     NodeLabels,
 )
+from sageserve.dispatch.from_policy import instance_scheduling_of
+from sageserve.dispatch.instance_order import FCFS, InstanceScheduling
 
 
 def selector_labels(deployment: str, region: str, variant: str) -> dict[str, str]:
@@ -33,8 +37,34 @@ def selector_labels(deployment: str, region: str, variant: str) -> dict[str, str
     return {LABEL_DEPLOYMENT: deployment, LABEL_REGION: region, LABEL_VARIANT: variant}
 
 
-def server_args(md: ModelDeployment, variant: Variant) -> list[str]:
-    """vLLM OpenAI server arguments: what sageserve sets, then the user's extra arguments."""
+def scheduling_args(scheduling: InstanceScheduling) -> list[str]:
+    """vLLM's scheduler for the policy's instance order (SageServe v3 §6.5): `priority`
+    unless the order is FCFS (vLLM's default, which refuses a request's `priority`), so
+    that the engine serves the `priority` the router sends lowest first, ties by arrival."""
+    return ["--scheduling-policy", "priority"] if scheduling.ordered else []
+
+
+def policy_scheduling(policies: Sequence[Mapping[str, Any]], name: str) -> InstanceScheduling:
+    """The instance order of the ScalingPolicy `name` among `policies` (raw objects); FCFS
+    when it is missing or does not validate (the policy reports its own problem)."""
+    for raw in policies:
+        if raw.get("metadata", {}).get("name") != name:
+            continue
+        try:
+            policy = ScalingPolicy.model_validate(
+                {f: raw[f] for f in ("apiVersion", "kind", "metadata", "spec") if f in raw}
+            )
+        except ValueError:
+            return FCFS
+        return instance_scheduling_of(policy.spec)
+    return FCFS
+
+
+def server_args(
+    md: ModelDeployment, variant: Variant, scheduling: InstanceScheduling = FCFS
+) -> list[str]:
+    """vLLM OpenAI server arguments: what sageserve sets (the scheduler its policy's
+    instance order needs among them), then the user's extra arguments."""
     spec = md.spec
     tp = variant.tensor_parallel or variant.gpus_per_instance // variant.pipeline_parallel
     return [
@@ -49,6 +79,7 @@ def server_args(md: ModelDeployment, variant: Variant) -> list[str]:
         "--pipeline-parallel-size",
         str(variant.pipeline_parallel),
         *(["--max-model-len", str(spec.model.context_length)] if spec.model.context_length else []),
+        *scheduling_args(scheduling),
         *spec.engine.args,
     ]
 
@@ -151,6 +182,7 @@ def render_pod_set(
     namespace: str,
     owner_uid: str | None = None,
     node_labels: NodeLabels = DEFAULT_NODE_LABELS,
+    scheduling: InstanceScheduling = FCFS,
 ) -> dict[str, Any]:
     """The apps/v1 Deployment serving `md` in `region` on `variant`, with `replicas` pods.
 
@@ -198,7 +230,7 @@ def render_pod_set(
     container = {
         "name": "vllm",
         "image": md.spec.engine.image,
-        "args": server_args(md, variant),
+        "args": server_args(md, variant, scheduling),
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
         **engine_probes(probe_http, variant.startup_seconds),
@@ -215,6 +247,7 @@ def render_pod_sets(
     namespace: str,
     owner_uid: str | None = None,
     node_labels: NodeLabels = DEFAULT_NODE_LABELS,
+    scheduling: InstanceScheduling = FCFS,
 ) -> list[dict[str, Any]]:
     """Every pod set of `md`; `replicas[(region, variant)]` defaults to the initial size.
 
@@ -230,6 +263,8 @@ def render_pod_sets(
             default = initial if i == 0 else 0
             count = replicas.get((region.name, variant.name), default)
             out.append(
-                render_pod_set(md, region, variant, count, namespace, owner_uid, node_labels)
+                render_pod_set(
+                    md, region, variant, count, namespace, owner_uid, node_labels, scheduling
+                )
             )
     return out

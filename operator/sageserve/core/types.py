@@ -37,9 +37,12 @@ class TierKind(StrEnum):
 class Tier:
     """A class of requests with its SLOs (SageServe §2.2: IW-F, IW-N, NIW).
 
-    `priority` is the instance-scheduler priority (0 = served first). Batch requests older
-    than `promotion_age_s` are promoted to priority 0 (SageServe: 10 h); `deadline_s` is the
-    end-to-end deadline for batch work (SageServe: 24 h).
+    `priority` is the declared priority (WorkloadTier `spec.priority`, lower first). The
+    instance scheduler serves every interactive tier at priority 0 and batch at 1; batch
+    requests older than `promotion_age_s` are promoted to priority 0 (SageServe: 10 h);
+    `deadline_s` is the end-to-end deadline for batch work (SageServe: 24 h). Among
+    interactive tiers the declared priority says which is faster (IW-F 0, IW-N 1) for the
+    instance orders that tell them apart (`dispatch.instance_order`, SageServe v3 §6.5).
     """
 
     name: str
@@ -57,7 +60,7 @@ class Tier:
 
 #: The three tiers of the SageServe paper with its SLOs.
 IW_F = Tier("IW-F", TierKind.INTERACTIVE, ttft_slo_s=1.0, priority=0)
-IW_N = Tier("IW-N", TierKind.INTERACTIVE, ttft_slo_s=60.0, priority=0)
+IW_N = Tier("IW-N", TierKind.INTERACTIVE, ttft_slo_s=60.0, priority=1)
 NIW = Tier("NIW", TierKind.BATCH, deadline_s=24 * 3600.0, priority=1, promotion_age_s=10 * 3600.0)
 DEFAULT_TIERS: Mapping[str, Tier] = {t.name: t for t in (IW_F, IW_N, NIW)}
 

@@ -32,6 +32,11 @@ class TierMatch:
     #: requests and tokens per minute the router admits (WorkloadTier `spec.limits`,
     #: `dispatch.rate_limit`); None: unlimited
     limits: Limits | None = None
+    #: the tier's declared priority (WorkloadTier `spec.priority`, lower first) and TTFT SLO
+    #: (`spec.slo.ttftP95Seconds`): what the instance order reads
+    #: (`dispatch.instance_order.waiting_for`) and the router sends as vLLM's `priority`
+    priority: int = 0
+    ttft_slo_s: float | None = None
 
     def matches_header(self, value: str) -> bool:
         return value == self.name or value in self.header_values

@@ -52,6 +52,7 @@ from sageserve.batch.api import PRINCIPAL
 from sageserve.batch.limits import BadJson, load_json
 from sageserve.dispatch.hold import HOLD_S, MAX_HELD, Hold, admit, hold_until, keep
 from sageserve.dispatch.identity import ANONYMOUS, Principal, Refusal, bearer_key, choose_tier
+from sageserve.dispatch.instance_order import engine_priority, waiting_for
 from sageserve.dispatch.instance_picker import Arrival
 from sageserve.dispatch.queue_manager import release_count
 from sageserve.dispatch.request_check import (
@@ -500,7 +501,30 @@ class Router:
             await self._until_trough(model, region, tier)
         user = body.get("user")
         client = client_id(principal.key_id or (str(user) if user else None))
+        body = self._with_priority(body, model, tier)
         return await self._send(request, body, model, region, tier, started, tokens, client)
+
+    def _with_priority(self, body: dict[str, Any], model: ModelRoute, tier: str) -> dict[str, Any]:
+        """The body as the pod gets it: vLLM's `priority` set from the request's tier (its
+        identity's, SageServe v3 §6.5) by the model's policy's instance order
+        (`dispatch.instance_order.engine_priority`), never the client's own (a client
+        cannot raise its place in the engine's queue); none under FCFS."""
+        if self.pools is not None and self.pools.serves(model):
+            # a ModelPool's engines run vLLM's default FCFS scheduler
+            return {k: v for k, v in body.items() if k != "priority"}
+        match = self.fleet.tiers.get(model.namespace, {}).get(tier)
+        waiting = waiting_for(
+            time.time(),
+            match.ttft_slo_s if match is not None else None,
+            match.priority if match is not None else 0,
+            match is not None and match.batch,
+        )
+        priority = engine_priority(model.instance_scheduling, waiting)
+        if priority is None:
+            if "priority" not in body:
+                return body
+            return {k: v for k, v in body.items() if k != "priority"}
+        return {**body, "priority": priority}
 
     async def _until_trough(self, model: ModelRoute, region: str, tier: str) -> None:
         """A batch-tier request sent synchronously yields to interactive work: it waits
@@ -672,7 +696,7 @@ class Router:
         assert self.session is not None
         started = time.monotonic()
         prompt, tokens = estimated_tokens(body, self.config.max_output_tokens)
-        body = {**body, "stream": False}
+        body = self._with_priority({**body, "stream": False}, model, tier)
         user = body.get("user")
         client = client_id(str(user) if user else None)
         arrival = self.fleet.arrival(model, client, prompt)

@@ -35,7 +35,11 @@ from sageserve.api.scaling_policy import (
 from sageserve.api.workload_tier import LimitScope, RateLimits, TierType, WorkloadTier
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
 from sageserve.dispatch.deadlines import capacity_at_max
-from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
+from sageserve.dispatch.from_policy import (
+    instance_scheduling_of,
+    release_rules_of,
+    route_threshold_of,
+)
 from sageserve.dispatch.rate_limit import Limits
 from sageserve.dispatch.tiers import TierMatch
 from sageserve.perf.layout_check import profile_names
@@ -158,14 +162,17 @@ def policy_specs(objs: list[dict[str, Any]]) -> dict[str, ScalingPolicySpec]:
 
 
 def follow_policy(route: ModelRoute, specs: Mapping[str, ScalingPolicySpec]) -> ModelRoute:
-    """`dispatch` with the region threshold (SageServe §6.1) and batch release rules (§6.2)
-    of the ScalingPolicy it names, mapped as the simulator maps them
+    """`dispatch` with the region threshold (SageServe §6.1), batch release rules (§6.2)
+    and instance order (v3 §6.5) of the ScalingPolicy it names, mapped as the simulator maps them
     (`dispatch.from_policy`), so that the router and the simulator of one policy agree. A
     policy missing from `specs` (not created yet, deleted, or not validating) counts as
     the default policy: the paper's 70 % and 1 under 60 % / 2 under 50 %."""
     spec = specs.get(route.policy) or ScalingPolicySpec()
     return replace(
-        route, route_threshold=route_threshold_of(spec), release_rules=release_rules_of(spec)
+        route,
+        route_threshold=route_threshold_of(spec),
+        release_rules=release_rules_of(spec),
+        instance_scheduling=instance_scheduling_of(spec),
     )
 
 
@@ -335,6 +342,8 @@ class Discovery:
                     batch=wt.spec.type == TierType.BATCH,
                     deadline_s=float(wt.spec.batch.deadline_seconds) if wt.spec.batch else None,
                     limits=tier_limits(wt.spec.limits),
+                    priority=wt.spec.priority,
+                    ttft_slo_s=wt.spec.slo.ttft_p95_seconds,
                 )
             self.loop.call_soon_threadsafe(self.fleet.set_tiers, ns, tiers)
 

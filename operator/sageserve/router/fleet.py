@@ -37,6 +37,7 @@ from sageserve.dispatch.identity import (
     key_ring,
     may_see,
 )
+from sageserve.dispatch.instance_order import FCFS, InstanceScheduling
 from sageserve.dispatch.instance_picker import (
     Arrival,
     InstancePicker,
@@ -125,6 +126,9 @@ class ModelRoute:
     #: regions' maxInstances (`dispatch.deadlines.capacity_at_max`); 0: unknown. What a
     #: predicted deadline miss is read against.
     capacity_at_max_tps: float = 0.0
+    #: its ScalingPolicy's `spec.instanceScheduling`: the `priority` each forwarded request
+    #: carries to vLLM (`dispatch.instance_order.engine_priority`); FCFS: none
+    instance_scheduling: InstanceScheduling = FCFS
 
 
 #: A layout dispatch as counted: (endpoint, type, variant sent to, overflowed).

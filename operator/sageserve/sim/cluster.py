@@ -40,6 +40,7 @@ from sageserve.core.labels import DEFAULT_NODE_LABELS, SERVING_POOL, SPOT_POOL
 from sageserve.core.nodes import parse_nodes
 from sageserve.core.snapshot import EndpointSnapshot, InstanceView, drain_order
 from sageserve.core.types import EndpointKey, InstanceState
+from sageserve.dispatch.instance_order import InstanceScheduling
 from sageserve.dispatch.layout_dispatch import EndpointLayout
 from sageserve.dispatch.queue_manager import estimated_emu
 from sageserve.metrics.vllm import TTFT_BUCKETS
@@ -360,6 +361,7 @@ class Cluster:
         seed: int,
         max_batched_tokens: int = 16384,
         spot_enabled: bool = True,
+        order: InstanceScheduling | None = None,
     ) -> None:
         # copies: a run mutates free GPUs and pools, and several runs share one SimConfig;
         # by name, the order `pace.spot` breaks ties in
@@ -380,6 +382,8 @@ class Cluster:
         self._spot_since: dict[str, float] = {}
         self.rng = random.Random(seed)
         self.max_batched_tokens = max_batched_tokens
+        #: the order each instance admits waiting interactive requests in (None: FCFS)
+        self.order = order
         self.endpoints: dict[EndpointKey, Endpoint] = {}
         self.acct = Accounting()
         self._ids = 0
@@ -461,6 +465,9 @@ class Cluster:
             dep.endpoint.key.region,
             self.hooks,
             self.max_batched_tokens,
+            # a ModelPool's engines run vLLM's FCFS scheduler (the router sends them no
+            # priority), so its pods keep arrival order
+            self.order if dep.endpoint.pooled is None else None,
         )
         inst.endpoint = dep
         inst.node = node

@@ -26,6 +26,7 @@ from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.dispatch.anticipator import LoadAnticipator
 from sageserve.dispatch.deadlines import capacity_at_max
 from sageserve.dispatch.hold import HOLD_S, MAX_HELD
+from sageserve.dispatch.instance_order import FCFS, InstanceScheduling
 from sageserve.dispatch.instance_picker import (
     DEFAULT_PICKER,
     Arrival,
@@ -142,6 +143,9 @@ class SimConfig:
     inter_region_latency_s: float = 0.05
     delays: Delays = field(default_factory=Delays)
     max_batched_tokens: int = 16384
+    #: `spec.instanceScheduling`: the order each instance admits waiting interactive
+    #: requests in (`dispatch.instance_order`, SageServe v3 §6.5); FCFS by default
+    instance_scheduling: InstanceScheduling = FCFS
     #: minutes of tokens/s history kept for the hourly plan: the policy's
     #: `trainingWindowSeconds`, which the operator's plan loop reads (`Scenario.sim_config`)
     history_minutes: int = 60
@@ -446,6 +450,7 @@ class Simulation(InstanceHooks):
             config.seed,
             config.max_batched_tokens,
             config.spot_enabled,
+            config.instance_scheduling,
         )
         self.cluster.placed = self.instance_ready_at
         self.qm: BatchQueueManager[Job] = BatchQueueManager(

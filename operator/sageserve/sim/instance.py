@@ -20,7 +20,10 @@ What is modelled, following vLLM's scheduler:
   shares its step with shorter prompts that fit the rest of the budget. Prompts within the
   budget are scheduled exactly as before;
 - priority queues: priority-0 requests (interactive, promoted batch) are admitted before any
-  priority-1 request (SageServe §6.1); FCFS within a priority;
+  priority-1 request (SageServe §6.1); FCFS within a priority, unless the instance has an
+  order (`order`, the ScalingPolicy's `spec.instanceScheduling`): then its priority-0 queue
+  is sorted by `dispatch.instance_order` before each admission (EDF, PF or DPA, SageServe
+  v3 §6.5), and admission takes it in that order while memory permits;
 - the prefill step emits the first token (TTFT); each decode iteration emits one token per
   running sequence;
 - preemption by recomputation when the KV cache is full: the most recently admitted sequence
@@ -37,6 +40,7 @@ from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 from sageserve.core.types import InstanceState, Request
+from sageserve.dispatch.instance_order import InstanceScheduling, sort_key, waiting_of
 
 if TYPE_CHECKING:
     from sageserve.dispatch.anticipator import LoadAnticipator
@@ -147,6 +151,7 @@ class Instance:
         "max_seqs",
         "model",
         "node",
+        "order",
         "perf",
         "prefill_work",
         "prefilling",
@@ -170,8 +175,11 @@ class Instance:
         region: str,
         hooks: InstanceHooks,
         max_batched_tokens: int = 16384,
+        order: InstanceScheduling | None = None,
     ) -> None:
         self.id = iid
+        #: the order of the priority-0 queue (None: FCFS, the queue's own order, no cost)
+        self.order = order if order is not None and order.ordered else None
         #: whether its metrics reach the observer (False models a scrape gap)
         self.reporting = True
         self.perf = perf
@@ -352,6 +360,8 @@ class Instance:
                 self._start_prefill(batch, tokens, work, now)
                 return
         w0, w1 = self.waiting0, self.waiting1
+        if self.order is not None and len(w0) > 1:
+            w0 = self._sort_waiting(now)
         while slots > 0:
             q = w0 if w0 else w1
             if not q:
@@ -382,6 +392,17 @@ class Instance:
             tokens += need
         if batch:
             self._start_prefill(batch, tokens, work, now)
+
+    def _sort_waiting(self, now: float) -> deque[Job]:
+        """The priority-0 queue in the instance's order at `now` (dispatch.instance_order)."""
+        assert self.order is not None
+        key = sort_key(self.order, now)
+        jobs = sorted(
+            self.waiting0,
+            key=lambda j: key(waiting_of(j.req.tier, j.req.arrival, j.first_token >= 0)),
+        )
+        self.waiting0 = w0 = deque(jobs)
+        return w0
 
     def _start_prefill(self, batch: list[Job], tokens: int, work: int, now: float) -> None:
         self.prefilling = batch

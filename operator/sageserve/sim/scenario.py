@@ -42,7 +42,11 @@ from sageserve.api.workload_tier import WorkloadTier
 from sageserve.core.nodes import plannable_gpus
 from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey, Request, Tier, TierKind
-from sageserve.dispatch.from_policy import release_rules_of, route_threshold_of
+from sageserve.dispatch.from_policy import (
+    instance_scheduling_of,
+    release_rules_of,
+    route_threshold_of,
+)
 from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems, variant_parallelism
 from sageserve.perf.model import DEFAULT_NODE_GPUS, PerfCatalog, VariantPerf, load_catalog
@@ -131,6 +135,7 @@ class Scenario:
                 cfg,
                 route_threshold=route_threshold_of(sp),
                 release_rules=release_rules_of(sp),
+                instance_scheduling=instance_scheduling_of(sp),
                 pace_s=float(sp.intervals.pace_seconds),
                 history_minutes=math.ceil(sp.forecast.training_window_seconds / 60),
                 scale_in_stabilization_s=float(sp.intervals.scale_in_stabilization_seconds),
@@ -523,7 +528,9 @@ def tier_from_manifest(wt: WorkloadTier) -> Tier:
         ttft_slo_s=spec.slo.ttft_p95_seconds,
         tbt_slo_s=spec.slo.tbt_p95_seconds,
         deadline_s=float(batch.deadline_seconds) if batch is not None else None,
-        priority=0 if interactive else 1,
+        # interactive: the declared priority orders the interactive tiers (instance_order);
+        # batch: the instance scheduler's batch priority (SageServe §6.1)
+        priority=spec.priority if interactive else 1,
         promotion_age_s=float(batch.promotion_age_seconds) if batch is not None else None,
     )
 

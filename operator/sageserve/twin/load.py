@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-from sageserve.core.types import IW_F, Request
+from sageserve.core.types import IW_F, Request, Tier, TierKind
+from sageserve.dispatch.instance_order import InstanceScheduling, OrderPolicy
 from sageserve.dispatch.instance_picker import pick_instance
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.perf.model import DEFAULT_NODE_GPUS, LayoutError, PerfCatalog, VariantPerf
@@ -366,6 +367,31 @@ class ContextLengthExceeded(ValueError):
         )
 
 
+class PriorityRefused(ValueError):
+    """A request with a `priority` sent to an engine scheduling FCFS: vLLM's OpenAI server
+    refuses it (HTTP 400)."""
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        super().__init__(f"Got priority {priority} but Priority scheduling is not enabled.")
+
+
+#: vLLM's `--scheduling-policy priority`: the lowest `priority` first, ties by arrival,
+#: which is PF's order over ranks (`dispatch.instance_order`)
+ENGINE_PRIORITY = InstanceScheduling(OrderPolicy.PF)
+
+
+def _priority_tier(priority: int, cache: dict[int, Tier]) -> Tier:
+    """An interactive tier ranked `priority` and without a TTFT SLO: what the instance order
+    reads of a request sent with vLLM's `priority`."""
+    tier = cache.get(priority)
+    if tier is None:
+        tier = cache[priority] = Tier(
+            f"priority-{priority}", TierKind.INTERACTIVE, priority=priority
+        )
+    return tier
+
+
 class TwinPod:
     """A serving pod: its instance, counters and context length (0: none known)."""
 
@@ -432,6 +458,7 @@ class TwinSim(InstanceHooks):
         self.pods: dict[tuple[str, str], TwinPod] = {}
         self.events = EventQueue()
         self._req_id = 0
+        self._priority_tiers: dict[int, Tier] = {}
         #: Serving pods left without an instance, and why (e.g. no perf profile).
         self.problems: dict[str, str] = {}
 
@@ -472,7 +499,12 @@ class TwinSim(InstanceHooks):
                 continue
             self.problems.pop(info.name, None)
             inst = Instance(
-                f"{info.namespace}/{info.name}", perf, info.region, self, self.max_batched_tokens
+                f"{info.namespace}/{info.name}",
+                perf,
+                info.region,
+                self,
+                self.max_batched_tokens,
+                ENGINE_PRIORITY if info.priority_scheduling else None,
             )
             inst.t0 = self.now
             tp = TwinPod(info, inst, endpoint, info.max_model_len or perf.context_length)
@@ -535,10 +567,14 @@ class TwinSim(InstanceHooks):
         job.ep = tp
         tp.instance.enqueue(job, t)
 
-    def submit(self, namespace: str, pod: str, prompt: int, output: int) -> Job | None:
+    def submit(
+        self, namespace: str, pod: str, prompt: int, output: int, priority: int = 0
+    ) -> Job | None:
         """A request that reached this pod over HTTP, run by its simulated instance from
         now on (None if the pod does not serve). The caller polls the job under the lock.
-        Raises `ContextLengthExceeded` for a request longer than the pod's context."""
+        Raises `ContextLengthExceeded` for a request longer than the pod's context, and
+        `PriorityRefused` for a `priority` sent to a pod not scheduling by priority (as
+        vLLM). On a pod that does, the request waits by its priority, lowest first."""
         tp = self.pods.get((namespace, pod))
         if tp is None or not tp.alive:
             return None
@@ -547,9 +583,13 @@ class TwinSim(InstanceHooks):
         if tp.refuses(prompt, max(1, output)):
             ep.refused += 1
             raise ContextLengthExceeded(tp.context, prompt, max(1, output))
+        if priority and not tp.info.priority_scheduling:
+            ep.refused += 1
+            raise PriorityRefused(priority)
         ep.prompt_tokens += prompt
         self._req_id += 1
-        req = Request(self._req_id, self.now, ep.id[1], IW_F, ep.id[2], prompt, max(1, output))
+        tier = _priority_tier(priority, self._priority_tiers) if priority else IW_F
+        req = Request(self._req_id, self.now, ep.id[1], tier, ep.id[2], prompt, max(1, output))
         job = Job(req, 0)
         job.ep = tp
         tp.instance.enqueue(job, self.now)

@@ -34,6 +34,16 @@ def request_tokens(body: dict[str, Any]) -> tuple[int, int]:
     return max(1, len(text) // 4), max(1, int(output))
 
 
+def request_priority(body: dict[str, Any]) -> int:
+    """vLLM's `priority` of a request body (0 when absent; lower is served first by an
+    engine run with `--scheduling-policy priority`). Raises ValueError when it is not an
+    integer, as vLLM's request validation does."""
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"priority must be an integer, got {value!r}")
+    return value
+
+
 def tokens_as_simulated(
     job: Job,
     lock: threading.RLock,
@@ -107,6 +117,11 @@ def context_length_error(message: str) -> dict[str, Any]:
             "code": "context_length_exceeded",
         }
     }
+
+
+def invalid_request(message: str, param: str) -> dict[str, Any]:
+    """A 400 body in the OpenAI API's error shape naming the field at fault."""
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param}}
 
 
 def new_id() -> str:

@@ -68,6 +68,9 @@ class PodInfo:
     #: twin then picks the (TP, PP) profile, not just one of the same GPU count
     tensor_parallel: int | None = None
     pipeline_parallel: int | None = None
+    #: vLLM's `--scheduling-policy priority` (last occurrence wins): the engine serves the
+    #: lowest request `priority` first; else FCFS, and a request with a priority is refused
+    priority_scheduling: bool = False
 
     @property
     def endpoint(self) -> EndpointId:
@@ -85,6 +88,17 @@ def _arg(args: Sequence[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def _last_arg(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag`'s last occurrence (argparse: the last one wins)."""
+    value: str | None = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = str(args[i + 1])
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def _int_arg(args: Sequence[str], flag: str) -> int | None:
@@ -171,6 +185,7 @@ def pod_info(
         awake_quota=awake_per_instance(meta.get("annotations")),
         tensor_parallel=_int_arg_any(args, "--tensor-parallel-size", "-tp"),
         pipeline_parallel=_int_arg_any(args, "--pipeline-parallel-size", "-pp"),
+        priority_scheduling=_last_arg(args, "--scheduling-policy") == "priority",
     )
 
 

@@ -38,7 +38,13 @@ from urllib.parse import unquote
 from sageserve.twin import openai
 from sageserve.twin.clock import AcceleratedClock
 from sageserve.twin.exposition import POD_LABELS, encode, families, twin_families
-from sageserve.twin.load import ContextLengthExceeded, PodSample, TwinSim, endpoint_name
+from sageserve.twin.load import (
+    ContextLengthExceeded,
+    PodSample,
+    PriorityRefused,
+    TwinSim,
+    endpoint_name,
+)
 from sageserve.twin.pods import PodInfo
 from sageserve.twin.sleep_mode import EngineMode, OutOfMemory, PodEngines, transfer_seconds
 
@@ -388,6 +394,13 @@ def _serve_sleep(handler: Any, twin: Twin, method: str, path: str, query: str) -
     return True
 
 
+def _refused(exc: ContextLengthExceeded | PriorityRefused) -> dict[str, Any]:
+    """vLLM's 400 for a request it refuses before the engine sees it."""
+    if isinstance(exc, ContextLengthExceeded):
+        return openai.context_length_error(str(exc))
+    return openai.invalid_request(str(exc), "priority")
+
+
 def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
     """`/pods/<namespace>/<pod>[/port/<n>]/v1/completions` or `.../v1/chat/completions`."""
     route = pod_route(path)
@@ -403,6 +416,7 @@ def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
     try:
         body = json.loads(handler.rfile.read(length) or b"{}")
         prompt, output = openai.request_tokens(body)
+        priority = openai.request_priority(body)
     except (ValueError, TypeError) as exc:
         handler._json(400, {"error": {"message": f"bad request: {exc}"}})
         return
@@ -410,13 +424,13 @@ def _serve_openai(handler: Any, twin: Twin, path: str) -> None:
         return
     try:
         with twin.lock:
-            job = twin.sim.submit(namespace, pod, prompt, output)
+            job = twin.sim.submit(namespace, pod, prompt, output, priority)
         if job is None:  # a pod that became Ready since the last listing: list again once
             twin.refresh()
             with twin.lock:
-                job = twin.sim.submit(namespace, pod, prompt, output)
-    except ContextLengthExceeded as exc:
-        handler._json(400, openai.context_length_error(str(exc)))
+                job = twin.sim.submit(namespace, pod, prompt, output, priority)
+    except (ContextLengthExceeded, PriorityRefused) as exc:
+        handler._json(400, _refused(exc))
         return
     with twin.lock:
         serving = twin.sim.pods.get((namespace, pod))
