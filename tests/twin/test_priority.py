@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -98,17 +99,26 @@ def test_over_http_a_priority_request_overtakes_and_fcfs_pods_refuse_one(twin: T
     assert code == 400
     with twin.lock:
         twin.sim.pods[("llm", "a")].instance.max_seqs = 1  # the order alone decides
-    done: list[str] = []
+    # the order the pod served them in, on its simulated clock (the order the HTTP answers
+    # reach their threads also depends on how loaded this machine is)
+    jobs: dict[int, Any] = {}
+    submit = twin.sim.submit
+
+    def recording(namespace: str, pod_name: str, prompt: int, output: int, priority: int) -> Any:
+        job = submit(namespace, pod_name, prompt, output, priority)
+        jobs[output] = job
+        return job
+
+    twin.sim.submit = recording  # type: ignore[method-assign]
 
     def send(name: str, body: dict[str, object]) -> None:
         assert _post(twin, "a", body)[0] == 200
-        done.append(name)
 
     threads = [threading.Thread(target=send, args=("busy", {"max_tokens": 1500}))]
     threads[0].start()
     _until(twin, 1)
-    for name, priority in (("normal", 1), ("fast", 0)):
-        body = {"max_tokens": 5, "priority": priority}
+    for name, priority, tokens in (("normal", 1, 5), ("fast", 0, 6)):
+        body = {"max_tokens": tokens, "priority": priority}
         thread = threading.Thread(target=send, args=(name, body))
         threads.append(thread)
         thread.start()
@@ -116,7 +126,8 @@ def test_over_http_a_priority_request_overtakes_and_fcfs_pods_refuse_one(twin: T
         _until(twin, len(threads))
     for thread in threads:
         thread.join(timeout=60)
-    assert done == ["busy", "fast", "normal"]
+    busy, normal, fast = (jobs[n] for n in (1500, 5, 6))
+    assert busy.first_token < fast.first_token < normal.first_token
 
 
 def _until(t: Twin, requests: int, timeout: float = 10.0) -> None:
