@@ -30,8 +30,20 @@ from sageserve.api.common import (
 POD_SET_NAME_MAX = 63
 
 
+ENGINE_RULES = cel(
+    (
+        "!self.args.exists(a, a == '--scheduling-policy' || a.startsWith('--scheduling-policy='))",
+        "spec.engine.args must not set --scheduling-policy: sageserve sets it from the "
+        "ScalingPolicy's spec.instanceScheduling.policy (priority for edf, pf and dpa, to "
+        "serve the priority the router sends); remove it and choose the order there",
+    ),
+)
+
+
 class Engine(ApiModel):
     """The inference server each instance runs (vLLM's OpenAI-compatible server)."""
+
+    model_config = ConfigDict(json_schema_extra=ENGINE_RULES)
 
     image: str = Field(
         default="vllm/vllm-openai:v0.11.0",
@@ -43,7 +55,8 @@ class Engine(ApiModel):
         default_factory=list,
         max_length=64,
         description="Extra server arguments, appended after the ones sageserve sets "
-        "(model, served name, port, tensor/pipeline parallel size).",
+        "(model, served name, port, tensor/pipeline parallel size, and the scheduling "
+        "policy the ScalingPolicy's instance order needs, which these may not set).",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the server.")
 
