@@ -317,3 +317,22 @@ def test_gaps_are_injected_where_the_mask_says() -> None:
     assert 5 <= truth.sum() <= 60
     assert np.all(gappy[truth] <= 0.3 * LEVEL) and np.all(gappy[~truth] == LEVEL)
     assert np.array_equal(inject_gaps(series, seed=4, count=5)[0], gappy)
+
+
+@pytest.mark.parametrize(
+    "series",
+    [
+        np.concatenate([np.zeros(30), np.full(30, LEVEL)]),  # a model asked for from now on
+        np.concatenate([np.zeros(20), [LEVEL, 1.0, LEVEL], np.zeros(20)]),  # one burst
+        np.concatenate([np.full(20, LEVEL), np.zeros(40)]),  # a model no longer asked for
+        np.zeros(60),
+        # busy, a few idle points, one request, idle: the level after the run is zero
+        np.concatenate([np.full(20, LEVEL), np.zeros(5), [LEVEL], np.zeros(20)]),
+    ],
+    ids=["starts-idle", "one-burst-in-idle", "goes-idle", "idle", "busy-then-idle"],
+)
+def test_an_idle_series_has_no_level_to_fall_from(series: FloatArray) -> None:
+    """A pooled model's rates are zero most of the time: zero is demand, never a gap's
+    reference level."""
+    for trailing in (True, False):
+        assert where(partial_gaps(series, 600.0, trailing=trailing)) == []

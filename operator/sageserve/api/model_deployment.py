@@ -32,7 +32,8 @@ POD_SET_NAME_MAX = 63
 
 ENGINE_RULES = cel(
     (
-        "!self.args.exists(a, a == '--scheduling-policy' || a.startsWith('--scheduling-policy='))",
+        "!has(self.args) || !self.args.exists(a, a == '--scheduling-policy' "
+        "|| a.startsWith('--scheduling-policy='))",
         "spec.engine.args must not set --scheduling-policy: sageserve sets it from the "
         "ScalingPolicy's spec.instanceScheduling.policy (priority for edf, pf and dpa, to "
         "serve the priority the router sends); remove it and choose the order there",

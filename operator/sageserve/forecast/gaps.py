@@ -140,6 +140,8 @@ def _judge_run(
     n = clean.size
     before, after = sides
     level = float(levels[0][i]) if math.isfinite(levels[0][i]) else float(levels[1][i])
+    if not level > 0:
+        return i + 1, None  # nothing to drop from (an idle series, a model never asked for)
     # Extend while the points stay that far below the level and do not step back up from
     # the run (NaN does not break it): a gap ends by a step, as it began.
     j, count, last = i, 0, i
@@ -161,6 +163,8 @@ def _judge_run(
     if post is not None and (depth * rule.drop_factor > post or float(np.nanmax(run)) > post):
         return last + 1, None  # the level after it is down too: a real decline, not a gap
     ref = level if post is None else min(level, post)
+    if not ref > 0:
+        return last + 1, None  # back to nothing after it: no level the run fell from
     sigma = max(_step_sigma(before[i], ref), _step_sigma(after[last], ref))
     drop = math.log(ref) - math.log(max(depth, ref * LOG_FLOOR))
     return last + 1, (i, last, drop - rule.min_sigmas * sigma)
