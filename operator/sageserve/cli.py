@@ -15,6 +15,15 @@ from rich.console import Console
 from sageserve import __version__
 from sageserve.api.model_pool import DEFAULT_AWAKE_PER_INSTANCE
 
+#: `simulate`'s and `compare`'s --reference (`sim.reference`)
+ReferenceOption = Annotated[
+    bool,
+    typer.Option(
+        help="Also run the achievable reference: LT-UA with the realised future as its "
+        "forecast (forecast.method=realised), printed next to the bounds."
+    ),
+]
+
 app = typer.Typer(
     name="sageserve",
     help="Forecast-aware autoscaling of LLM inference fleets on Kubernetes.",
@@ -181,13 +190,7 @@ def simulate(
             "like a manifest).",
         ),
     ] = None,
-    reference: Annotated[
-        bool,
-        typer.Option(
-            help="Also run the achievable reference: LT-UA with the realised future as its "
-            "forecast (forecast.method=realised), printed next to the lower bound."
-        ),
-    ] = False,
+    reference: ReferenceOption = False,
 ) -> None:
     """Replay a scenario's traces against simulated fleets, one run per policy, and compare."""
     from sageserve.commands.sim import simulate as run
@@ -243,13 +246,7 @@ def compare(
         bool, typer.Option(help="Compute the floor, the lower bound and the θ-sized estimate.")
     ] = True,
     report: Annotated[bool, typer.Option(help="Write frontier.png and report.html.")] = True,
-    reference: Annotated[
-        bool,
-        typer.Option(
-            help="Also run the achievable reference: LT-UA with the realised future as its "
-            "forecast (forecast.method=realised), printed next to the lower bound."
-        ),
-    ] = False,
+    reference: ReferenceOption = False,
     from_summary: Annotated[
         Path | None,
         typer.Option("--from", help="Read a finished comparison's summary.json at --target."),

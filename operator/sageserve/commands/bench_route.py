@@ -119,6 +119,29 @@ def _predictors(
     return make
 
 
+def pinned_fleet(perf: VariantPerf, instances: int, end_s: float, drain_s: float) -> SimConfig:
+    """A fixed fleet of `instances` instances of one variant in one region, one node each,
+    min = max = initial (no autoscaling): the benchmarks' fleet, where only the rule under
+    test decides, over [0, `end_s`] and a drain of `drain_s`."""
+    return SimConfig(
+        models=(
+            ModelSetup(
+                perf.model,
+                (("v", perf),),
+                (RegionPlacement("r1", instances, instances, instances),),
+                perf.context_length,
+            ),
+        ),
+        nodes=tuple(
+            Node(f"n{i}", "r1", perf.gpu_type, "serving", perf.gpus) for i in range(instances)
+        ),
+        start_s=0.0,
+        end_s=end_s,
+        drain_s=drain_s,
+        region_order=("r1",),
+    )
+
+
 def run_once(
     perf: VariantPerf,
     instances: int,
@@ -135,22 +158,8 @@ def run_once(
     reqs = [
         Request(i, t * factor, perf.model, IW_F, "r1", p, o) for i, (t, p, o) in enumerate(replay)
     ]
-    end = reqs[-1].arrival + 1.0
-    gpus = perf.gpus
-    cfg = SimConfig(
-        models=(
-            ModelSetup(
-                perf.model,
-                (("v", perf),),
-                (RegionPlacement("r1", instances, instances, instances),),
-                perf.context_length,
-            ),
-        ),
-        nodes=tuple(Node(f"n{i}", "r1", perf.gpu_type, "serving", gpus) for i in range(instances)),
-        start_s=0.0,
-        end_s=end,
-        drain_s=4 * 3600.0,
-        region_order=("r1",),
+    cfg = replace(
+        pinned_fleet(perf, instances, reqs[-1].arrival + 1.0, 4 * 3600.0),
         picker=picker,
         predictor=predictor,
     )

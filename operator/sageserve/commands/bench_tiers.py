@@ -21,7 +21,7 @@ import json
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +29,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sageserve.commands.bench_route import pinned_fleet
 from sageserve.core.percentile import percentile
 from sageserve.core.types import IW_F, Request, Tier, TierKind
 from sageserve.dispatch.instance_order import InstanceScheduling, OrderPolicy
 from sageserve.pace import make_strategy
 from sageserve.perf.model import VariantPerf, load_catalog
 from sageserve.sim import traces
-from sageserve.sim.cluster import Node
-from sageserve.sim.engine import ModelSetup, RegionPlacement, SimConfig, Simulation
+from sageserve.sim.engine import Simulation
 
 DEFAULT_POLICIES = ("fcfs", "edf", "pf", "dpa")
 
@@ -110,24 +110,8 @@ def run_once(
     tiers: Sequence[Tier],
 ) -> dict[str, TierFigures]:
     """One policy over `reqs` on `instances` pinned instances; figures per tier name."""
-    end = reqs[-1].arrival + 1.0
-    cfg = SimConfig(
-        models=(
-            ModelSetup(
-                perf.model,
-                (("v", perf),),
-                (RegionPlacement("r1", instances, instances, instances),),
-                perf.context_length,
-            ),
-        ),
-        nodes=tuple(
-            Node(f"n{i}", "r1", perf.gpu_type, "serving", perf.gpus) for i in range(instances)
-        ),
-        start_s=0.0,
-        end_s=end,
-        drain_s=3600.0,
-        region_order=("r1",),
-        instance_scheduling=order,
+    cfg = replace(
+        pinned_fleet(perf, instances, reqs[-1].arrival + 1.0, 3600.0), instance_scheduling=order
     )
     r = Simulation(cfg, make_strategy("reactive"), list(reqs)).run()
     out: dict[str, TierFigures] = {}
