@@ -96,3 +96,48 @@ def test_with_layouts_every_variant_of_a_gpu_type_counts_as_current() -> None:
     spec = policy.spec.model_copy(update={"layouts": Layouts()})
     with_layouts = build_problem([md], spec, current, demand)
     assert with_layouts.current["llama-2-70b"]["us-east"][H100] == 3  # (8 + 16) / 8
+
+
+def test_a_region_with_its_own_learned_theta_is_sized_with_it() -> None:
+    """θ learned per region replaces the declared θ only there: a region whose instances
+    were seen serving twice as much needs half the instances for the same demand."""
+    mds, policy = _paper()
+    mds = mds[:1]
+    variants = {v.name: v for v in mds[0].spec.variants}
+    h100 = variants["h100"].capacity_tokens_per_second
+    demand = {("llama-2-70b", r): [h100 * 10.0] for r in REGIONS}
+    gpus = {(r, H100): 8 * 30 for r in REGIONS}  # H100 only: one θ per region to compare
+    theta = {("llama-2-70b", "h100", "us-east"): 2.0 * h100}
+    problem = build_problem(mds, policy.spec, {}, demand, gpus, theta)
+    assert problem.theta("llama-2-70b", H100, "us-east") == 2.0 * h100
+    assert problem.theta("llama-2-70b", H100, "us-west") == h100
+    targets = variant_targets(mds, solve_plan(problem))
+    assert targets[("llama-2-70b", "us-east", "h100")] == 5
+    assert targets[("llama-2-70b", "us-west", "h100")] == 10
+
+
+@pytest.mark.parametrize(
+    ("regional", "message"),
+    [
+        ({"nope": {}}, "capacity_tps_by_region.nope: unknown model"),
+        ({"m": {"mars": {}}}, "capacity_tps_by_region.m.mars: unknown region"),
+        ({"m": {"r": {"g2": 5.0}}}, "capacity_tps_by_region.m.r.g2: no capacity_tps.m.g2"),
+        ({"m": {"r": {"g": 0.0}}}, "capacity_tps_by_region.m.r.g: must be a positive number"),
+    ],
+)
+def test_regional_theta_is_checked_field_by_field(
+    regional: dict[str, dict[str, dict[str, float]]], message: str
+) -> None:
+    from sageserve.plan.problem import PlanProblem
+
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        PlanProblem(
+            models=["m"],
+            regions=["r"],
+            gpu_types=["g", "g2"],
+            capacity_tps={"m": {"g": 100.0}},
+            capacity_tps_by_region=regional,
+            gpus_per_instance={"m": {"g": 1}},
+            gpu_hour_cost={"g": 1.0, "g2": 1.0},
+            epsilon=1.0,
+        )

@@ -88,7 +88,7 @@ def test_quantile_one_is_preserves_max() -> None:
     assert weighted_quantile([(3.0, 1.0), (9.0, 1.0), (5.0, 1.0)], 0.5) == 5.0
 
 
-def test_per_key_and_per_model_variant_for_the_plan() -> None:
+def test_per_key_and_per_region_for_the_plan() -> None:
     east = [win(0, 2600)] * 3
     west = [CapacityWindow(0, "m", "a100", "west", 1800, 2, 0.7, True)] * 6
     declared = {("m", "a100", "east"): DECLARED, ("m", "a100", "west"): DECLARED}
@@ -96,8 +96,11 @@ def test_per_key_and_per_model_variant_for_the_plan() -> None:
     got = learn(east + west, declared, 60.0, S)
     assert got[("m", "h100", "east")].trusted is False
     assert got[("m", "a100", "west")].in_force_tps == pytest.approx(900.0)
-    # weighted by qualifying windows: (1300 × 3 + 900 × 6) / 9
-    assert planned_theta(got) == {("m", "a100"): pytest.approx(1033.333, rel=1e-4)}
+    # each region plans with its own trusted θ; the untrusted h100 keeps its declared θ
+    assert planned_theta(got) == {
+        ("m", "a100", "east"): pytest.approx(1300.0),
+        ("m", "a100", "west"): pytest.approx(900.0),
+    }
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,13 @@ from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PodLoad, PrometheusReader
 from sageserve.plan.cycle import PlanCycle, run_plan_cycle
 from sageserve.plan.fleet import planned_variants
-from sageserve.plan.learned_capacity import declared_theta, learn, planned_theta, settings_for
+from sageserve.plan.learned_capacity import (
+    CapacityKey,
+    declared_theta,
+    learn,
+    planned_theta,
+    settings_for,
+)
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -294,8 +300,8 @@ class PlanPass:
 
     def learned_capacity(
         self, reader: PrometheusReader, mds: Sequence[ModelDeployment]
-    ) -> dict[tuple[str, str], float] | None:
-        """θ per (model, variant) learned from the fleet's windows, for the plan, when the
+    ) -> dict[CapacityKey, float] | None:
+        """θ per (model, variant, region) learned from the fleet's windows, for the plan, when the
         policy sets `spec.capacity.learn` (`plan.learned_capacity`); each ModelDeployment's
         `status.capacity` shows declared and learned θ and the evidence. Unreadable, the
         plan keeps the declared θ (the starting point) and the log says why."""

@@ -36,7 +36,6 @@ from sageserve.api.model_deployment import ModelDeployment
 from sageserve.controller.plan_loop import PlanPass, router_batch_queries, target_entries
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
-from sageserve.plan.learned_capacity import with_theta
 from sageserve.plan.preserve import (
     WindowPlan,
     plan_window,
@@ -110,8 +109,7 @@ class WindowPass(PlanPass):
             return None
         current = self.sizes(mds, self.kube.deployments_by_owner(self.namespace))
         theta = self.learned_capacity(reader, mds)
-        sized = with_theta(mds, theta) if theta else mds
-        window = plan_window(sized, spec, *window_inputs(prompt, decode, batch), current)
+        window = plan_window(mds, spec, *window_inputs(prompt, decode, batch), current, theta)
         status = window_status(window, mds, current, datetime.now(UTC), time.monotonic() - started)
         self.kube.patch_status(
             self.namespace, "scalingpolicies", self.policy.metadata.name, {"plan": status}

@@ -35,7 +35,9 @@ def violations(problem: PlanProblem, plan: PlanResult) -> list[str]:  # noqa: C9
                     out.append(f"{m}/{r}/{g}: delta {d} != target {x} - current {n}")
 
     def cap(m: str, r: str) -> float:
-        return sum((p.theta(m, g) or 0.0) * x for g, x in plan.target.get(m, {}).get(r, {}).items())
+        return sum(
+            (p.theta(m, g, r) or 0.0) * x for g, x in plan.target.get(m, {}).get(r, {}).items()
+        )
 
     for m in p.models:
         total_cap, total_short = 0.0, 0.0

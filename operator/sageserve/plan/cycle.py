@@ -52,7 +52,7 @@ from sageserve.plan.fleet import (
 )
 from sageserve.plan.flow import spillover
 from sageserve.plan.ilp import PlanOptions, solve_plan
-from sageserve.plan.learned_capacity import with_theta
+from sageserve.plan.learned_capacity import ThetaTable, theta_of
 from sageserve.plan.pool_cycle import PoolRates, PoolTarget, add_pools, granted, size_pools
 from sageserve.plan.result import PlanResult
 
@@ -206,7 +206,7 @@ def run_plan_cycle(
     pool_rates: PoolRates | None = None,
     pool_current: Mapping[tuple[str, str], int] | None = None,
     batch_need: Mapping[str, float] | None = None,
-    capacity_tps: Mapping[tuple[str, str], float] | None = None,
+    capacity_tps: ThetaTable | None = None,
     realised_tps: PerEndpoint | None = None,
 ) -> PlanCycle:
     """Forecast, plan and derive targets for `mds` under `policy`.
@@ -220,14 +220,13 @@ def run_plan_cycle(
     `pool_current[(pool, region)]` are their pods now. `batch_need[model]` is the tokens/s
     the model's batch queue needs to meet every deadline (none when absent); each region
     plans for max(β, its share of it) as the batch part of ρ (`plan.batch_demand`).
-    `capacity_tps[(model, variant)]` is a trusted learned θ (`plan.learned_capacity`) that
-    replaces the variant's declared capacityTokensPerSecond in the whole cycle.
+    `capacity_tps[(model, variant, region)]` is a trusted learned θ (`plan.learned_capacity`)
+    that replaces the variant's declared capacityTokensPerSecond in that region in the whole
+    cycle.
     `realised_tps[(md, region)]` is the interactive tokens/s per step after now that did
     arrive, which only a simulation knows: the forecast of `spec.forecast.method: realised`
     (`forecast.realised`); that method without it is refused.
     """
-    if capacity_tps:
-        mds = with_theta(mds, capacity_tps)
     spec = forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
     if method == REALISED and realised_tps is None:
@@ -262,7 +261,8 @@ def run_plan_cycle(
                 paths[key] = provisioned_path(fc, spec, provisioned)
             else:  # hold: ask for what the current instances serve
                 interactive[region.name] = sum(
-                    current.get((name, region.name, v.name), 0) * v.capacity_tokens_per_second
+                    current.get((name, region.name, v.name), 0)
+                    * theta_of(name, v, region.name, capacity_tps)
                     for v in variants.values()
                 )
         shares = split_need((batch_need or {}).get(name, 0.0), interactive)
@@ -277,7 +277,9 @@ def run_plan_cycle(
                 demand[key] = max(planned, needs[key])
     windows = max((len(v) for v in paths.values()), default=1)
     per_window = {k: paths.get(k) or [v] * windows for k, v in demand.items()}
-    problem = build_problem(mds, policy, current, per_window, gpu_capacity) if mds else None
+    problem = (
+        build_problem(mds, policy, current, per_window, gpu_capacity, capacity_tps) if mds else None
+    )
     pool_targets = size_pools(pools, spec, policy, pool_rates or {}, pool_current or {})
     if pool_targets:
         problem = add_pools(problem, pools, pool_targets, policy, pool_current or {}, gpu_capacity)
@@ -294,8 +296,8 @@ def run_plan_cycle(
         result=result,
         targets=targets,
         endpoint_targets=endpoint_targets(targets),
-        instance_tps=instance_capacity(mds, targets),
-        spill=spill_shares(mds, targets, demand),
+        instance_tps=instance_capacity(mds, targets, capacity_tps),
+        spill=spill_shares(mds, targets, demand, capacity_tps),
         pools=tuple(pool_targets),
         batch_need_tps=needs,
     )
@@ -305,6 +307,7 @@ def spill_shares(
     mds: Sequence[ModelDeployment],
     targets: VariantCounts,
     demand: Mapping[tuple[str, str], float],
+    theta: ThetaTable | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Per model, the share of each home region's planned demand the plan expects another
     region to serve (`plan.flow.spillover` on the targets' capacity), for the router's
@@ -316,7 +319,7 @@ def spill_shares(
         variants = planned_variants(md).values()
         capacity = {
             r.name: sum(
-                targets.get((name, r.name, v.name), 0) * v.capacity_tokens_per_second
+                targets.get((name, r.name, v.name), 0) * theta_of(name, v, r.name, theta)
                 for v in variants
             )
             for r in md.spec.regions
@@ -334,7 +337,7 @@ def spill_shares(
 
 
 def instance_capacity(
-    mds: Sequence[ModelDeployment], targets: VariantCounts
+    mds: Sequence[ModelDeployment], targets: VariantCounts, theta: ThetaTable | None = None
 ) -> dict[EndpointKey, float]:
     """Tokens/s one planned instance of each endpoint serves: θ of its variants weighted by
     their targets (the first planned variant's θ when the target is 0).
@@ -347,13 +350,13 @@ def instance_capacity(
         variants = list(planned_variants(md).values())
         if not variants:
             continue
+        name = md.metadata.name
         for region in md.spec.regions:
             counts = [
-                (targets.get((md.metadata.name, region.name, v.name), 0), v) for v in variants
+                (targets.get((name, region.name, v.name), 0), theta_of(name, v, region.name, theta))
+                for v in variants
             ]
             total = sum(n for n, _ in counts)
-            capacity = sum(n * v.capacity_tokens_per_second for n, v in counts)
-            out[EndpointKey(md.metadata.name, region.name)] = (
-                capacity / total if total else float(variants[0].capacity_tokens_per_second)
-            )
+            capacity = sum(n * t for n, t in counts)
+            out[EndpointKey(name, region.name)] = capacity / total if total else counts[0][1]
     return out

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from sageserve.api.model_deployment import ModelDeployment, Variant
 from sageserve.api.scaling_policy import ScalingPolicySpec
 from sageserve.core.types import EndpointKey
+from sageserve.plan.learned_capacity import ThetaTable
 from sageserve.plan.problem import InstanceBounds, PlanProblem
 from sageserve.plan.result import PlanResult
 
@@ -57,12 +58,14 @@ def build_problem(
     current: Mapping[tuple[str, str, str], int],
     demand_tps: Mapping[tuple[str, str], Sequence[float]],
     gpu_capacity: Mapping[tuple[str, str], int] | None = None,
+    theta: ThetaTable | None = None,
 ) -> PlanProblem:
     """The ILP for `mds` under `policy`.
 
     `current[(md, region, variant)]` are instances now, `demand_tps[(md, region)]` the
     forecast per window (tokens/s, β included), `gpu_capacity[(region, gpu type)]` the GPUs
-    the planner may use (serving and spot pools: spot nodes can be reclaimed).
+    the planner may use (serving and spot pools: spot nodes can be reclaimed), `theta` the
+    learned θ in force per (md, variant, region) where it replaces the declared one.
     """
     costs = {c.gpu_type: c.cost_per_gpu_hour for c in policy.optimizer.gpu_hour_costs}
     gpu_types = sorted({v.gpu_type for md in mds for v in md.spec.variants})
@@ -87,6 +90,7 @@ def build_problem(
     demand_out: dict[str, dict[str, list[float]]] = {}
     bounds_out: dict[str, dict[str, InstanceBounds]] = {}
     capacity: dict[str, dict[str, float]] = {}
+    regional: dict[str, dict[str, dict[str, float]]] = {}
     gpus: dict[str, dict[str, int]] = {}
     startup: dict[str, dict[str, float]] = {}
     for md in mds:
@@ -96,6 +100,13 @@ def build_problem(
         gpus[name] = {g: v.gpus_per_instance for g, v in variants.items()}
         startup[name] = {g: float(v.startup_seconds) for g, v in variants.items()}
         for region in md.spec.regions:
+            learned = {
+                g: theta[(name, v.name, region.name)]
+                for g, v in variants.items()
+                if theta and (name, v.name, region.name) in theta
+            }
+            if learned:
+                regional.setdefault(name, {})[region.name] = learned
             per_gpu = {g: current.get((name, region.name, v.name), 0) for g, v in variants.items()}
             if policy.layouts is not None:
                 per_gpu = _layout_current(md, region.name, variants, current)
@@ -110,6 +121,7 @@ def build_problem(
         current=current_out,
         demand_tps=demand_out,
         capacity_tps=capacity,
+        capacity_tps_by_region=regional or None,
         gpus_per_instance=gpus,
         startup_seconds=startup,
         bounds=bounds_out,

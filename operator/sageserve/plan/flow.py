@@ -99,7 +99,7 @@ def spillover_for_plan(
 ) -> list[SpillPlan]:
     """One spill plan per forecast window for ``model``, using the plan's targets."""
     capacity = {
-        r: sum((problem.theta(model, g) or 0.0) * x for g, x in per_g.items())
+        r: sum((problem.theta(model, g, r) or 0.0) * x for g, x in per_g.items())
         for r, per_g in plan.target.get(model, {}).items()
     }
     series = {r: problem.demand(model, r) for r in problem.regions}

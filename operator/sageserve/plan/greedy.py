@@ -59,7 +59,7 @@ def greedy_plan(  # noqa: C901 — one pass per constraint family of §5 in the 
         x[cell] += 1
         used[(j, k)] = used.get((j, k), 0) + p.gpus_per_instance[m][g]
         count[(i, j)] = count.get((i, j), 0) + 1
-        theta = p.theta(m, g) or 0.0
+        theta = p.theta(m, g, regions[j]) or 0.0
         cap_local[(i, j)] = cap_local.get((i, j), 0.0) + theta
         cap_global[i] = cap_global.get(i, 0.0) + theta
 
@@ -69,7 +69,7 @@ def greedy_plan(  # noqa: C901 — one pass per constraint family of §5 in the 
         cost = p.instance_cost(m, g)
         if x[cell] >= p.current_instances(m, r, g):
             cost += p.startup_cost(m, g)
-        useful = min(p.theta(m, g) or 0.0, deficit) if deficit > 0 else 1.0
+        useful = min(p.theta(m, g, r) or 0.0, deficit) if deficit > 0 else 1.0
         return cost / max(useful, 1e-9)
 
     def fill(options: list[Cell], deficit_of: Callable[[], float]) -> bool:

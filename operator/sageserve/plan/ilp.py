@@ -344,7 +344,7 @@ class _Data:
             for j, r in enumerate(self.regions):
                 bnd = p.bound(m, r)
                 for k, g in enumerate(self.gpus):
-                    theta = p.theta(m, g)
+                    theta = p.theta(m, g, r)
                     if theta is None:
                         continue
                     n = p.current_instances(m, r, g)
@@ -436,10 +436,13 @@ class _Data:
     def objective_lower_bound(self) -> float:
         """A valid lower bound of the solver objective (fleet cost after the change + μ):
         model m's capacity must reach its global peak, and no GPU type delivers a token/s
-        cheaper than min_g c/θ."""
+        cheaper than min_g c/θ (θ the largest of any region's where regions have their own)."""
         p, total = self.p, 0.0
         for i, m in enumerate(self.models):
-            rates = [p.instance_cost(m, g) / t for g, t in p.capacity_tps.get(m, {}).items()]
+            rates = [
+                p.instance_cost(m, g) / max(p.theta(m, g, r) or t for r in [None, *p.regions])
+                for g, t in p.capacity_tps.get(m, {}).items()
+            ]
             local = p.epsilon * float(self.peak_local[i].sum())
             if rates:
                 total += min(rates) * max(float(self.peak_global[i]), local)

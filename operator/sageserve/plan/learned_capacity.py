@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sageserve.api.model_deployment import ModelDeployment
+    from sageserve.api.model_deployment import ModelDeployment, Variant
     from sageserve.api.scaling_policy import ScalingPolicySpec
 
 #: (model deployment, variant, region)
@@ -195,16 +195,24 @@ def learn(
     return {k: learn_one(by_key[k], declared[k], now, settings) for k in sorted(declared)}
 
 
-def planned_theta(learned: Mapping[CapacityKey, LearnedCapacity]) -> dict[tuple[str, str], float]:
-    """θ per (model, variant) for the plan, whose ILP has one θ per (model, GPU type)
-    (SageServe §5): the trusted regions' θ in force weighted by their qualifying windows;
-    a (model, variant) no region trusts yet is absent (the declared θ stays)."""
-    sums: dict[tuple[str, str], tuple[float, int]] = {}
-    for (model, variant, _), lc in learned.items():
-        if lc.trusted:
-            s, n = sums.get((model, variant), (0.0, 0))
-            sums[(model, variant)] = (s + lc.in_force_tps * lc.qualifying, n + lc.qualifying)
-    return {k: s / n for k, (s, n) in sorted(sums.items()) if n > 0}
+def planned_theta(learned: Mapping[CapacityKey, LearnedCapacity]) -> dict[CapacityKey, float]:
+    """θ in force per (model, variant, region) for the plan, where that region trusts its
+    learned θ; an entry absent means the declared θ stays there. The ILP takes a θ per
+    (model, region, GPU type) (`PlanProblem.capacity_tps_by_region`), so a region whose
+    traffic lets its instances serve more is sized with its own θ (SageServe §5's θ made
+    regional, as PreServe Alg. 1 profiles each instance group from its own history)."""
+    return {k: lc.in_force_tps for k, lc in sorted(learned.items()) if lc.trusted}
+
+
+#: θ in force per (model deployment, variant, region), where learned and trusted.
+ThetaTable = Mapping[CapacityKey, float]
+
+
+def theta_of(model: str, variant: Variant, region: str, table: ThetaTable | None) -> float:
+    """θ the plan sizes `variant` of `model` with in `region`: the learned θ in force there,
+    else the declared `capacityTokensPerSecond`."""
+    declared = float(variant.capacity_tokens_per_second)
+    return table.get((model, variant.name, region), declared) if table else declared
 
 
 def tier_slo_met(
@@ -226,25 +234,3 @@ def declared_theta(mds: Iterable[ModelDeployment]) -> dict[CapacityKey, float]:
         for v in md.spec.variants
         for r in md.spec.regions
     }
-
-
-def with_theta(
-    mds: Sequence[ModelDeployment], theta: Mapping[tuple[str, str], float]
-) -> list[ModelDeployment]:
-    """`mds` with each (model, variant) in `theta` declaring that θ: what the plan cycle sizes
-    with once a learned θ is trusted (the manifests themselves are left as they are)."""
-    out = []
-    for md in mds:
-        name = md.metadata.name
-        if not any((name, v.name) in theta for v in md.spec.variants):
-            out.append(md)
-            continue
-        variants = [
-            v.model_copy(update={"capacity_tokens_per_second": theta[(name, v.name)]})
-            if (name, v.name) in theta
-            else v
-            for v in md.spec.variants
-        ]
-        spec = md.spec.model_copy(update={"variants": variants})
-        out.append(md.model_copy(update={"spec": spec}))
-    return out

@@ -38,6 +38,7 @@ from sageserve.core.snapshot import Plan
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.api import batch_buffer_tps, forecast_peak
 from sageserve.forecast.types import ForecastSpec
+from sageserve.plan.learned_capacity import ThetaTable, theta_of
 
 #: (model, region) -> tokens/s per minute, oldest first, the last minute ending now.
 PerEndpoint = Mapping[tuple[str, str], Sequence[float]]
@@ -57,10 +58,11 @@ class ServiceRates:
         return self.prefill is not None and self.decode is not None
 
 
-def service_rates(variant: Variant) -> ServiceRates:
-    """μ_t, μ_p, μ_d as the ModelDeployment records them (θ and the calibrated rates)."""
+def service_rates(variant: Variant, total: float | None = None) -> ServiceRates:
+    """μ_t, μ_p, μ_d as the ModelDeployment records them (θ and the calibrated rates);
+    `total` replaces μ_t where θ was learned from the fleet (`plan.learned_capacity`)."""
     return ServiceRates(
-        variant.capacity_tokens_per_second,
+        variant.capacity_tokens_per_second if total is None else total,
         variant.prefill_tokens_per_second,
         variant.decode_tokens_per_second,
     )
@@ -216,9 +218,11 @@ def plan_window(
     batch_prompt_tps: PerEndpoint,
     batch_decode_tps: PerEndpoint,
     current: Mapping[tuple[str, str, str], int],
+    theta: ThetaTable | None = None,
 ) -> WindowPlan:
     """The window plan of `mds` from interactive prompt / decode tokens/s per minute (ending
-    now) and the last hour's batch prompt / decode tokens/s per minute."""
+    now) and the last hour's batch prompt / decode tokens/s per minute; `theta` the learned
+    θ in force per (md, variant, region), μ_t there."""
     spec = window_forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
     fraction = policy.forecast.batch_buffer_fraction
@@ -228,9 +232,9 @@ def plan_window(
     for md in mds:
         name = md.metadata.name
         first = md.spec.variants[0]
-        mu = service_rates(first)
         for region in md.spec.regions:
             key = (name, region.name)
+            mu = service_rates(first, theta_of(name, first, region.name, theta))
             rates[key] = mu
             p, how, p_notes, p_ok = _provisioned(prompt_tps.get(key, []), spec, method, fallback)
             d, _, d_notes, d_ok = _provisioned(decode_tps.get(key, []), spec, method, fallback)

@@ -44,7 +44,9 @@ class PlanProblem(BaseModel):
     Missing entries have a meaning rather than being errors where the meaning is obvious:
     no ``current`` entry = 0 instances, no ``demand_tps`` entry = no demand, no
     ``capacity_tps[m][g]`` = model m cannot run on GPU g, no ``gpu_capacity`` = unlimited GPUs,
-    no ``bounds`` = min 0 / no max. Names that are not declared in ``models`` / ``regions`` /
+    no ``bounds`` = min 0 / no max. ``capacity_tps_by_region[m][r][g]``, where given,
+    replaces ``capacity_tps[m][g]`` in that region (θ learned per region from the fleet,
+    ``plan.learned_capacity``). Names that are not declared in ``models`` / ``regions`` /
     ``gpu_types`` are errors, because a typo there would silently drop demand or capacity.
 
     Tiers (optional): ``tiers`` lists tier names, highest priority first, and
@@ -62,6 +64,7 @@ class PlanProblem(BaseModel):
     current: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
     demand_tps: dict[str, dict[str, list[float]]] = Field(default_factory=dict)
     capacity_tps: Nested2
+    capacity_tps_by_region: dict[str, dict[str, dict[str, float]]] | None = None
     gpus_per_instance: dict[str, dict[str, int]]
     gpu_hour_cost: dict[str, float]
     startup_seconds: Nested2 = Field(default_factory=dict)
@@ -112,6 +115,16 @@ class PlanProblem(BaseModel):
                     errors.append(f"gpus_per_instance.{m}.{g}: missing (capacity_tps has it)")
                 elif gpi < 1:
                     errors.append(f"gpus_per_instance.{m}.{g}: must be >= 1, got {gpi}")
+        keys("capacity_tps_by_region", self.capacity_tps_by_region or {}, models, "model")
+        for m, regional in (self.capacity_tps_by_region or {}).items():
+            keys(f"capacity_tps_by_region.{m}", regional, regions, "region")
+            for r, regional_theta in regional.items():
+                for g, theta in regional_theta.items():
+                    path = f"capacity_tps_by_region.{m}.{r}.{g}"
+                    if g not in self.capacity_tps.get(m, {}):
+                        errors.append(f"{path}: no capacity_tps.{m}.{g} to replace; add it")
+                    elif not (theta > 0 and math.isfinite(theta)):
+                        errors.append(f"{path}: must be a positive number, got {theta}")
         keys("gpus_per_instance", self.gpus_per_instance, models, "model")
         for m, per_gpu in self.gpus_per_instance.items():
             keys(f"gpus_per_instance.{m}", per_gpu, gpus, "gpu_type")
@@ -228,8 +241,13 @@ class PlanProblem(BaseModel):
     def current_instances(self, model: str, region: str, gpu: str) -> int:
         return self.current.get(model, {}).get(region, {}).get(gpu, 0)
 
-    def theta(self, model: str, gpu: str) -> float | None:
-        return self.capacity_tps.get(model, {}).get(gpu)
+    def theta(self, model: str, gpu: str, region: str | None = None) -> float | None:
+        """θ of `model` on `gpu` (None: it cannot run there), in `region` where that region
+        has its own."""
+        base = self.capacity_tps.get(model, {}).get(gpu)
+        if base is None or region is None or not self.capacity_tps_by_region:
+            return base
+        return self.capacity_tps_by_region.get(model, {}).get(region, {}).get(gpu, base)
 
     def instance_cost(self, model: str, gpu: str) -> float:
         """c = α_g × GPUs per instance ($ per instance-hour)."""

@@ -105,7 +105,7 @@ class CapacityWindows:
     def learned(self, now: float) -> dict[CapacityKey, LearnedCapacity]:
         return learn(self.windows, self.setup.declared, now, self.setup.settings)
 
-    def plan_theta(self, now: float) -> dict[tuple[str, str], float]:
-        """θ per (model, variant) the plan sizes with: the trusted learned ones (none when
-        the run does not learn)."""
+    def plan_theta(self, now: float) -> dict[CapacityKey, float]:
+        """θ per (model, variant, region) the plan sizes with: the trusted learned ones (none
+        when the run does not learn)."""
         return planned_theta(self.learned(now)) if self.learning else {}

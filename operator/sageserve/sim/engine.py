@@ -65,7 +65,7 @@ from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
 
 if TYPE_CHECKING:  # imported when a run has layouts: they pull in the plan cycle
-    from sageserve.plan.learned_capacity import LearnedCapacity
+    from sageserve.plan.learned_capacity import LearnedCapacity, ThetaTable
     from sageserve.sim.capacity_windows import CapacitySetup, CapacityWindows
     from sageserve.sim.layout_loop import SimLayoutLoop, SimLayouts
 
@@ -201,7 +201,7 @@ class Planner(Protocol):
         *,
         pools: PoolObservation | None = None,
         tokens: WindowTokens | None = None,
-        capacity: Mapping[tuple[str, str], float] | None = None,
+        capacity: ThetaTable | None = None,
     ) -> Plan: ...
 
 

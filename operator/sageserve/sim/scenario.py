@@ -57,6 +57,7 @@ from sageserve.sim.pooled_pods import PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
 
 if TYPE_CHECKING:
+    from sageserve.plan.learned_capacity import ThetaTable
     from sageserve.sim.layout_loop import SimLayouts
 from sageserve.sim.workload import (
     TokenSeries,
@@ -352,7 +353,6 @@ class Scenario:
         minutes before the window by home region, what Prometheus holds when the run
         starts), through `plan.preserve.window_inputs` and `plan_window`."""
         from sageserve.api.scaling_policy import ScalingPolicySpec
-        from sageserve.plan.learned_capacity import with_theta
         from sageserve.plan.preserve import plan_window, window_history_minutes, window_inputs
 
         spec = self.policy.spec if self.policy is not None else ScalingPolicySpec()
@@ -389,11 +389,11 @@ class Scenario:
             *,
             pools: PoolObservation | None = None,
             tokens: WindowTokens | None = None,
-            capacity: Mapping[tuple[str, str], float] | None = None,
+            capacity: ThetaTable | None = None,
         ) -> Plan:
             run = tokens if tokens is not None else WindowTokens()
             window = plan_window(
-                with_theta(models, capacity) if capacity else models,
+                models,
                 spec,
                 *window_inputs(
                     joined(pre_prompt, run.prompt),
@@ -401,6 +401,7 @@ class Scenario:
                     joined(pre_batch, run.batch),
                 ),
                 current,
+                capacity,
             )
             return window.in_force(now)
 
@@ -446,7 +447,7 @@ class Scenario:
             *,
             pools: PoolObservation | None = None,
             tokens: WindowTokens | None = None,
-            capacity: Mapping[tuple[str, str], float] | None = None,
+            capacity: ThetaTable | None = None,
         ) -> Plan:
             return Plan(now, targets)
 
@@ -490,7 +491,7 @@ class Scenario:
             *,
             pools: PoolObservation | None = None,
             tokens: WindowTokens | None = None,
-            capacity: Mapping[tuple[str, str], float] | None = None,
+            capacity: ThetaTable | None = None,
         ) -> Plan:
             cycle = run_plan_cycle(
                 models,
