@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sageserve.metrics import queries, vllm
+from sageserve.metrics import engines, queries
 from sageserve.metrics.exporter import OperatorMetrics
 
 PROMTOOL = shutil.which("promtool")
@@ -55,13 +55,17 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     [
         ("vllm:kv_cache_usage_perc", True),
         ("vllm_kv_cache_usage_perc", True),  # colon escaped by prometheus-client's OpenMetrics
-        ("vllm:gpu_cache_usage_perc", True),  # the name before vLLM's V1 engine
+        ("sglang:token_usage", True),
+        ("sglang_token_usage", True),
+        ("trtllm_kv_cache_utilization", True),
+        ("vllm:gpu_cache_usage_perc", False),  # removed from vLLM: not read
         ("vllm:cpu_cache_usage_perc", False),
         ("vllmXkv_cache_usage_perc", False),
+        ("trtllm:kv_cache_utilization", False),
     ],
 )
-def test_kv_usage_matches_current_legacy_and_escaped_names(name: str, matches: bool) -> None:
-    pattern = queries.name_pattern(vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY)
+def test_kv_usage_matches_every_engines_name_and_no_removed_one(name: str, matches: bool) -> None:
+    pattern = engines.name_pattern(*engines.names(engines.Signal.KV_USAGE))
     assert bool(re.fullmatch(pattern, name)) is matches
     assert pattern in queries.kv_usage_per_pod()
 

@@ -47,7 +47,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sageserve.core.snapshot import PickerSignals
 from sageserve.metrics import vllm
+
+__all__ = ["PICKERS", "POOL_LABEL", "PickerKind", "PickerMetrics", "PickerSignals"]
 
 #: The label the flow-control series name the pool by; the pool gauges' `name` is renamed to
 #: it so that every picker query answers per pool alike.
@@ -139,12 +142,3 @@ def running(picker: PickerMetrics, namespace: str) -> str | None:
     return _per_pool_product(picker.average_running, picker.ready_pods, namespace)
 
 
-@dataclass(frozen=True)
-class PickerSignals:
-    """What the picker in front of one endpoint reports: requests waiting (its own queue and
-    the engines' as it reads them), its saturation (None: not exported or not read) and
-    the requests running in the engines (None: not exported)."""
-
-    waiting: int
-    saturation: float | None = None
-    running: int | None = None
