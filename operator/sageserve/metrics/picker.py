@@ -44,6 +44,7 @@ read); each holds its own flow-control queue, so those are summed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -51,6 +52,13 @@ from sageserve.core.snapshot import PickerSignals
 from sageserve.metrics import vllm
 
 __all__ = ["PICKERS", "POOL_LABEL", "PickerKind", "PickerMetrics", "PickerSignals"]
+
+#: The picker's default utilization detector: an endpoint's saturation is the larger of
+#: its waiting requests ÷ 5 and its KV use ÷ 0.8 (llm-d-router `saturationdetector/
+#: utilization`: DefaultQueueDepthThreshold, DefaultKVCacheUtilThreshold); the simulator's
+#: picker reads its instances with the same rule (`sim.cluster.Endpoint.picker_signals`).
+QUEUE_THRESHOLD = 5.0
+KV_THRESHOLD = 0.8
 
 #: The label the flow-control series name the pool by; the pool gauges' `name` is renamed to
 #: it so that every picker query answers per pool alike.
@@ -142,3 +150,21 @@ def running(picker: PickerMetrics, namespace: str) -> str | None:
     return _per_pool_product(picker.average_running, picker.ready_pods, namespace)
 
 
+def combine(
+    engine_queue: Mapping[str, float],
+    gateway_queue: Mapping[str, float],
+    saturation: Mapping[str, float],
+    running: Mapping[str, float],
+) -> dict[str, PickerSignals]:
+    """Each pool's signals from the four per-pool readings (`engine_queue` … `running`'s
+    queries): waiting is the engines' queues plus the picker's own (0 when its flow-control
+    series is absent: flow control off). A pool with no engine-queue reading is absent, so
+    a picker silent on a pool is reported, never read as an idle one."""
+    return {
+        pool: PickerSignals(
+            round(waiting + gateway_queue.get(pool, 0.0)),
+            saturation.get(pool),
+            None if pool not in running else round(running[pool]),
+        )
+        for pool, waiting in engine_queue.items()
+    }

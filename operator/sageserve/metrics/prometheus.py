@@ -386,15 +386,9 @@ class PrometheusReader:
                     out[pool] = value
             return out
 
-        engines_q = per_pool(picker.engine_queue(table, namespace))
-        held = per_pool(picker.gateway_queue(table, namespace))
-        saturation = per_pool(picker.saturation(table, namespace))
-        running = per_pool(picker.running(table, namespace))
-        return {
-            pool: PickerSignals(
-                round(waiting + held.get(pool, 0.0)),
-                saturation.get(pool),
-                None if pool not in running else round(running[pool]),
-            )
-            for pool, waiting in engines_q.items()
-        }
+        return picker.combine(
+            per_pool(picker.engine_queue(table, namespace)),
+            per_pool(picker.gateway_queue(table, namespace)),
+            per_pool(picker.saturation(table, namespace)),
+            per_pool(picker.running(table, namespace)),
+        )
