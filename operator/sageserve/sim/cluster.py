@@ -310,20 +310,22 @@ class Endpoint:
     def picker_signals(self) -> PickerSignals:
         """What an endpoint picker in front of this endpoint would report
         (`metrics.picker`), read from the instances as the operator reads a real picker's
-        series: waiting is every request not yet in a batch (the instances' queues and the
-        requests held while nothing serves, the picker's own queue), saturation the
-        picker's default utilization detector over the instances scraped last (mean of
-        max(waiting ÷ 5, KV use ÷ 0.8); an empty pool reads 1.0, as the picker's does),
-        running the requests in the instances' batches."""
-        queue = {i.id: i.waiting for d in self.deployments for i in d.instances}
-        running = sum(getattr(i, "running", 0) for d in self.deployments for i in d.instances)
+        series, over the instances scraped last (the picker's pods with fresh metrics):
+        waiting is every request not yet in a batch (their queues and the requests held
+        while nothing serves, the picker's own queue), saturation the picker's default
+        utilization detector (mean of max(waiting ÷ 5, KV use ÷ 0.8); an empty pool reads
+        1.0, as the picker's does), running the requests in their batches."""
+        instances = {i.id: i for d in self.deployments for i in d.instances}
+        fresh = [(instances[n], kv, cap) for n, _v, kv, cap in self._scraped if n in instances]
         scores = [
-            max(queue.get(name, 0) / PICKER_QUEUE_THRESHOLD, kv / cap / PICKER_KV_THRESHOLD)
-            for name, _variant, kv, cap in self._scraped
+            max(i.waiting / PICKER_QUEUE_THRESHOLD, kv / cap / PICKER_KV_THRESHOLD)
+            for i, kv, cap in fresh
             if cap > 0
         ]
         saturation = sum(scores) / len(scores) if scores else 1.0
-        return PickerSignals(sum(queue.values()) + len(self.backlog), saturation, running)
+        waiting = sum(i.waiting for i, _kv, _cap in fresh) + len(self.backlog)
+        running = sum(getattr(i, "running", 0) for i, _kv, _cap in fresh)
+        return PickerSignals(waiting, saturation, running)
 
     def snapshot(self, t: float, picker: bool = False) -> EndpointSnapshot:
         """What the decision step sees of this endpoint: the same value the operator
