@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -58,6 +58,7 @@ from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision, EndpointSnapshot, PickerSignals, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.forecast.realised import REALISED_ONLY_IN_SIMULATION
+from sageserve.metrics.engines import engine
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.picker import PICKERS, PickerKind
 from sageserve.metrics.prometheus import (
@@ -128,10 +129,14 @@ class PaceState:
     deadline_outlooks: dict[str, deadlines.DeadlineOutlook] = field(default_factory=dict)
 
 
-def degraded(held: list[Held]) -> tuple[bool, str, str]:
+def degraded(
+    held: list[Held], expected: Mapping[EndpointKey, str] | None = None
+) -> tuple[bool, str, str]:
     """The `Degraded` condition (status, reason, message) for the endpoints the step held
     for lack of data: `MetricsPartial` when each of them has some pods reporting (only
-    scale-in is held), `MetricsMissing` when one has none."""
+    scale-in is held), `MetricsMissing` when one has none, naming the series its engine
+    was expected to export (`expected`, `metrics.engines`) so a wrong `spec.engine.kind`
+    or scrape path shows."""
     if not held:
         return False, "MetricsAvailable", "every pod set reports its load"
     parts = []
@@ -141,7 +146,9 @@ def degraded(held: list[Held]) -> tuple[bool, str, str]:
             at = datetime.fromtimestamp(h.since or 0.0, UTC).strftime("%H:%M:%SZ")
             parts.append(f"{where}: {h.reporting} of {h.serving} pods reporting since {at}")
         else:
-            parts.append(f"{where}: none of {h.serving} pods reports its load")
+            series = (expected or {}).get(h.key)
+            hint = f" (no {series})" if series else ""
+            parts.append(f"{where}: none of {h.serving} pods reports its load{hint}")
     if all(h.partial for h in held):
         return True, "MetricsPartial", "no scale-in at " + "; ".join(parts)
     return True, "MetricsMissing", "holding " + "; ".join(parts)
@@ -258,7 +265,12 @@ class PacePass:
         self.apply(outcome.decisions, seen)
         self.report_faults(seen.guard, fleet)
         self.report_picker(fleet, seen, samples.picker)
-        self.condition("Degraded", *degraded(outcome.held))
+        expected = {
+            key: f"{engine(md.spec.engine.kind).kv_usage} at "
+            f"{engine(md.spec.engine.kind).metrics_path}"
+            for key, (_, md) in seen.owner.items()
+        }
+        self.condition("Degraded", *degraded(outcome.held, expected))
         try:
             self.report_deadlines(fleet, samples.deadline_needs)
         except Exception:  # a status write refused: reported again next pass
