@@ -140,3 +140,54 @@ def test_a_pool_the_picker_is_silent_on_is_absent_not_idle() -> None:
     """Held requests of a pool with no engine-queue gauge do not make it a reading: the pace
     loop names the pool (`PickerSignals` condition) instead of pacing it on a zero."""
     assert picker.combine({}, {POOL: 5.0}, {POOL: 1.0}, {}) == {}
+
+
+def test_the_reader_asks_the_four_queries_and_keys_each_pool_by_name() -> None:
+    """`PrometheusReader.picker_signals` against a Prometheus API stand-in answering each of
+    the table's queries (the values promtool computed above)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    from sageserve.metrics.prometheus import PrometheusReader
+
+    table = PICKERS[PickerKind.LLM_D]
+    answers = {
+        picker.engine_queue(table, "llm"): 12,
+        picker.gateway_queue(table, "llm"): 15,
+        picker.saturation(table, "llm"): 1.3,
+        picker.running(table, "llm"): 21,
+    }
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = parse_qs(urlparse(self.path).query)["query"][0]
+            asked.append(query)
+            value = answers.get(query)
+            metric = {"namespace": "llm", "inference_pool": POOL}
+            result = [] if value is None else [{"metric": metric, "value": [0, str(value)]}]
+            body = json.dumps(
+                {"status": "success", "data": {"resultType": "vector", "result": result}}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reader = PrometheusReader(f"http://127.0.0.1:{server.server_address[1]}")
+        got = reader.picker_signals("llm", PickerKind.LLM_D)
+        assert reader.picker_signals("llm", PickerKind.NONE) == {}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got == {POOL: PickerSignals(27, 1.3, 21)}
+    assert sorted(asked) == sorted(answers)  # four queries, nothing asked for `none`
