@@ -173,6 +173,7 @@ class SimInstance:
     waiting: int
     reporting: bool
     endpoint: Deployment | None = None
+    running: int = 0
 
     def kv_at(self, t: float) -> float:
         return self.usage * self.kv_cap
@@ -519,3 +520,149 @@ def test_neither_world_plans_for_the_baselines(monkeypatch: pytest.MonkeyPatch) 
     policy = cadence_policy("reactive")
     assert simulator_plan_times(policy) == []
     assert operator_plan_times(policy, 1.8e9, monkeypatch) == []
+
+
+# ---- the endpoint picker's signals ---------------------------------------------------------
+
+POOL = f"{MODEL}-{REGION}"  # the default InferencePool name of (llama, us-east)
+
+
+@dataclass(frozen=True)
+class PickedInst:
+    name: str
+    usage: float  # dyadic, so KV used ÷ capacity gives the usage back exactly
+    waiting: int
+    running: int = 0
+
+
+@dataclass(frozen=True)
+class Picked:
+    """One look at an endpoint an endpoint picker fronts: its instances (h100), those still
+    coming up, and the requests the picker holds in its own queue."""
+
+    t: float
+    instances: tuple[PickedInst, ...]
+    held: int = 0
+    coming: int = 0
+
+
+PICKED = [
+    Picked(0.0, tuple(PickedInst(f"h100-{i}", 0.5, 1, 3) for i in range(3))),
+    # the queue grows at the gateway while KV stays at 50 %: only the picker sees it
+    Picked(15.0, tuple(PickedInst(f"h100-{i}", 0.5, 2, 4) for i in range(3)), held=30),
+    Picked(30.0, tuple(PickedInst(f"h100-{i}", 0.5, 4, 4) for i in range(3)), coming=1),
+    # one pod's queue: the picker's saturation (mean of max(9/5, ...)) passes 1
+    Picked(
+        45.0,
+        (PickedInst("h100-0", 0.875, 9, 6), PickedInst("h100-1", 0.5, 0, 2)),
+        coming=0,
+    ),
+    Picked(60.0, (), held=4),  # nothing serves, the picker holds requests: from zero
+    Picked(75.0, ()),
+]
+
+
+def epp_readings(step: Picked) -> dict[str, Any]:
+    """What Prometheus answers the picker queries with (`metrics.picker`), as the picker
+    computes its gauges (`pkg/epp/.../logger.go`, the utilization detector): mean queue and
+    running over its ready pods × their number, its own queue, the mean of each pod's
+    max(waiting ÷ 5, KV ÷ 0.8) (an empty pool: 1.0)."""
+    from sageserve.metrics import picker
+
+    n = len(step.instances)
+    mean_queue = sum(i.waiting for i in step.instances) / n if n else 0.0
+    mean_running = sum(i.running for i in step.instances) / n if n else 0.0
+    scores = [
+        max(i.waiting / picker.QUEUE_THRESHOLD, i.usage / picker.KV_THRESHOLD)
+        for i in step.instances
+    ]
+    return picker.combine(
+        {POOL: mean_queue * n},
+        {POOL: float(step.held)} if step.held else {},
+        {POOL: sum(scores) / n if n else 1.0},
+        {POOL: mean_running * n},
+    )
+
+
+def operator_picked(md: ModelDeployment, step: Picked, with_picker: bool) -> EndpointSnapshot:
+    """The operator's snapshot: pods and their engines' series, no router in front (the
+    picker is), the picker's series per pool when the policy reads them."""
+    insts = [Inst(i.name, "h100", i.usage, i.waiting) for i in step.instances]
+    deployments = {
+        pod_set_name(MODEL, REGION, v): {
+            "spec": {"replicas": (len(insts) + step.coming) if v == "h100" else 0}
+        }
+        for v in VARIANTS
+    }
+    snaps = endpoint_snapshots(
+        md,
+        NS,
+        deployments,
+        [pod(i) for i in insts],
+        {i.name: PodLoad(i.usage, CAPACITY["h100"], i.waiting) for i in insts},
+        {(NS, MODEL, REGION): 100.0},
+        {},
+        picker=epp_readings(step) if with_picker else None,
+    )
+    return snaps[KEY]
+
+
+def simulator_picked(step: Picked, with_picker: bool) -> EndpointSnapshot:
+    """The simulator's snapshot: its instances, the requests held its picker's queue."""
+    ep = Endpoint(KEY, 0, 8, refresh_s=0.0)
+    for v in VARIANTS:
+        dep = Deployment(f"{MODEL}-{REGION}-{v}", flat_perf(), ep)
+        dep.variant = v
+        ep.deployments.append(dep)
+        if v != "h100":
+            continue
+        dep.instances = [  # type: ignore[list-item]
+            SimInstance(i.name, i.usage, CAPACITY[v], i.waiting, True, running=i.running)
+            for i in step.instances
+        ]
+        for n in range(step.coming):
+            coming = SimInstance(f"{v}-coming-{n}", 0.0, CAPACITY[v], 0, True, dep)
+            ep.provisioning.append(coming)  # type: ignore[arg-type]
+    ep.backlog = [object()] * step.held  # type: ignore[list-item]
+    ep.tokens_per_s = 100.0
+    return ep.snapshot(step.t, picker=with_picker)
+
+
+@pytest.mark.parametrize("strategy", ["reactive", "lt-immediate", "lt-utilization-arima"])
+def test_the_same_picker_readings_give_the_same_decisions_in_both_worlds(strategy: str) -> None:
+    md = model_deployment()
+    chosen = make_strategy(strategy, {"cooldown_s": 10.0})
+    states = {"operator": StepState(), "simulator": StepState()}
+    seen: list[list[Decision]] = []
+    for step in PICKED:
+        snaps = {
+            "operator": operator_picked(md, step, True),
+            "simulator": simulator_picked(step, True),
+        }
+        assert snaps["operator"] == snaps["simulator"], f"t={step.t}"
+        assert snaps["operator"].picker is not None
+        decisions = {}
+        for world, snap in snaps.items():
+            out = decide(step.t, Snapshot(step.t, {KEY: snap}), None, states[world], chosen)
+            states[world] = out.state
+            decisions[world] = out.decisions
+        assert decisions["operator"] == decisions["simulator"], f"t={step.t}"
+        seen.append(decisions["operator"])
+    assert [d.reason for d in seen[4]] == ["from zero: 4 request(s) waiting"]
+    if strategy == "reactive":  # the LT strategies hold at their plan (none here)
+        assert [d.kind.value for d in seen[1]] == ["scale_out"]
+        assert seen[1][0].reason.startswith("endpoint picker: 36 waiting, 12.0 per instance")
+        assert seen[2] == []  # the queue drained to 0.8 of its level: no scale-in either
+        assert seen[3][0].reason.startswith("endpoint picker saturation 1.21")
+
+
+def test_without_the_picker_a_gateway_queue_is_invisible() -> None:
+    """The control: the same world, no picker read; the engines' queues (2 per instance)
+    and KV (50 %) stay under every threshold while 30 requests wait at the gateway."""
+    md = model_deployment()
+    step = PICKED[1]
+    snaps = [operator_picked(md, step, False)]
+    out = decide(
+        step.t, Snapshot(step.t, {KEY: snaps[0]}), None, StepState(), make_strategy("reactive")
+    )
+    assert out.decisions == []

@@ -78,3 +78,18 @@ def test_degraded_names_the_endpoint_and_how_many_pods_report() -> None:
     assert (status, reason) == (True, "MetricsMissing")
     assert "llama/us-west: none of 2 pods reports its load" in message
     assert "llama/us-east: 2 of 3 pods reporting" in message
+
+
+def test_degraded_names_the_series_the_engine_should_export() -> None:
+    """An SGLang deployment whose pods export nothing sageserve reads: the condition says
+    which series was expected where (a wrong `spec.engine.kind` or scrape path shows)."""
+    from sageserve.controller.pace_loop import degraded
+    from sageserve.pace.step import Held
+
+    key = EndpointKey("qwen", "us-east")
+    expected = {key: "sglang:token_usage at /metrics"}
+    _, reason, message = degraded([Held(key, "none", 0, 2)], expected)
+    assert reason == "MetricsMissing"
+    assert message == (
+        "holding qwen/us-east: none of 2 pods reports its load (no sglang:token_usage at /metrics)"
+    )

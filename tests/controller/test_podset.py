@@ -145,3 +145,55 @@ def test_fcfs_a_missing_or_an_invalid_policy_render_vllms_default_scheduler() ->
         [_policy("other", {"policy": "pf"})],  # another model's policy
     ):
         assert "--scheduling-policy" not in _args(policies), policies
+
+
+def _engine(kind: str, image: str) -> ModelDeployment:
+    raw = _llama().model_dump(by_alias=True, exclude_none=True)
+    raw["spec"]["engine"] = {"kind": kind, "image": image, "args": ["--extra"]}
+    raw["spec"]["model"]["contextLength"] = 4096
+    return ModelDeployment.model_validate(raw)
+
+
+def _container_and_path(md: ModelDeployment) -> tuple[dict, str]:
+    d = render_pod_set(md, md.spec.regions[0], md.spec.variants[0], 1, "llm")
+    template = d["spec"]["template"]
+    return template["spec"]["containers"][0], template["metadata"]["annotations"][
+        "prometheus.io/path"
+    ]
+
+
+def test_an_sglang_deployment_runs_sglangs_server_with_its_metrics_on() -> None:
+    container, path = _container_and_path(_engine("sglang", "lmsysorg/sglang:v0.5.4"))
+    assert container["name"] == "sglang"
+    assert container["command"] == ["python3", "-m", "sglang.launch_server"]
+    args = container["args"]
+    assert args[:2] == ["--model-path", "meta-llama/Llama-2-70b-hf"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"  # its default listens on loopback
+    assert args[args.index("--tp-size") + 1] == "8"
+    assert args[args.index("--context-length") + 1] == "4096"
+    assert "--enable-metrics" in args  # else SGLang exports no Prometheus metrics
+    assert "--scheduling-policy" not in args  # vLLM's flag
+    assert args[-1] == "--extra"
+    assert path == "/metrics"
+
+
+def test_a_trtllm_deployment_runs_trtllm_serve_with_prometheus_metrics_on() -> None:
+    container, path = _container_and_path(
+        _engine("trtllm", "nvcr.io/nvidia/tensorrt-llm/release:1.2.0")
+    )
+    assert container["command"][:2] == ["/bin/sh", "-c"]
+    script = container["command"][2]
+    assert "return_perf_metrics: true" in script and "enable_iter_perf_stats: true" in script
+    assert 'exec trtllm-serve "$@" --extra_llm_api_options' in script
+    args = container["args"]
+    assert args[0] == "meta-llama/Llama-2-70b-hf"
+    assert args[args.index("--tp_size") + 1] == "8"
+    assert args[args.index("--max_seq_len") + 1] == "4096"
+    assert path == "/prometheus/metrics"  # trtllm-serve's /metrics is JSON iteration stats
+
+
+def test_a_vllm_deployment_keeps_the_images_entrypoint_and_metrics_path() -> None:
+    container, path = _container_and_path(_llama())
+    assert "command" not in container
+    assert container["name"] == "vllm"
+    assert path == "/metrics"

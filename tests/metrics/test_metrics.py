@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from sageserve.metrics import queries, vllm
+from sageserve.metrics import engines, picker, queries
 from sageserve.metrics.exporter import OperatorMetrics
+from sageserve.metrics.prometheus import kv_capacities
 
 PROMTOOL = shutil.which("promtool")
 
@@ -38,6 +39,18 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
         "variant_tps": queries.variant_tokens_per_second("60s", "llm"),
         "variant_instances": queries.variant_instances("60s", "llm"),
         "variant_emu": queries.variant_emu("60s", "llm"),
+        "kv_block_gauges": queries.kv_block_gauges_per_pod("llm"),
+        **{
+            f"{kind.name.lower()}_{name}": expr
+            for kind, table in picker.PICKERS.items()
+            for name, expr in (
+                ("engine_queue", picker.engine_queue(table, "llm")),
+                ("gateway_queue", picker.gateway_queue(table, "llm")),
+                ("saturation", picker.saturation(table, "llm")),
+                ("running", picker.running(table, "llm")),
+            )
+            if expr is not None
+        },
     }
     rules = {
         "groups": [
@@ -55,13 +68,17 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     [
         ("vllm:kv_cache_usage_perc", True),
         ("vllm_kv_cache_usage_perc", True),  # colon escaped by prometheus-client's OpenMetrics
-        ("vllm:gpu_cache_usage_perc", True),  # the name before vLLM's V1 engine
+        ("sglang:token_usage", True),
+        ("sglang_token_usage", True),
+        ("trtllm_kv_cache_utilization", True),
+        ("vllm:gpu_cache_usage_perc", False),  # removed from vLLM: not read
         ("vllm:cpu_cache_usage_perc", False),
         ("vllmXkv_cache_usage_perc", False),
+        ("trtllm:kv_cache_utilization", False),
     ],
 )
-def test_kv_usage_matches_current_legacy_and_escaped_names(name: str, matches: bool) -> None:
-    pattern = queries.name_pattern(vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY)
+def test_kv_usage_matches_every_engines_name_and_no_removed_one(name: str, matches: bool) -> None:
+    pattern = engines.name_pattern(*engines.names(engines.Signal.KV_USAGE))
     assert bool(re.fullmatch(pattern, name)) is matches
     assert pattern in queries.kv_usage_per_pod()
 
@@ -142,6 +159,91 @@ def test_batch_received_counts_queued_work_once_where_it_was_accepted(tmp_path: 
         ],
     }
     path = tmp_path / "received_test.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = _promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_each_engines_kv_cache_size_is_read_in_tokens() -> None:
+    """vLLM and SGLang put the size on an info gauge's labels, trtllm-serve in two gauges
+    (`metrics.engines`); a pod with neither, or half of the gauges, has no known size."""
+    info = [
+        (
+            {
+                "__name__": "vllm:cache_config_info",
+                "pod": "v",
+                "num_gpu_blocks": "4000",
+                "block_size": "16",
+            },
+            1.0,
+        ),
+        (
+            {
+                "__name__": "sglang:cache_config_info",
+                "pod": "s",
+                "num_pages": "9000",
+                "page_size": "1",
+            },
+            1.0,
+        ),
+        ({"__name__": "vllm:cache_config_info", "pod": "bad", "num_gpu_blocks": "x"}, 1.0),
+    ]
+    gauges = [
+        ({"__name__": "trtllm_kv_cache_max_blocks", "pod": "t"}, 2000.0),
+        ({"__name__": "trtllm_kv_cache_tokens_per_block", "pod": "t"}, 32.0),
+        ({"__name__": "trtllm_kv_cache_max_blocks", "pod": "half"}, 100.0),
+    ]
+    assert kv_capacities(info, gauges) == {"v": 64000.0, "s": 9000.0, "t": 64000.0}
+
+
+def test_an_engine_without_a_series_says_so_rather_than_reading_zero() -> None:
+    trt = engines.engine("trtllm")
+    with pytest.raises(engines.MetricUnsupported, match="trtllm exports no KV-cache size"):
+        trt.name(engines.Signal.CACHE_CONFIG)
+    # and the selector built from the table leaves the engine out instead of matching nothing
+    assert "trtllm" not in queries.kv_blocks_per_pod("llm")
+    assert "trtllm_kv_cache_max_blocks" in queries.kv_block_gauges_per_pod("llm")
+
+
+@pytest.mark.integration
+def test_token_rates_count_every_engine_in_one_query(tmp_path: Path) -> None:
+    """A namespace mixing engines: each pod's prompt tokens under its engine's name (vLLM's
+    escaped by OpenMetrics), one rate per (model, region)."""
+
+    def counter(name: str, model: str, pod: str, per_minute: int) -> dict[str, str]:
+        labels = f'namespace="llm", model_deployment="{model}", region="r", pod="{pod}"'
+        return {"series": f"{name}{{{labels}}}", "values": f"0+{per_minute}x20"}
+
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    counter("vllm_prompt_tokens_total", "a", "a-0", 600),
+                    counter("sglang:prompt_tokens_total", "b", "b-0", 1200),
+                    counter("trtllm_prompt_tokens_total", "c", "c-0", 60),
+                    counter("trtllm_prompt_tokens_total", "c", "c-1", 60),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": queries.prompt_tokens_per_second("5m", "llm"),
+                        "eval_time": "15m",
+                        "exp_samples": [
+                            {
+                                "labels": f'{{model_deployment="{m}", namespace="llm", '
+                                'region="r"}',
+                                "value": v,
+                            }
+                            for m, v in (("a", 10.0), ("b", 20.0), ("c", 2.0))
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "engines_test.yaml"
     path.write_text(yaml.safe_dump(test))
     result = _promtool("test", "rules", str(path))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()

@@ -35,7 +35,7 @@ def test_prometheus_gets_openmetrics_whose_names_match_the_operators_queries() -
     assert content_type.startswith("application/openmetrics-text")
     names = sample_names(text)
     for name, wanted in (
-        ("kv", (vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY)),
+        ("kv", (vllm.KV_CACHE_USAGE,)),
         ("prompt", (vllm.PROMPT_TOKENS,)),
         ("generation", (vllm.GENERATION_TOKENS,)),
         ("waiting", (vllm.REQUESTS_WAITING,)),
@@ -63,12 +63,6 @@ def test_a_text_format_scraper_gets_vllm_colon_names() -> None:
         "vllm:num_preemptions_total",
         vllm.CACHE_CONFIG,
     } <= names
-
-
-def test_the_legacy_kv_name_is_served_on_request() -> None:
-    names = sample_names(exposed("text/plain", legacy_kv_name=True)[0])
-    assert vllm.KV_CACHE_USAGE_LEGACY in names
-    assert vllm.KV_CACHE_USAGE not in names
 
 
 def test_one_endpoint_for_every_pod_puts_the_pod_labels_on_the_series() -> None:

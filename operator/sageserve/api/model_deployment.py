@@ -25,6 +25,7 @@ from sageserve.api.common import (
     list_set,
     sub_object,
 )
+from sageserve.metrics.engines import EngineKind
 
 #: Pod set names `<name>-<region>-<variant>` are also Service and label values: 63 at most.
 POD_SET_NAME_MAX = 63
@@ -42,10 +43,18 @@ ENGINE_RULES = cel(
 
 
 class Engine(ApiModel):
-    """The inference server each instance runs (vLLM's OpenAI-compatible server)."""
+    """The inference server each instance runs (vLLM's OpenAI-compatible server by default)."""
 
     model_config = ConfigDict(json_schema_extra=ENGINE_RULES)
 
+    kind: EngineKind = Field(
+        default=EngineKind.VLLM,
+        description="Which server the image runs: vllm (its OpenAI server), sglang "
+        "(sglang.launch_server, metrics on) or trtllm (trtllm-serve, Prometheus metrics at "
+        "/prometheus/metrics). Chooses the server arguments sageserve sets and the metric "
+        "names it reads (docs/metrics.md). Only vllm serves the priority order of "
+        "spec.instanceScheduling; the others serve requests first come, first served.",
+    )
     image: str = Field(
         default="vllm/vllm-openai:v0.11.0",
         min_length=1,
@@ -221,6 +230,15 @@ class RegionPlacement(ApiModel):
         description="Instances before the first plan (SageServe starts at 20); "
         "defaults to minInstances.",
     )
+    inference_pool: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_LABEL,
+        description="Name of the InferencePool whose endpoint picker fronts this region's "
+        "pods, whose metrics the ScalingPolicy's spec.signals.endpointPicker reads; "
+        "defaults to <metadata.name>-<region>.",
+    )
 
 
 class PolicyRef(ApiModel):
@@ -339,6 +357,12 @@ class ModelDeployment(ApiModel):
     metadata: ObjectMeta
     spec: ModelDeploymentSpec
     status: ModelDeploymentStatus | None = None
+
+
+def inference_pool_name(md: ModelDeployment, region: RegionPlacement) -> str:
+    """The InferencePool in front of `md`'s pods in `region`: the one its
+    `spec.regions[].inferencePool` names, by default `<name>-<region>` (`metrics.picker`)."""
+    return region.inference_pool or f"{md.metadata.name}-{region.name}"
 
 
 def pod_set_name(deployment: str, region: str, variant: str) -> str:

@@ -192,6 +192,12 @@ POOL_SPEC_RULES = cel(
         "spec.regions[].maxInstances is 0 in every region: the pool could never serve; raise "
         "maxInstances in at least one region",
     ),
+    (
+        "!has(self.engine.kind) || self.engine.kind == 'vllm'",
+        "spec.engine.kind must be vllm in a ModelPool: pooled models sleep and wake through "
+        "vLLM's sleep mode, which the other engines lack; remove kind or use a "
+        "ModelDeployment",
+    ),
 )
 
 

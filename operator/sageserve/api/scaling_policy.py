@@ -25,6 +25,7 @@ from sageserve.api.common import (
     list_map,
     sub_object,
 )
+from sageserve.metrics.picker import PickerKind
 
 
 class Strategy(StrEnum):
@@ -131,6 +132,20 @@ class Intervals(ApiModel):
         "waiting, TTFT, batch deadline pressure) was last at its level: prefill-bound "
         "capacity shows no KV use, so a backlog just drained is no reason to shrink. The "
         "HPA's scale-down stabilization window (default 300 s).",
+    )
+
+
+class Signals(ApiModel):
+    """Load signals read besides the engines' own (docs/metrics.md)."""
+
+    endpoint_picker: PickerKind = Field(
+        default=PickerKind.NONE,
+        description="The endpoint picker in front of each region's pods whose Prometheus "
+        "series the pace loop reads as pressure next to the engines' queues: gaie (the "
+        "Gateway API Inference Extension's EPP, v1.0-v1.5), llm-d (the llm-d router's "
+        "EPP) or none. Each region's picker is found by its InferencePool's name "
+        "(ModelDeployment spec.regions[].inferencePool, default <name>-<region>); the "
+        "decision reads the larger of the engines' and the picker's pressure.",
     )
 
 
@@ -712,6 +727,7 @@ class ScalingPolicySpec(ApiModel):
     chiron: Chiron = sub_object(Chiron)
     preserve: Preserve = sub_object(Preserve)
     capacity: Capacity = sub_object(Capacity)
+    signals: Signals = sub_object(Signals)
     layouts: Layouts | None = Field(
         default=None,
         description="OServe layouts for ModelDeployments with two or more variants of one "

@@ -90,9 +90,6 @@ def twin_command(
         typer.Option(help="Write a Prometheus file_sd file with one target per serving pod."),
     ] = None,
     refresh_seconds: Annotated[float, typer.Option(help="Re-list pods this often.")] = 1.0,
-    legacy_kv_name: Annotated[
-        bool, typer.Option(help="Serve vllm:gpu_cache_usage_perc (vLLM < 0.8) instead.")
-    ] = False,
     backfill_hours: Annotated[
         float, typer.Option(help="Simulate this many hours of history into Prometheus first.")
     ] = 0.0,

@@ -11,7 +11,8 @@ value, which the parity test checks:
   set's `spec.replicas` is capacity on its way (pods still loading count as coming, not as
   missing), terminating pods are draining;
 - each serving pod that reports KV usage becomes an `InstanceView` with its KV capacity
-  from `vllm:cache_config_info` (num_gpu_blocks × block_size), so EMU is Σ used ÷ Σ
+  from its engine's cache size (vLLM's `vllm:cache_config_info` num_gpu_blocks ×
+  block_size, the other engines' equivalents: `metrics.engines`), so EMU is Σ used ÷ Σ
   capacity (`core.snapshot.emu`). When some pod does not export its cache size, every pod
   of the endpoint weighs the same (the mean of their usage);
 - each pod's projected KV usage over the look-ahead (PreServe §4.3.1) is what the routers
@@ -24,6 +25,11 @@ value, which the parity test checks:
   the `chiron` strategy) are the routers' in-flight count per pod
   (`sageserve_router_pod_interactive_in_flight`): vLLM exports its running requests but not
   their tier, and the router knows the tier of what it sent;
+- where an endpoint picker fronts a region's pods (`spec.signals.endpointPicker`), what it
+  reports of the region's InferencePool (`metrics.picker`: its waiting requests,
+  saturation and running requests), the pool found by name (`spec.regions[].
+  inferencePool`, default `<name>-<region>`); the simulator's picker reads the same from its
+  instances;
 - the batch deadline need is the tokens/s the model's batch queue needs to meet every
   deadline, as the routers read the shared queue
   (`sageserve_batch_deadline_need_tokens_per_second`, `PrometheusReader.
@@ -38,11 +44,16 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from sageserve.api.model_deployment import ModelDeployment, model_theta_tps, pod_set_name
+from sageserve.api.model_deployment import (
+    ModelDeployment,
+    inference_pool_name,
+    model_theta_tps,
+    pod_set_name,
+)
 from sageserve.api.workload_tier import WorkloadTier
 from sageserve.controller.status import essence, is_ready
 from sageserve.core.labels import LABEL_DEPLOYMENT, LABEL_REGION, LABEL_VARIANT
-from sageserve.core.snapshot import Decision, EndpointSnapshot, InstanceView
+from sageserve.core.snapshot import Decision, EndpointSnapshot, InstanceView, PickerSignals
 from sageserve.core.types import EndpointKey
 from sageserve.metrics.prometheus import PodLoad, Series, TierTtft
 from sageserve.pace.pressure import with_deadline_need
@@ -74,6 +85,7 @@ def endpoint_snapshots(
     ttft: Mapping[tuple[str, str, str], TierTtft] | None = None,
     ttft_slo_s: Mapping[str, float] | None = None,
     interactive_running: Mapping[str, int] | None = None,
+    picker: Mapping[str, PickerSignals] | None = None,
 ) -> dict[EndpointKey, EndpointSnapshot]:
     """One snapshot per region of `md` that has a pod set (existing Deployments only);
     pods on `lost_nodes` (not Ready) are not serving. `projections` are each pod's
@@ -88,7 +100,9 @@ def endpoint_snapshots(
     as the simulator reads its own minute histogram (`sim.cluster.TtftWindow`).
     `interactive_running` is each pod's interactive requests in flight as the routers count
     them (`PrometheusReader.pod_interactive_running`; a pod absent runs none), for Chiron's
-    interactive backpressure; None leaves the count unobserved."""
+    interactive backpressure; None leaves the count unobserved. `picker` is what the
+    endpoint picker reports per InferencePool name (`PrometheusReader.picker_signals`); each
+    region reads its own pool's (`inference_pool_name`); None: no picker read."""
     name = md.metadata.name
     variants = tuple(v.name for v in md.spec.variants)
     mine: dict[str, list[Mapping[str, Any]]] = {}
@@ -139,6 +153,7 @@ def endpoint_snapshots(
             ttft_p95_s=dict(seen.p95_s) if (seen := (ttft or {}).get(key3)) else {},
             ttft_samples=dict(seen.samples) if seen else {},
             ttft_slo_s=dict(ttft_slo_s or {}),
+            picker=None if picker is None else picker.get(inference_pool_name(md, region)),
         )
     model_serving = sum(snap.serving for snap in out.values())
     theta = model_theta_tps(md)

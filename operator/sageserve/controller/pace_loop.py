@@ -27,13 +27,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.api.model_deployment import ModelDeployment, inference_pool_name, pod_set_name
 from sageserve.api.model_pool import ModelPool, parse_pool
 from sageserve.api.scaling_policy import ForecastMethod, ScalingPolicy, Strategy
 from sageserve.controller import deadlines
@@ -55,10 +55,12 @@ from sageserve.core.labels import (
     NodeLabels,
 )
 from sageserve.core.nodes import not_ready_since
-from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
+from sageserve.core.snapshot import Decision, EndpointSnapshot, PickerSignals, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.forecast.realised import REALISED_ONLY_IN_SIMULATION
+from sageserve.metrics.engines import engine
 from sageserve.metrics.exporter import OPERATOR_METRICS
+from sageserve.metrics.picker import PICKERS, PickerKind
 from sageserve.metrics.prometheus import (
     MetricsTooSlow,
     MetricsUnavailable,
@@ -127,10 +129,14 @@ class PaceState:
     deadline_outlooks: dict[str, deadlines.DeadlineOutlook] = field(default_factory=dict)
 
 
-def degraded(held: list[Held]) -> tuple[bool, str, str]:
+def degraded(
+    held: list[Held], expected: Mapping[EndpointKey, str] | None = None
+) -> tuple[bool, str, str]:
     """The `Degraded` condition (status, reason, message) for the endpoints the step held
     for lack of data: `MetricsPartial` when each of them has some pods reporting (only
-    scale-in is held), `MetricsMissing` when one has none."""
+    scale-in is held), `MetricsMissing` when one has none, naming the series its engine
+    was expected to export (`expected`, `metrics.engines`) so a wrong `spec.engine.kind`
+    or scrape path shows."""
     if not held:
         return False, "MetricsAvailable", "every pod set reports its load"
     parts = []
@@ -140,7 +146,9 @@ def degraded(held: list[Held]) -> tuple[bool, str, str]:
             at = datetime.fromtimestamp(h.since or 0.0, UTC).strftime("%H:%M:%SZ")
             parts.append(f"{where}: {h.reporting} of {h.serving} pods reporting since {at}")
         else:
-            parts.append(f"{where}: none of {h.serving} pods reports its load")
+            series = (expected or {}).get(h.key)
+            hint = f" (no {series})" if series else ""
+            parts.append(f"{where}: none of {h.serving} pods reports its load{hint}")
     if all(h.partial for h in held):
         return True, "MetricsPartial", "no scale-in at " + "; ".join(parts)
     return True, "MetricsMissing", "holding " + "; ".join(parts)
@@ -160,6 +168,9 @@ class PaceSamples:
     #: each pod's interactive requests in flight (the routers'), None unless the strategy
     #: reads Chiron's interactive backpressure
     interactive: dict[str, int] | None = None
+    #: what the endpoint picker reports per InferencePool name, None unless the policy
+    #: reads one (`spec.signals.endpointPicker`)
+    picker: dict[str, PickerSignals] | None = None
 
 
 @dataclass
@@ -253,7 +264,13 @@ class PacePass:
         self.state.step = outcome.state
         self.apply(outcome.decisions, seen)
         self.report_faults(seen.guard, fleet)
-        self.condition("Degraded", *degraded(outcome.held))
+        self.report_picker(fleet, seen, samples.picker)
+        expected = {
+            key: f"{engine(md.spec.engine.kind).kv_usage} at "
+            f"{engine(md.spec.engine.kind).metrics_path}"
+            for key, (_, md) in seen.owner.items()
+        }
+        self.condition("Degraded", *degraded(outcome.held, expected))
         try:
             self.report_deadlines(fleet, samples.deadline_needs)
         except Exception:  # a status write refused: reported again next pass
@@ -291,6 +308,8 @@ class PacePass:
         the next pass is due and this one's data is late); None, with `Degraded` saying
         why, when it cannot be had: every size is then held."""
         interval = float(self.policy.spec.intervals.pace_seconds)
+        picker = self.policy.spec.signals.endpoint_picker
+        with_picker = picker is not PickerKind.NONE
         reader = prometheus_reader(deadline=time.monotonic() + interval)
         try:
             return PaceSamples(
@@ -303,6 +322,7 @@ class PacePass:
                 reader.pod_interactive_running(self.namespace)
                 if strategy.uses_interactive_busy
                 else None,
+                reader.picker_signals(self.namespace, picker) if with_picker else None,
             )
         except MetricsTooSlow as exc:
             message = f"holding all sizes: reads slower than the pace interval ({interval:g} s)"
@@ -358,6 +378,7 @@ class PacePass:
                 samples.ttft,
                 slo,
                 samples.interactive,
+                samples.picker,
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
@@ -369,6 +390,38 @@ class PacePass:
             seen.endpoints.update(snaps)
             seen.owner.update(dict.fromkeys(snaps, (raw, md)))
         return seen
+
+    def report_picker(
+        self,
+        fleet: list[tuple[dict[str, Any], ModelDeployment]],
+        seen: Observed,
+        picker: dict[str, PickerSignals] | None,
+    ) -> None:
+        """`PickerSignals`: whether the endpoint picker reported every paced endpoint's pool.
+        A pool it is silent on is named with the series expected, so a wrong pool name or a
+        missing scrape shows, never reads as an idle picker (the engines' signals still
+        drive that endpoint)."""
+        kind = self.policy.spec.signals.endpoint_picker
+        if picker is None or kind is PickerKind.NONE:
+            return
+        regions = {(md.metadata.name, r.name): (md, r) for _, md in fleet for r in md.spec.regions}
+        silent = sorted(
+            inference_pool_name(*regions[(k.model, k.region)])
+            for k, snap in seen.endpoints.items()
+            if snap.picker is None and (k.model, k.region) in regions
+        )
+        if not silent:
+            message = f"{kind.value} endpoint picker reports every paced pool"
+            self.condition("PickerSignals", True, "Reported", message)
+            return
+        table = PICKERS[kind]
+        message = (
+            f"no {table.average_queue}{{name=...}} × {table.ready_pods} in namespace "
+            f"{self.namespace} for InferencePool(s) {', '.join(silent)}: those endpoints "
+            "are paced on their engines' signals alone; check the picker's scrape and "
+            "spec.regions[].inferencePool"
+        )
+        self.condition("PickerSignals", False, "PickerMetricsMissing", message)
 
     def apply(self, decisions: Sequence[Decision], seen: Observed) -> None:
         """Write the decisions, concurrently (each touches its own

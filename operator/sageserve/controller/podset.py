@@ -30,6 +30,7 @@ from sageserve.core.labels import (
 )
 from sageserve.dispatch.from_policy import instance_scheduling_of
 from sageserve.dispatch.instance_order import FCFS, InstanceScheduling
+from sageserve.metrics.engines import EngineKind, engine
 
 
 def selector_labels(deployment: str, region: str, variant: str) -> dict[str, str]:
@@ -63,25 +64,84 @@ def policy_scheduling(policies: Sequence[Mapping[str, Any]], name: str) -> Insta
 def server_args(
     md: ModelDeployment, variant: Variant, scheduling: InstanceScheduling = FCFS
 ) -> list[str]:
-    """vLLM OpenAI server arguments: what sageserve sets (the scheduler its policy's
-    instance order needs among them), then the user's extra arguments."""
+    """The server's arguments for `md.spec.engine.kind`: what sageserve sets (model, served
+    name, port, parallelism, context length; for vLLM the scheduler its policy's instance
+    order needs; for SGLang its metrics switch), then the user's extra arguments."""
     spec = md.spec
     tp = variant.tensor_parallel or variant.gpus_per_instance // variant.pipeline_parallel
+    served = spec.model.served_name or spec.model.name
+    port = str(spec.engine.port)
+    length = spec.model.context_length
+    if spec.engine.kind is EngineKind.SGLANG:
+        return [
+            *("--model-path", spec.model.name, "--served-model-name", served),
+            *("--host", "0.0.0.0", "--port", port),
+            *("--tp-size", str(tp), "--pp-size", str(variant.pipeline_parallel)),
+            *(["--context-length", str(length)] if length else []),
+            "--enable-metrics",
+            *spec.engine.args,
+        ]
+    if spec.engine.kind is EngineKind.TRTLLM:
+        return [
+            spec.model.name,
+            *("--host", "0.0.0.0", "--port", port),
+            *("--tp_size", str(tp), "--pp_size", str(variant.pipeline_parallel)),
+            *(["--max_seq_len", str(length)] if length else []),
+            *spec.engine.args,
+        ]
     return [
         "--model",
         spec.model.name,
         "--served-model-name",
-        spec.model.served_name or spec.model.name,
+        served,
         "--port",
-        str(spec.engine.port),
+        port,
         "--tensor-parallel-size",
         str(tp),
         "--pipeline-parallel-size",
         str(variant.pipeline_parallel),
-        *(["--max-model-len", str(spec.model.context_length)] if spec.model.context_length else []),
+        *(["--max-model-len", str(length)] if length else []),
         *scheduling_args(scheduling),
         *spec.engine.args,
     ]
+
+
+#: trtllm-serve serves Prometheus metrics only with `return_perf_metrics` (and iteration
+#: stats for the queue and KV gauges) in its LLM API options, which it reads from a file.
+TRTLLM_OPTIONS = "/tmp/sageserve-llm-api-options.yaml"
+TRTLLM_LAUNCH = (
+    "printf 'return_perf_metrics: true\\nenable_iter_perf_stats: true\\n' > "
+    f'{TRTLLM_OPTIONS} && exec trtllm-serve "$@" --extra_llm_api_options {TRTLLM_OPTIONS}'
+)
+
+
+def server_command(kind: EngineKind) -> list[str] | None:
+    """The container command for `kind`, None where the image's entrypoint is the server
+    (vLLM's OpenAI image). SGLang's image has no server entrypoint; trtllm-serve is started
+    by a shell that first writes the options that turn its Prometheus metrics on."""
+    if kind is EngineKind.SGLANG:
+        return ["python3", "-m", "sglang.launch_server"]
+    if kind is EngineKind.TRTLLM:
+        return ["/bin/sh", "-c", TRTLLM_LAUNCH, "trtllm-serve"]
+    return None
+
+
+def engine_container(
+    md: ModelDeployment, args: list[str], gpus: str, probe_seconds: int
+) -> dict[str, Any]:
+    """The server container of a pod set (a ModelDeployment's or a ModelPool's)."""
+    kind = md.spec.engine.kind
+    command = server_command(kind)
+    return {
+        "name": kind.value,
+        "image": md.spec.engine.image,
+        **({"command": command} if command else {}),
+        "args": args,
+        "ports": [{"name": "http", "containerPort": md.spec.engine.port, "protocol": "TCP"}],
+        "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
+        **engine_probes({"path": "/health", "port": "http"}, probe_seconds),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
 
 
 def pod_set_metadata(
@@ -118,6 +178,7 @@ def gpu_deployment(
     metrics_port: int,
     drain_seconds: int,
     annotations: dict[str, str] | None = None,
+    metrics_path: str = "/metrics",
 ) -> dict[str, Any]:
     """The Deployment of a GPU pod set (a ModelDeployment's or a ModelPool's): one vLLM
     container on tolerated GPU nodes, scraped by Prometheus on `metrics_port`; a pod taken
@@ -142,7 +203,7 @@ def gpu_deployment(
                         **(annotations or {}),
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(metrics_port),
-                        "prometheus.io/path": "/metrics",
+                        "prometheus.io/path": metrics_path,
                     },
                 },
                 "spec": {
@@ -193,7 +254,7 @@ def render_pod_set(
     port = md.spec.engine.port
     selector = selector_labels(name, region.name, variant.name)
     labels = {
-        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/name": md.spec.engine.kind.value,
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": "inference",
         MANAGED_BY_LABEL: MANAGED_BY,
@@ -226,18 +287,19 @@ def render_pod_set(
             }
         }
     }
-    probe_http = {"path": "/health", "port": "http"}
-    container = {
-        "name": "vllm",
-        "image": md.spec.engine.image,
-        "args": server_args(md, variant, scheduling),
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
-        **engine_probes(probe_http, variant.startup_seconds),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
+    container = engine_container(
+        md, server_args(md, variant, scheduling), gpus, variant.startup_seconds
+    )
     return gpu_deployment(
-        metadata, replicas, selector, labels, affinity, container, port, variant.drain_seconds
+        metadata,
+        replicas,
+        selector,
+        labels,
+        affinity,
+        container,
+        port,
+        variant.drain_seconds,
+        metrics_path=engine(md.spec.engine.kind).metrics_path,
     )
 
 

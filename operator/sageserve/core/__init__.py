@@ -6,7 +6,8 @@ use (a test holds it to that), so this list is the core's public surface:
 
 - `types`: requests, tiers, endpoint keys, instance states and the pool names of a tier;
 - `snapshot`: what the decision step reads and returns (`EndpointSnapshot`, `Snapshot`,
-  `Plan`, `Decision`) and the rules every world shares on it (`emu`, `drain_order`);
+  `Plan`, `Decision`, `PickerSignals`) and the rules every world shares on it (`emu`,
+  `drain_order`);
 - `nodes`: one reading of a v1.Node for every world (GPU type, count, pool, readiness);
 - `labels`: every label, annotation and resource name sageserve reads or writes;
 - `pooled_engines`: what a pooled pod's annotations say about its engines;
@@ -61,6 +62,7 @@ from sageserve.core.snapshot import (
     EndpointPlan,
     EndpointSnapshot,
     InstanceView,
+    PickerSignals,
     Plan,
     Snapshot,
     drain_order,
@@ -118,6 +120,7 @@ __all__ = [
     "InstanceState",
     "InstanceView",
     "NodeLabels",
+    "PickerSignals",
     "Plan",
     "PooledEngine",
     "Request",

@@ -47,6 +47,19 @@ class InstanceView:
     interactive_running: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PickerSignals:
+    """What the endpoint picker in front of one endpoint reports (`metrics.picker`): the
+    requests waiting (its own flow-control queue and the engines' queues as it reads
+    them), its saturation (1.0 at its gating set point; None where it exports none) and
+    the requests running in the engines (None where it exports none). The simulator's
+    picker reports the same from its instances (`sim.cluster.Endpoint.picker_signals`)."""
+
+    waiting: int
+    saturation: float | None = None
+    running: int | None = None
+
+
 def drain_order(instances: tuple[InstanceView, ...]) -> list[InstanceView]:
     """Instances in the order to drain them: least loaded first (least KV in use, then
     fewest waiting requests), ties by name, so that a scale-in leaves the least work to
@@ -73,7 +86,10 @@ class EndpointSnapshot:
     world does not keep a batch queue with deadlines (`pace.pressure.deadline_pressure`).
     `stuck_terminating` counts the endpoint's instances past their deletion deadline (a
     finalizer that never clears, a kubelet gone): a scale-in there would strand more GPUs
-    the same way; 0 where the world has none (the simulator).
+    the same way; 0 where the world has none (the simulator). `picker` is what the endpoint
+    picker in front of it reports (None: no picker read, `spec.signals.endpointPicker`
+    none, or none reported for its pool); the step reads the larger of its pressure and
+    the engines' (`pace.pressure.endpoint_pressure`).
     """
 
     key: EndpointKey
@@ -93,6 +109,7 @@ class EndpointSnapshot:
     batch_need_tps: float = 0.0
     batch_capacity_tps: float = 0.0
     stuck_terminating: int = 0
+    picker: PickerSignals | None = None
 
     def __post_init__(self) -> None:
         # one canonical order, whatever order a world lists its instances in
@@ -102,6 +119,13 @@ class EndpointSnapshot:
     @property
     def reporting(self) -> int:
         return len(self.instances)
+
+    @property
+    def demand_waiting(self) -> int:
+        """Requests waiting for this endpoint, the larger of the engines' count (with the
+        router's held requests) and the picker's: the demand that brings an endpoint back
+        from zero, wherever it queues."""
+        return max(self.waiting, self.picker.waiting if self.picker else 0)
 
     @property
     def provisioning(self) -> int:

@@ -26,7 +26,10 @@ import requests
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from sageserve.metrics import queries, vllm
+from sageserve.metrics import picker, queries, vllm
+from sageserve.metrics.engines import ENGINES, Signal
+from sageserve.metrics.engines import names as engines_names
+from sageserve.metrics.picker import PICKERS, PickerKind, PickerSignals
 
 
 class MetricsUnavailable(RuntimeError):
@@ -69,6 +72,47 @@ def _key(labels: Mapping[str, str]) -> tuple[str, str, str]:
         labels.get(vllm.LABEL_MODEL_DEPLOYMENT, ""),
         labels.get(vllm.LABEL_REGION, ""),
     )
+
+
+def kv_capacities(
+    info: list[tuple[Mapping[str, str], float]],
+    gauges: list[tuple[Mapping[str, str], float]],
+) -> dict[str, float]:
+    """Each pod's KV-cache size in tokens, from whichever form its engine exports
+    (`metrics.engines`): an info gauge's labels (vLLM's `num_gpu_blocks` × `block_size`,
+    SGLang's `num_pages` × `page_size`) or two gauges (trtllm-serve's blocks × tokens per
+    block). Pods with neither, or with a size that is not a finite positive number, are
+    absent: their usage then weighs as much as every other pod's (`controller.observe`)."""
+    out: dict[str, float] = {}
+    label_pairs = {
+        (row.cache_blocks_label, row.cache_block_size_label)
+        for row in ENGINES.values()
+        if row.cache_config
+    }
+    for labels, _ in info:
+        pod = labels.get(vllm.LABEL_POD, "")
+        for blocks_label, size_label in sorted(label_pairs):
+            if blocks_label not in labels:
+                continue
+            try:
+                size = float(labels[blocks_label]) * float(labels.get(size_label, "16"))
+            except ValueError:
+                continue
+            if pod and math.isfinite(size) and size > 0:
+                out[pod] = size
+    blocks: dict[str, float] = {}
+    per_block: dict[str, float] = {}
+    block_names = set(engines_names(Signal.CACHE_BLOCKS))
+    for labels, value in gauges:
+        pod = labels.get(vllm.LABEL_POD, "")
+        name = labels.get("__name__", "")
+        target = blocks if name in block_names else per_block
+        if pod and math.isfinite(value) and value > 0:
+            target[pod] = value
+    for pod, n in blocks.items():
+        if pod in per_block:
+            out[pod] = n * per_block[pod]
+    return out
 
 
 @dataclass(frozen=True)
@@ -218,7 +262,8 @@ class PrometheusReader:
         return out
 
     def pod_loads(self, namespace: str) -> dict[str, PodLoad]:
-        """KV usage, KV capacity and queue of every pod of `namespace` that reports, by pod.
+        """KV usage, KV capacity and queue of every pod of `namespace` that reports, by pod,
+        whichever engine it runs (`metrics.engines`).
 
         Non-finite or out-of-range readings (NaN, ±Inf, usage outside 0–1) are left out, as
         if the pod had not reported: never acted on."""
@@ -227,13 +272,11 @@ class PrometheusReader:
             pod = labels.get(vllm.LABEL_POD)
             if pod and math.isfinite(value) and 0.0 <= value <= 1.0:
                 loads[pod] = PodLoad(value)
-        for labels, _ in self.samples(queries.kv_blocks_per_pod(namespace)):
-            pod = labels.get(vllm.LABEL_POD, "")
-            try:
-                blocks = float(labels["num_gpu_blocks"]) * float(labels.get("block_size", "16"))
-            except (KeyError, ValueError):
-                continue
-            if pod in loads and math.isfinite(blocks) and blocks > 0:
+        for pod, blocks in kv_capacities(
+            self.samples(queries.kv_blocks_per_pod(namespace)),
+            self.samples(queries.kv_block_gauges_per_pod(namespace)),
+        ).items():
+            if pod in loads:
                 loads[pod] = replace(loads[pod], kv_capacity_tokens=blocks)
         for labels, value in self.samples(queries.waiting_per_pod(namespace)):
             pod = labels.get(vllm.LABEL_POD, "")
@@ -321,4 +364,31 @@ class PrometheusReader:
         return (
             read(queries.prompt_tokens_per_second(window, namespace)),
             read(queries.generation_tokens_per_second(window, namespace)),
+        )
+
+    def picker_signals(self, namespace: str, kind: PickerKind) -> dict[str, PickerSignals]:
+        """What the endpoint picker `kind` reports per InferencePool of `namespace`
+        (`metrics.picker`'s table), by pool name. A pool with no engine-queue gauge is
+        absent (the picker reports nothing of it: the caller says so, never reads it as an
+        idle pool); its flow-control queue is 0 when that series is absent (flow control
+        off). Non-finite or negative readings are left out."""
+        if kind is PickerKind.NONE:
+            return {}
+        table = PICKERS[kind]
+
+        def per_pool(expr: str | None) -> dict[str, float]:
+            if expr is None:
+                return {}
+            out: dict[str, float] = {}
+            for labels, value in self.samples(expr):
+                pool = labels.get(picker.POOL_LABEL, "")
+                if pool and math.isfinite(value) and value >= 0:
+                    out[pool] = value
+            return out
+
+        return picker.combine(
+            per_pool(picker.engine_queue(table, namespace)),
+            per_pool(picker.gateway_queue(table, namespace)),
+            per_pool(picker.saturation(table, namespace)),
+            per_pool(picker.running(table, namespace)),
         )

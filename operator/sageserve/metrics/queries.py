@@ -10,58 +10,64 @@ import re
 from collections.abc import Sequence
 
 from sageserve.metrics import vllm
+from sageserve.metrics.engines import Signal, name_pattern, names
+
+__all__ = ["name_pattern"]
 
 GROUP_BY = f"{vllm.LABEL_NAMESPACE}, {vllm.LABEL_MODEL_DEPLOYMENT}, {vllm.LABEL_REGION}"
 
 
-def name_pattern(*names: str) -> str:
-    """A regular expression matching `names` with ':' or '_' after the `vllm` prefix.
-
-    prometheus-client ≥ 0.22 escapes ':' to '_' in OpenMetrics samples unless the scraper
-    negotiates UTF-8 names, so the same vLLM gauge reaches Prometheus 2.x as
-    `vllm_kv_cache_usage_perc`; newer Prometheus keeps `vllm:kv_cache_usage_perc`.
-    """
-    stems = sorted({n.split(":", 1)[1] for n in names})
-    return "vllm[:_](" + "|".join(stems) + ")"
-
-
-def _selector(namespace: str | None, *names: str) -> str:
-    matchers = [f'__name__=~"{name_pattern(*names)}"']
+def _selector(namespace: str | None, *metric_names: str) -> str:
+    matchers = [f'__name__=~"{name_pattern(*metric_names)}"']
     if namespace:
         matchers.append(f'{vllm.LABEL_NAMESPACE}="{namespace}"')
     return "{" + ", ".join(matchers) + "}"
 
 
+def engine_selector(signal: Signal, namespace: str | None = None, suffix: str = "") -> str:
+    """Every engine kind's series of `signal` (`metrics.engines`), `suffix` appended to each
+    name (`_bucket` of a histogram)."""
+    return _selector(namespace, *(n + suffix for n in names(signal)))
+
+
 def kv_usage_per_pod(namespace: str | None = None) -> str:
-    """KV-cache usage (0–1) of every pod, under the current or the legacy metric name."""
-    return _selector(namespace, vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY)
+    """KV-cache usage (0–1) of every pod, whichever engine it runs."""
+    return engine_selector(Signal.KV_USAGE, namespace)
 
 
 def kv_blocks_per_pod(namespace: str | None = None) -> str:
-    """vLLM's cache configuration of every pod; its `num_gpu_blocks` and `block_size` labels
-    size the pod's KV cache, so that EMU can be Σ used ÷ Σ capacity (`core.snapshot.emu`)."""
-    return _selector(namespace, vllm.CACHE_CONFIG)
+    """The engines' cache-configuration info gauges of every pod (vLLM's `num_gpu_blocks`
+    and `block_size` labels, SGLang's `num_pages` and `page_size`), which size the pod's KV
+    cache, so that EMU can be Σ used ÷ Σ capacity (`core.snapshot.emu`)."""
+    return engine_selector(Signal.CACHE_CONFIG, namespace)
+
+
+def kv_block_gauges_per_pod(namespace: str | None = None) -> str:
+    """The engines' KV-cache size gauges of every pod (trtllm-serve's blocks and tokens per
+    block), the metric name kept so the reader tells them apart."""
+    metric_names = names(Signal.CACHE_BLOCKS) + names(Signal.CACHE_BLOCK_TOKENS)
+    return _selector(namespace, *metric_names)
 
 
 def waiting_per_pod(namespace: str | None = None) -> str:
-    """Requests queued in every pod."""
-    return _selector(namespace, vllm.REQUESTS_WAITING)
+    """Requests queued in every pod, whichever engine it runs."""
+    return engine_selector(Signal.WAITING, namespace)
 
 
-def token_rate(counter: str, window: str = "1m", namespace: str | None = None) -> str:
-    """Tokens/s of one vLLM token counter (`vllm.PROMPT_TOKENS` or `vllm.GENERATION_TOKENS`)
-    per (model, region) over `window`."""
-    return f"sum by ({GROUP_BY}) (rate({_selector(namespace, counter)}[{window}]))"
+def token_rate(counter: Signal, window: str = "1m", namespace: str | None = None) -> str:
+    """Tokens/s of one token counter (`Signal.PROMPT_TOKENS` or `Signal.GENERATION_TOKENS`,
+    every engine's name) per (model, region) over `window`."""
+    return f"sum by ({GROUP_BY}) (rate({engine_selector(counter, namespace)}[{window}]))"
 
 
 def prompt_tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
     """Prompt (prefill) tokens/s per (model, region): PreServe's P series (§4.1)."""
-    return token_rate(vllm.PROMPT_TOKENS, window, namespace)
+    return token_rate(Signal.PROMPT_TOKENS, window, namespace)
 
 
 def generation_tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
     """Generated (decode) tokens/s per (model, region): PreServe's D series (§4.1)."""
-    return token_rate(vllm.GENERATION_TOKENS, window, namespace)
+    return token_rate(Signal.GENERATION_TOKENS, window, namespace)
 
 
 def tokens_per_second(window: str = "1m", namespace: str | None = None) -> str:
@@ -81,8 +87,8 @@ def variant_tokens_per_second(window: str = "1m", namespace: str | None = None) 
     """Prompt + generated tokens/s per (model, region, variant) over `window`: what a pod set's
     instances served together, the learned θ's numerator (`plan.learned_capacity`)."""
     parts = [
-        f"sum by ({GROUP_BY_VARIANT}) (rate({_selector(namespace, c)}[{window}]))"
-        for c in (vllm.PROMPT_TOKENS, vllm.GENERATION_TOKENS)
+        f"sum by ({GROUP_BY_VARIANT}) (rate({engine_selector(c, namespace)}[{window}]))"
+        for c in (Signal.PROMPT_TOKENS, Signal.GENERATION_TOKENS)
     ]
     return f"(({parts[0]}) + ({parts[1]})) or ({parts[0]}) or ({parts[1]})"
 
@@ -102,12 +108,12 @@ def variant_emu(window: str = "1m", namespace: str | None = None) -> str:
 
 def waiting_requests(namespace: str | None = None) -> str:
     """Queued requests per (model, region)."""
-    return f"sum by ({GROUP_BY}) ({_selector(namespace, vllm.REQUESTS_WAITING)})"
+    return f"sum by ({GROUP_BY}) ({waiting_per_pod(namespace)})"
 
 
 def ttft_quantile(q: float, window: str = "5m", namespace: str | None = None) -> str:
     """The q-quantile of time to first token per (model, region) over `window`."""
-    sel = _selector(namespace, f"{vllm.TTFT}_bucket")
+    sel = engine_selector(Signal.TTFT, namespace, "_bucket")
     return f"histogram_quantile({q}, sum by ({GROUP_BY}, le) (rate({sel}[{window}])))"
 
 

@@ -1,16 +1,15 @@
-"""The vLLM metrics sageserve reads, under their current and former names.
+"""The vLLM metrics sageserve reads (the default engine of `metrics.engines`' table).
 
-vLLM's V1 engine (0.8+) exports `vllm:kv_cache_usage_perc`; earlier releases exported the
-same gauge as `vllm:gpu_cache_usage_perc`. Fleets upgrade pod by pod, so queries accept
-either. Every series carries `model_name`; the scrape configuration adds the pod set's
-`namespace`, `pod`, `model_deployment`, `region` and `variant` from the pod labels.
+vLLM removed `vllm:gpu_cache_usage_perc` (the pre-V1 name of the KV gauge) and
+`vllm:time_per_output_token_seconds`; neither is read. Every series carries
+`model_name`; the scrape configuration adds the pod set's `namespace`, `pod`,
+`model_deployment`, `region` and `variant` from the pod labels (for every engine alike).
 """
 
 from __future__ import annotations
 
 #: Fraction (0–1) of KV-cache blocks in use: SageServe's effective memory utilisation.
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-KV_CACHE_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
 #: Requests in the running batch and in the queue.
 REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
@@ -19,7 +18,6 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 #: Latency histograms (seconds) for SLO attainment.
 TTFT = "vllm:time_to_first_token_seconds"
-TPOT = "vllm:time_per_output_token_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
 #: Cache configuration (an info metric whose `num_gpu_blocks` label sizes the KV cache).
 CACHE_CONFIG = "vllm:cache_config_info"

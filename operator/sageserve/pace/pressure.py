@@ -33,6 +33,21 @@ unchanged:
   release more; interactive load is not subtracted (EMU shows it, and the strategies read
   the largest signal, not a sum), so the signal errs late, never early.
 
+- **endpoint picker**: where an InferencePool's endpoint picker fronts the endpoint
+  (`spec.signals.endpointPicker`), its requests waiting (its flow-control queue plus the
+  engines' queues as it reads them) on the backlog's scale, and its saturation as it is
+  (1.0 at the picker's gating set point: the utilization detector's mean over pods of
+  max(waiting ÷ 5, KV ÷ 0.8), the same queue level of 5 as the backlog's). The picker
+  holds requests back while its pool is saturated, so the engines' queues stay short and
+  their KV below the scale-out threshold while requests wait at the gateway: only the
+  picker sees that demand. The step reads the larger of the picker's and the engines'
+  pressure, not their sum, as the Kubernetes HPA (one replica count per metric, the
+  largest taken) and AIBrix's autoscalers do, and as EMU and the backlog are combined
+  here: the picker's queue counts the engines' queues again and its saturation is made of
+  the engines' own queues and KV, so a sum would count one overload twice. A saturation
+  of exactly 1.0 may be the picker's fail-closed reading of stale metrics; at 1.0 the
+  signal equals the scale-out threshold without passing it, so it only holds scale-in.
+
 A queue-side signal at its level also holds scale-in for the policy's
 `spec.intervals.scaleInStabilizationSeconds` (`SCALE_IN_STABILIZATION_S`, 300 s, by
 default: the HPA's default scale-down stabilization window): prefill-bound capacity shows
@@ -41,19 +56,21 @@ so without it the instance a queue brought is removed as soon as the queue is go
 under 30 %) and the queue forms again, an instance started and drained every few minutes.
 EMU-driven decisions are unchanged.
 
-Pure functions of the decision step's snapshot: the operator (per-pod vLLM queues, the
-routers' batch deadline need gauge) and the simulator (its instances' queues, its own TTFT
-histogram, its Queue Manager's need) feed the same facts, and `pace.step.decide` applies
+Pure functions of the decision step's snapshot: the operator (per-pod engine queues, the
+routers' batch deadline need gauge, the picker's series) and the simulator (its
+instances' queues, its own TTFT histogram, its Queue Manager's need, its picker's reading
+of its instances) feed the same facts, and `pace.step.decide` applies
 the same rule. Both worlds put a model's deadline need on its endpoints' snapshots with
 one function, `with_deadline_need`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from sageserve.core.snapshot import EndpointSnapshot
+from sageserve.core.snapshot import EndpointSnapshot, PickerSignals
 from sageserve.core.types import EndpointObservation
 
 #: Waiting requests per serving instance at which an instance counts as saturated
@@ -80,20 +97,26 @@ class Pressure:
     #: the batch tokens/s the deadlines need ÷ the endpoint's batch capacity
     deadline: float = 0.0
     need_tps: float = 0.0
+    #: the endpoint picker's pressure: the larger of its waiting requests per serving
+    #: instance ÷ `QUEUE_SATURATION` and its saturation (0 without a picker)
+    picker: float = 0.0
+    picker_reason: str = ""
 
     @property
     def ratio(self) -> float:
-        return max(self.queue, self.ttft, self.deadline)
+        return max(self.queue, self.picker, self.ttft, self.deadline)
 
     def describe(self) -> str:
         """Which signal dominates, for Events and logs."""
-        if self.deadline > 0 and self.deadline >= max(self.queue, self.ttft):
+        if self.deadline > 0 and self.deadline >= max(self.queue, self.ttft, self.picker):
             return (
                 f"batch deadline pressure: {self.need_tps:.0f} tok/s needed, "
                 f"{self.deadline:.1f}x batch capacity"
             )
-        if self.ttft >= self.queue and self.ttft > 0:
+        if self.ttft >= max(self.queue, self.picker) and self.ttft > 0:
             return f"{self.tier} TTFT P95 {self.ttft:.1f}x its SLO"
+        if self.picker > self.queue:
+            return self.picker_reason
         return f"{self.waiting} waiting, {self.queue * QUEUE_SATURATION:.1f} per instance"
 
 
@@ -103,6 +126,23 @@ def queue_pressure(waiting: int, serving: int, saturation: float = QUEUE_SATURAT
     if serving <= 0 or waiting <= 0:
         return 0.0
     return waiting / (serving * saturation)
+
+
+def picker_pressure(picker: PickerSignals | None, serving: int) -> tuple[float, str]:
+    """(the endpoint picker's pressure, what makes it): the larger of its waiting requests
+    per serving instance ÷ `QUEUE_SATURATION` and its saturation; 0 without a picker or with
+    nothing serving (an empty pool reads as saturated to the picker; bringing an endpoint
+    back from zero is the step's floor rule, which reads the picker's waiting requests)."""
+    if picker is None or serving <= 0:
+        return 0.0, ""
+    queue = queue_pressure(picker.waiting, serving)
+    saturation = picker.saturation
+    if saturation is not None and math.isfinite(saturation) and saturation > queue:
+        return saturation, f"endpoint picker saturation {saturation:.2f}"
+    if queue <= 0:
+        return 0.0, ""
+    per = picker.waiting / serving
+    return queue, f"endpoint picker: {picker.waiting} waiting, {per:.1f} per instance"
 
 
 def ttft_pressure(
@@ -168,6 +208,7 @@ def endpoint_pressure(ep: EndpointSnapshot) -> Pressure:
     """The queue-side signals of one endpoint snapshot."""
     ttft, tier = ttft_pressure(ep.ttft_p95_s, ep.ttft_samples, ep.ttft_slo_s)
     deadline = deadline_pressure(ep.batch_need_tps, ep.batch_capacity_tps)
+    picker, picker_reason = picker_pressure(ep.picker, ep.serving)
     return Pressure(
         queue_pressure(ep.waiting, ep.serving),
         ttft,
@@ -175,6 +216,8 @@ def endpoint_pressure(ep: EndpointSnapshot) -> Pressure:
         tier,
         deadline,
         ep.batch_need_tps if deadline > 0 else 0.0,
+        picker,
+        picker_reason,
     )
 
 

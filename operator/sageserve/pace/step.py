@@ -24,6 +24,8 @@ simulator used to re-derive each in its own way:
 - **queue pressure**: a backlog of waiting requests or a TTFT above the tier's SLO reaches
   every strategy as `pressure` next to EMU (`pace.pressure`), so a queue that grows while
   the KV cache stays low is seen (the HPA and AIBrix take the largest of several signals);
+  where an endpoint picker fronts the endpoint, its queue and saturation are read the same
+  way and the larger of its pressure and the engines' counts;
   after such a signal at its level no scale-in for 5 minutes (the HPA's scale-down
   stabilization), the time of the last one being state the caller keeps. A strategy that
   declares `queue_signals` off (the literal baselines: `reactive-paper`, `chiron`) gets
@@ -218,9 +220,9 @@ def _floor_action(ep: EndpointSnapshot) -> ScalingAction | None:
     active = ep.serving + ep.provisioning
     if active >= ep.max_instances:
         return None
-    if active == 0 and ep.waiting > 0:
+    if active == 0 and ep.demand_waiting > 0:
         need = max(1, ep.min_instances)
-        reason = f"from zero: {ep.waiting} request(s) waiting"
+        reason = f"from zero: {ep.demand_waiting} request(s) waiting"
         return ScalingAction(ActionKind.SCALE_OUT, ep.key, need, reason)
     if active < ep.min_instances:
         reason = f"{active} instance(s) below minInstances {ep.min_instances}"

@@ -38,11 +38,13 @@ from typing import Any, Protocol
 
 from sageserve.core.labels import DEFAULT_NODE_LABELS, SERVING_POOL, SPOT_POOL
 from sageserve.core.nodes import parse_nodes
-from sageserve.core.snapshot import EndpointSnapshot, InstanceView, drain_order
+from sageserve.core.snapshot import EndpointSnapshot, InstanceView, PickerSignals, drain_order
 from sageserve.core.types import EndpointKey, InstanceState
 from sageserve.dispatch.instance_order import InstanceScheduling
 from sageserve.dispatch.layout_dispatch import EndpointLayout
 from sageserve.dispatch.queue_manager import estimated_emu
+from sageserve.metrics.picker import KV_THRESHOLD as PICKER_KV_THRESHOLD
+from sageserve.metrics.picker import QUEUE_THRESHOLD as PICKER_QUEUE_THRESHOLD
 from sageserve.metrics.vllm import TTFT_BUCKETS
 from sageserve.pace.spot import Pending, PoolNode, plan_moves, reclaim_order, serving_room
 from sageserve.perf.model import VariantPerf
@@ -305,10 +307,33 @@ class Endpoint:
                 out[dep.variant] = out.get(dep.variant, 0) + 1
         return out
 
-    def snapshot(self, t: float) -> EndpointSnapshot:
+    def picker_signals(self) -> PickerSignals:
+        """What an endpoint picker in front of this endpoint would report
+        (`metrics.picker`), read from the instances as the operator reads a real picker's
+        series, over the instances scraped last (the picker's pods with fresh metrics):
+        waiting is every request not yet in a batch (their queues and the requests held
+        while nothing serves, the picker's own queue), saturation the picker's default
+        utilization detector (mean of max(waiting ÷ 5, KV use ÷ 0.8); an empty pool reads
+        1.0, as the picker's does), running the requests in their batches."""
+        instances = {i.id: i for d in self.deployments for i in d.instances}
+        fresh = [(instances[n], kv, cap) for n, _v, kv, cap in self._scraped if n in instances]
+        scores = [
+            max(i.waiting / PICKER_QUEUE_THRESHOLD, kv / cap / PICKER_KV_THRESHOLD)
+            for i, kv, cap in fresh
+            if cap > 0
+        ]
+        saturation = sum(scores) / len(scores) if scores else 1.0
+        waiting = sum(i.waiting for i, _kv, _cap in fresh) + len(self.backlog)
+        running = sum(getattr(i, "running", 0) for i, _kv, _cap in fresh)
+        return PickerSignals(waiting, saturation, running)
+
+    def snapshot(self, t: float, picker: bool = False) -> EndpointSnapshot:
         """What the decision step sees of this endpoint: the same value the operator
         builds from its pods and Prometheus (`controller.observe`): KV use as last scraped,
-        queues as they are."""
+        queues as they are. With an endpoint `picker` in front (`spec.signals.
+        endpointPicker`) the requests held while nothing serves are the picker's queue,
+        not a router's: they count in its signals (`picker_signals`), the engines' waiting
+        is their queues alone."""
         self.emu(t)  # the last scrape, refreshed if older than `refresh_s`
         queue = {i.id: i.waiting for d in self.deployments for i in d.instances}
         views = [
@@ -323,12 +348,13 @@ class Endpoint:
             serving=self.serving,
             instances=tuple(views),
             draining=len(self.draining),
-            waiting=sum(queue.values()) + len(self.backlog),
+            waiting=sum(queue.values()) + (0 if picker else len(self.backlog)),
             tokens_per_s=self.tokens_per_s,
             variants=tuple(d.variant for d in self.deployments),
             ttft_p95_s=self.ttft.p95,
             ttft_samples=self.ttft.samples,
             ttft_slo_s=self.ttft_slo,
+            picker=self.picker_signals() if picker else None,
         )
 
 

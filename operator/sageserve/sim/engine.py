@@ -153,6 +153,9 @@ class SimConfig:
     picker: str = DEFAULT_PICKER
     #: output-length predictor (`dispatch.length_predictor`), by name, one per model
     predictor: str = DEFAULT_PREDICTOR
+    #: `spec.signals.endpointPicker`: an endpoint picker fronts every endpoint and the step
+    #: reads its signals (`sim.cluster.Endpoint.picker_signals`); False: none
+    endpoint_picker: bool = False
     #: scale out for batch work its deadlines need (`pace.pressure.deadline_pressure`);
     #: False: the paper's trough release alone (batch never causes a scale-out)
     deadline_pressure: bool = True
@@ -865,7 +868,7 @@ class Simulation(InstanceHooks):
 
     def _decide(self, eps: Iterable[Endpoint], t: float) -> None:
         """`pace.step.decide` on these endpoints' snapshots; its decisions applied."""
-        snaps = {ep.key: ep.snapshot(t) for ep in eps}
+        snaps = {ep.key: ep.snapshot(t, self.cfg.endpoint_picker) for ep in eps}
         if self.strategy.uses_projection:
             snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}
         if self.strategy.uses_interactive_busy:

@@ -47,6 +47,7 @@ from sageserve.dispatch.from_policy import (
     release_rules_of,
     route_threshold_of,
 )
+from sageserve.metrics.picker import PickerKind
 from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems, variant_parallelism
 from sageserve.perf.model import DEFAULT_NODE_GPUS, PerfCatalog, VariantPerf, load_catalog
@@ -147,6 +148,7 @@ class Scenario:
                     remote_redeploy_s=float(sp.spot.remote_redeploy_seconds),
                 ),
                 spot_enabled=sp.spot.enabled,
+                endpoint_picker=sp.signals.endpoint_picker is not PickerKind.NONE,
             )
             from sageserve.plan.learned_capacity import declared_theta, settings_for
             from sageserve.sim.capacity_windows import CapacitySetup

@@ -48,7 +48,6 @@ def pod_label_values(s: PodSample) -> tuple[str, ...]:
 def families(
     samples: Sequence[PodSample],
     with_pod_labels: bool = False,
-    legacy_kv_name: bool = False,
     histograms: bool = True,
 ) -> list[Metric]:
     """The vLLM metric families of `samples` (one pod, or many with `with_pod_labels`)."""
@@ -58,8 +57,9 @@ def families(
         model = s.pod.model_name or s.pod.model_deployment
         return [model, *(pod_label_values(s) if with_pod_labels else ())]
 
-    kv_name = vllm.KV_CACHE_USAGE_LEGACY if legacy_kv_name else vllm.KV_CACHE_USAGE
-    kv = GaugeMetricFamily(kv_name, "KV-cache usage. 1 means 100 percent usage.", labels=names)
+    kv = GaugeMetricFamily(
+        vllm.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.", labels=names
+    )
     running = GaugeMetricFamily(
         vllm.REQUESTS_RUNNING, "Number of requests in model execution batches.", labels=names
     )

@@ -87,7 +87,6 @@ class Twin:
         targets_file: Path | None = None,
         refresh_s: float = 1.0,
         tick_s: float = 0.25,
-        legacy_kv_name: bool = False,
         on_new_namespaces: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.sim = sim
@@ -96,7 +95,6 @@ class Twin:
         self.targets_file = targets_file
         self.refresh_s = refresh_s
         self.tick_s = tick_s
-        self.legacy_kv_name = legacy_kv_name
         self.on_new_namespaces = on_new_namespaces
         self.lock = threading.RLock()
         self.stopped = threading.Event()
@@ -295,13 +293,13 @@ def _get(twin: Twin, path: str, accept: str | None) -> tuple[int, bytes, str]:
     if path == "/metrics":
         return (200, *twin.own_metrics())
     if path == "/metrics/pods":
-        return (200, *encode(families(twin.samples(), True, twin.legacy_kv_name), accept))
+        return (200, *encode(families(twin.samples(), True), accept))
     if path.startswith("/metrics/"):
         parts = [unquote(p) for p in path.split("/")[2:]]
         found = [s for s in twin.samples() if [s.pod.namespace, s.pod.name] == parts]
         if not found:
             return 404, b"no such serving pod\n", "text/plain"
-        return (200, *encode(families(found, False, twin.legacy_kv_name), accept))
+        return (200, *encode(families(found, False), accept))
     if path == "/status":
         return 200, (json.dumps(twin.status(), indent=1) + "\n").encode(), "application/json"
     if path in ("", "/healthz"):
