@@ -532,14 +532,45 @@ def bench_pool(
             "above 1 the simulation is optimistic: each awake engine gets the pod's compute).",
         ),
     ] = DEFAULT_AWAKE_PER_INSTANCE,
+    sized: Annotated[
+        bool,
+        typer.Option(
+            "--sized",
+            help="The pool as plan.pool_sizing sizes it against the baselines, one run each "
+            "(dedicated with floors and start-up, dedicated scale-to-zero, request-level, "
+            "mux2), no search of the fewest pools; much faster.",
+        ),
+    ] = False,
+    seed: Annotated[
+        str | None,
+        typer.Option(
+            "--seed",
+            help="Seeds of the workload, comma-separated (e.g. 0,1,2): one report per seed, "
+            "then the spread. Default: the scenario's seed.",
+        ),
+    ] = None,
 ) -> None:
     """Aegaeon: GPUs for a long tail of models, pooled vs dedicated, request-level, mux2,
     and the router's rule on vLLM sleep mode."""
     from sageserve.commands.bench_pool import bench_pool_command
+    from sageserve.commands.seeds import seed_list
 
-    bench_pool_command(
-        scenario, hours, goodput_gpus, goodput_minutes, json_out, console, router_awake
-    )
+    try:
+        seeds: tuple[int | None, ...] = (None,) if seed is None else seed_list(seed, "--seed")
+        bench_pool_command(
+            scenario,
+            hours,
+            goodput_gpus,
+            goodput_minutes,
+            json_out,
+            console,
+            router_awake,
+            seeds=seeds,
+            sized=sized,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 @bench_app.command("layout")
