@@ -6,6 +6,7 @@ stays instant and a missing optional dependency only affects the command that ne
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -646,7 +647,16 @@ def bench_oserve(
     strategies: Annotated[
         str, typer.Option(help="Only these layouts, comma-separated (e.g. TP4,TP8); default all.")
     ] = "",
-    seed: Annotated[int, typer.Option(help="Seed of k-means and of the search.")] = 0,
+    seed: Annotated[
+        str | None,
+        typer.Option(
+            "--seed",
+            help="Seeds, comma-separated (e.g. 0,1,2): each seed draws the workload (which "
+            "requests a rateScale below 1 keeps) and seeds k-means, the search and the "
+            "probes; one comparison per seed, then the spread. Default: the scenario's "
+            "workload seed, and 0.",
+        ),
+    ] = None,
     capacity: Annotated[
         str,
         typer.Option(
@@ -684,10 +694,12 @@ def bench_oserve(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
 ) -> None:
     """OServe: static vs per-hour reload vs heterogeneous layouts on the mixed workload."""
-    from sageserve.commands.bench_oserve import OServeBench, bench_oserve_command
+    from sageserve.commands.bench_oserve import OServeBench, bench_oserve_seeds
+    from sageserve.commands.seeds import seed_list
     from sageserve.sim.scenario import default_scenario_dir
 
     try:
+        seeds: tuple[int | None, ...] = (None,) if seed is None else seed_list(seed, "--seed")
         cfg = OServeBench(
             scenario=scenario or default_scenario_dir().parent / "oserve-mixed",
             model=model,
@@ -703,7 +715,6 @@ def bench_oserve(
             ttft_slo_s=ttft_slo,
             tpot_slo_s=tpot_slo,
             predictor=predictor,
-            seed=seed,
             strategies=tuple(x.strip() for x in strategies.split(",") if x.strip()),
             capacity=capacity,
             capacity_file=capacity_file,
@@ -711,7 +722,10 @@ def bench_oserve(
             dispatch=dispatch,
             start=start,
         )
-        bench_oserve_command(cfg, json_out, console)
+        cfgs = [
+            cfg if x is None else dataclasses.replace(cfg, seed=x, workload_seed=x) for x in seeds
+        ]
+        bench_oserve_seeds(cfgs, json_out, console)
     except (ValueError, KeyError, FileNotFoundError) as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

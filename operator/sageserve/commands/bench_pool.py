@@ -698,7 +698,8 @@ def bench_pool_command(
     seeds: Sequence[int | None] = (None,),
     sized: bool = False,
 ) -> dict[str, Any]:
-    """One report per seed (``None``: the scenario's seed), then the spread over the seeds."""
+    """One report per seed (``None``: the scenario's seed), then the spread over the seeds;
+    the figures of the one run, or ``{"runs": [...], "spread": {...}}`` for several."""
     if not seeds:
         raise ValueError("--seed: give one seed or several, comma-separated (e.g. 0,1,2)")
     if goodput_minutes <= 0:
@@ -715,9 +716,10 @@ def bench_pool_command(
             runs.append(
                 _full_run(lt, goodput_gpus, goodput_minutes, console, router_awake, synth_seed)
             )
-    result: dict[str, Any] = {"runs": runs}
+    # one run: its figures, as before seeds existed; several: each run and the spread
+    result: dict[str, Any] = runs[0]
     if len(runs) > 1:
-        result["spread"] = spread_of_runs(runs)
+        result = {"runs": runs, "spread": spread_of_runs(runs)}
         _print_spread(runs, result["spread"], console)
     if out_json is not None:
         out_json.write_text(json.dumps(result, indent=2, default=_default))
