@@ -538,8 +538,9 @@ def bench_pool(
         typer.Option(
             "--sized",
             help="The pool as plan.pool_sizing sizes it against the baselines, one run each "
-            "(dedicated with floors and start-up, dedicated scale-to-zero, request-level, "
-            "mux2), no search of the fewest pools; much faster.",
+            "(dedicated with floors and start-up, dedicated scale-to-zero, request-level on "
+            "the pool's GPUs and at its fewest instances reaching the target, mux2); no pool "
+            "search and no router rule, so much faster.",
         ),
     ] = False,
     seed: Annotated[
