@@ -6,6 +6,7 @@ stays instant and a missing optional dependency only affects the command that ne
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -532,14 +533,46 @@ def bench_pool(
             "above 1 the simulation is optimistic: each awake engine gets the pod's compute).",
         ),
     ] = DEFAULT_AWAKE_PER_INSTANCE,
+    sized: Annotated[
+        bool,
+        typer.Option(
+            "--sized",
+            help="The pool as plan.pool_sizing sizes it against the baselines, one run each "
+            "(dedicated with floors and start-up, dedicated scale-to-zero, request-level on "
+            "the pool's GPUs and at its fewest instances reaching the target, mux2); no pool "
+            "search and no router rule, so much faster.",
+        ),
+    ] = False,
+    seed: Annotated[
+        str | None,
+        typer.Option(
+            "--seed",
+            help="Seeds of the workload, comma-separated (e.g. 0,1,2): one report per seed, "
+            "then the spread. Default: the scenario's seed.",
+        ),
+    ] = None,
 ) -> None:
     """Aegaeon: GPUs for a long tail of models, pooled vs dedicated, request-level, mux2,
     and the router's rule on vLLM sleep mode."""
     from sageserve.commands.bench_pool import bench_pool_command
+    from sageserve.commands.seeds import seed_list
 
-    bench_pool_command(
-        scenario, hours, goodput_gpus, goodput_minutes, json_out, console, router_awake
-    )
+    try:
+        seeds: tuple[int | None, ...] = (None,) if seed is None else seed_list(seed, "--seed")
+        bench_pool_command(
+            scenario,
+            hours,
+            goodput_gpus,
+            goodput_minutes,
+            json_out,
+            console,
+            router_awake,
+            seeds=seeds,
+            sized=sized,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 @bench_app.command("layout")
@@ -615,7 +648,16 @@ def bench_oserve(
     strategies: Annotated[
         str, typer.Option(help="Only these layouts, comma-separated (e.g. TP4,TP8); default all.")
     ] = "",
-    seed: Annotated[int, typer.Option(help="Seed of k-means and of the search.")] = 0,
+    seed: Annotated[
+        str | None,
+        typer.Option(
+            "--seed",
+            help="Seeds, comma-separated (e.g. 0,1,2): each seed draws the workload (which "
+            "requests a rateScale below 1 keeps) and seeds k-means, the search and the "
+            "probes; one comparison per seed, then the spread. Default: the scenario's "
+            "workload seed, and 0.",
+        ),
+    ] = None,
     capacity: Annotated[
         str,
         typer.Option(
@@ -653,10 +695,12 @@ def bench_oserve(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures.")] = None,
 ) -> None:
     """OServe: static vs per-hour reload vs heterogeneous layouts on the mixed workload."""
-    from sageserve.commands.bench_oserve import OServeBench, bench_oserve_command
+    from sageserve.commands.bench_oserve import OServeBench, bench_oserve_seeds
+    from sageserve.commands.seeds import seed_list
     from sageserve.sim.scenario import default_scenario_dir
 
     try:
+        seeds: tuple[int | None, ...] = (None,) if seed is None else seed_list(seed, "--seed")
         cfg = OServeBench(
             scenario=scenario or default_scenario_dir().parent / "oserve-mixed",
             model=model,
@@ -672,7 +716,6 @@ def bench_oserve(
             ttft_slo_s=ttft_slo,
             tpot_slo_s=tpot_slo,
             predictor=predictor,
-            seed=seed,
             strategies=tuple(x.strip() for x in strategies.split(",") if x.strip()),
             capacity=capacity,
             capacity_file=capacity_file,
@@ -680,7 +723,10 @@ def bench_oserve(
             dispatch=dispatch,
             start=start,
         )
-        bench_oserve_command(cfg, json_out, console)
+        cfgs = [
+            cfg if x is None else dataclasses.replace(cfg, seed=x, workload_seed=x) for x in seeds
+        ]
+        bench_oserve_seeds(cfgs, json_out, console)
     except (ValueError, KeyError, FileNotFoundError) as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

@@ -124,3 +124,79 @@ def test_the_cli_refuses_an_unknown_layout() -> None:
     )
     assert r.exit_code == 2
     assert "TP3" in r.output
+
+
+CROSSING = default_scenario_dir().parent / "oserve-crossing"
+
+
+def test_the_cli_refuses_a_bad_seed_list_naming_the_option() -> None:
+    r = CliRunner().invoke(app, ["bench", "oserve", "--seed", "0,zero", "--span", "10"])
+    assert r.exit_code == 2
+    assert "--seed" in r.output
+
+
+@pytest.mark.slow
+def test_a_workload_seed_redraws_which_requests_a_thinned_trace_keeps() -> None:
+    # oserve-crossing replays its traces at 0.7 times their rates: the seed picks the requests
+    from itertools import takewhile
+
+    from sageserve.sim.scenario import load_scenario
+
+    scenario = load_scenario(CROSSING)
+
+    def first_minutes(seed: int | None) -> list[tuple[float, int, int]]:
+        reqs = takewhile(lambda r: r.arrival < 300.0, scenario.with_seed(seed).requests())
+        return [(r.arrival, r.prompt_tokens, r.output_tokens) for r in reqs]
+
+    three = first_minutes(3)
+    assert three and three == first_minutes(3)
+    assert three != first_minutes(4)
+    assert three != first_minutes(None)  # None: the scenario's own seed
+    # the kept requests are the trace's own: another seed keeps a different subset of them
+    assert set(three) & set(first_minutes(4))
+
+
+@pytest.mark.slow
+def test_two_seeds_report_each_run_and_the_spread(tmp_path: Path) -> None:
+    import dataclasses
+
+    from sageserve.commands.bench_oserve import DEPLOYMENTS, bench_oserve_seeds
+
+    base = OServeBench(
+        scenario=CROSSING,
+        model="codellama-34b",
+        gpus=8,
+        tuning_hours=(0,),
+        held_out_hours=(4,),
+        span_s=60.0,
+        replan_s=30.0,
+        startup_s=20.0,
+        drain_s=600.0,
+        strategies=("TP1", "TP2"),
+        capacity="analytical",
+    )
+    cfgs = [dataclasses.replace(base, seed=s, workload_seed=s) for s in (0, 1)]
+    console = Console(record=True, width=250)
+    doc = bench_oserve_seeds(cfgs, tmp_path / "o.json", console)
+    text = console.export_text()
+    assert "per seed: goodput req/s / P99 e2e s" in text
+    assert "over seeds 0, 1: mean [lowest, highest]" in text
+    assert (tmp_path / "o.json").exists()
+    runs = doc["runs"]
+    assert [r["config"]["seed"] for r in runs] == [0, 1]
+    assert [r["config"]["workload_seed"] for r in runs] == [0, 1]
+    sp = doc["spread"]
+    assert sp["seeds"] == [0, 1]
+    for name in DEPLOYMENTS:
+        g = sp["deployments"][name]["goodput"]
+        vals = [r["results"][name]["goodput"] for r in runs]
+        assert g["n"] == 2
+        assert g["low"] == min(vals) and g["high"] == max(vals)
+    ratios = [
+        r["results"]["heterogeneous"]["goodput"] / r["results"]["static"]["goodput"]
+        for r in runs
+        if r["results"]["static"]["goodput"] > 0 and r["results"]["heterogeneous"]["goodput"] > 0
+    ]
+    if ratios:
+        got = sp["hetero_gain_vs"]["static"]["goodput"]["mean"]
+        assert got == pytest.approx(sum(ratios) / len(ratios))

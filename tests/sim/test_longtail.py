@@ -28,3 +28,25 @@ def test_a_missing_field_is_named(tmp_path: Path) -> None:
     (tmp_path / "long-tail.yaml").write_text("name: x\nwindow: {start: 0s}\n")
     with pytest.raises(ValueError, match=r"window\.duration"):
         load_long_tail(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_seed_draws_another_day_of_the_same_clients() -> None:
+    # the per-client rates are the trace's; the seed draws arrival times and sizes
+    default = load_long_tail(SCENARIO, hours=0.25)
+    assert default.seed == 20250417  # the file's
+    again = load_long_tail(SCENARIO, hours=0.25, seed=default.seed)
+    assert [(r.t, r.model, r.prompt) for r in again.requests] == [
+        (r.t, r.model, r.prompt) for r in default.requests
+    ]
+    other = load_long_tail(SCENARIO, hours=0.25, seed=1)
+    assert other.seed == 1
+    assert [r.t for r in other.requests] != [r.t for r in default.requests]
+    # the busiest clients stay the busiest: the rates come from the trace, not the seed
+    busiest = max(default.forecasts(), key=lambda f: f.rate_rps).name
+    assert busiest == max(other.forecasts(), key=lambda f: f.rate_rps).name
+
+
+def test_a_negative_seed_is_refused() -> None:
+    with pytest.raises(ValueError, match="seed"):
+        load_long_tail(SCENARIO, hours=0.1, seed=-1)

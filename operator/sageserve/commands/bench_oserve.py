@@ -41,6 +41,12 @@ that finish with TTFT ≤ `--ttft-slo` and a time per output token after the fir
 `--tpot-slo`); an unfinished request counts as infinitely late. "Best" is the highest goodput,
 then the lowest P99 end-to-end latency.
 
+With several seeds (`--seed 0,1,2`) the whole comparison runs once per seed and the spread
+of every figure follows (mean [lowest, highest]). A seed is both the workload's draw
+(`Scenario.with_seed`: for a trace replayed at a `rateScale` below 1 the seed picks which
+requests are kept; arrival times and sizes are the trace's, fixed) and the seed of k-means,
+the search and the capacity probes. Without `--seed`: the scenario's workload seed and 0.
+
 Benchmarks print figures; nothing here is asserted. The pipeline layouts' profiles are
 derived (`perf/pipeline.py`), the per-type capacity analytical or measured, and the output-length
 predictor the default `client-quantile` (per service median) unless `--predictor oracle`.
@@ -53,13 +59,14 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from sageserve.commands.seeds import Spread, spread
 from sageserve.core.percentile import percentile
 from sageserve.core.types import Request
 from sageserve.dispatch.length_predictor import make_predictor
@@ -121,7 +128,10 @@ class OServeBench(LayoutBudget):
     tpot_slo_s: float = 0.2
     predictor: str = "client-quantile"
     drain_s: float = 1800.0
+    #: seed of k-means, of the search and of the capacity probes
     seed: int = 0
+    #: seed of the scenario's workload draw (`Scenario.with_seed`); None: the scenario's
+    workload_seed: int | None = None
     #: where n_{k,j} comes from (`sim/type_capacity.CAPACITY_SOURCES`): "measured" (the
     #: simulator at the SLO, or `capacity_file` written by `calibrate --by-type`) or
     #: "analytical" (`perf/capacity.py`, maximum throughput, no SLO), or "auto" (each
@@ -246,7 +256,7 @@ class _Setup:
 
 
 def _setup(cfg: OServeBench) -> _Setup:
-    sc = load_scenario(cfg.scenario)
+    sc = load_scenario(cfg.scenario).with_seed(cfg.workload_seed)
     requests = sorted(sc.requests(), key=lambda r: r.arrival)
     tuning = part(requests, cfg.tuning_hours, cfg.span_s)
     held_out = part(requests, cfg.held_out_hours, cfg.span_s)
@@ -575,6 +585,105 @@ def bench_oserve_command(
     if json_out is not None:
         json_out.write_text(json.dumps(out, indent=2) + "\n")
     return out
+
+
+DEPLOYMENTS = ("static", "per-hour reload", "heterogeneous")
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, NaN where either is not a finite positive figure (left out of a spread)."""
+    if not (a > 0 and b > 0) or math.isinf(a) or math.isinf(b):
+        return math.nan
+    return a / b
+
+
+def spread_of_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every deployment's figures over the runs (one per seed), and the heterogeneous plan's
+    gains: goodput over the baseline's, and the baseline's P99 e2e over the plan's."""
+    out: dict[str, Any] = {"seeds": [r["config"]["seed"] for r in runs], "deployments": {}}
+    keys = ("goodput", "p99_e2e_s", "p99_ttft_s", "slo_attainment", "switches")
+    for name in DEPLOYMENTS:
+        rows = [r["results"][name] for r in runs]
+        out["deployments"][name] = {k: asdict(spread([x[k] for x in rows])) for k in keys}
+    gains: dict[str, Any] = {}
+    for base in DEPLOYMENTS[:2]:
+        het = [r["results"]["heterogeneous"] for r in runs]
+        ref = [r["results"][base] for r in runs]
+        gains[base] = {
+            "goodput": asdict(
+                spread([_ratio(h["goodput"], b["goodput"]) for h, b in zip(het, ref, strict=True)])
+            ),
+            "p99_e2e": asdict(
+                spread(
+                    [_ratio(b["p99_e2e_s"], h["p99_e2e_s"]) for h, b in zip(het, ref, strict=True)]
+                )
+            ),
+        }
+    out["hetero_gain_vs"] = gains
+    return out
+
+
+def bench_oserve_seeds(
+    cfgs: Sequence[OServeBench], json_out: Path | None, console: Console
+) -> dict[str, Any]:
+    """One comparison per configuration (one per seed), each printed, then the spread."""
+    if len(cfgs) == 1:
+        return bench_oserve_command(cfgs[0], json_out, console)
+    runs: list[dict[str, Any]] = []
+    for cfg in cfgs:
+        console.print(f"[bold]seed {cfg.seed}[/] (workload and k-means / search)")
+        runs.append(bench_oserve_command(cfg, None, console))
+    sp = spread_of_runs(runs)
+    _print_spread(runs, sp, console)
+    doc = {"runs": runs, "spread": sp}
+    if json_out is not None:
+        json_out.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def _print_spread(runs: Sequence[dict[str, Any]], sp: dict[str, Any], console: Console) -> None:
+    per = Table(title="per seed: goodput req/s / P99 e2e s on the held-out hours")
+    for c in ("seed", "static layout", "reload layouts", "hetero start", *DEPLOYMENTS):
+        per.add_column(c, justify="right" if c == "seed" else "left")
+    for r in runs:
+        res = r["results"]
+        per.add_row(
+            str(r["config"]["seed"]),
+            r["static_layout"],
+            " → ".join(r["reload_schedule"]),
+            r["hetero_initial"],
+            *[f"{res[n]['goodput']:.3f} / {res[n]['p99_e2e_s']:.1f}" for n in DEPLOYMENTS],
+        )
+    console.print(per)
+    seeds = ", ".join(str(x) for x in sp["seeds"])
+    t = Table(title=f"over seeds {seeds}: mean \\[lowest, highest]")
+    cols = (
+        "deployment",
+        "goodput req/s",
+        "P99 e2e s",
+        "P99 TTFT s",
+        "SLO %",
+        "switches",
+        "hetero goodput gain",
+        "hetero P99 e2e gain",
+    )
+    for c in cols:
+        t.add_column(c, justify="left" if c == "deployment" else "right")
+    for name in DEPLOYMENTS:
+        d = sp["deployments"][name]
+        slo = {k: (v * 100 if k != "n" else v) for k, v in d["slo_attainment"].items()}
+        g = sp["hetero_gain_vs"].get(name)
+        t.add_row(
+            name,
+            Spread(**d["goodput"]).format(".3f"),
+            Spread(**d["p99_e2e_s"]).format(".1f"),
+            Spread(**d["p99_ttft_s"]).format(".2f"),
+            Spread(**slo).format(".2f"),
+            Spread(**d["switches"]).format(".1f"),
+            Spread(**g["goodput"]).format(".3f", "×") if g else "—",
+            Spread(**g["p99_e2e"]).format(".3f", "×") if g else "—",
+        )
+    console.print(t)
 
 
 def _print(out: dict[str, Any], console: Console) -> None:

@@ -36,6 +36,8 @@ class LongTail:
     """A loaded long-tail scenario: the requests, the base variant and the pool settings."""
 
     name: str
+    #: the seed the requests were drawn with (the file's, or the caller's)
+    seed: int
     start_s: float
     end_s: float
     requests: list[PoolRequest]
@@ -81,8 +83,16 @@ def _get(doc: dict[str, Any], path: str) -> Any:
     return cur
 
 
-def load_long_tail(directory: Path, hours: float | None = None) -> LongTail:
-    """Read ``directory/long-tail.yaml`` and generate its requests (``hours`` cuts the window)."""
+def load_long_tail(
+    directory: Path, hours: float | None = None, seed: int | None = None
+) -> LongTail:
+    """Read ``directory/long-tail.yaml`` and generate its requests (``hours`` cuts the window;
+    ``seed``, when given, replaces the file's ``seed``). The per-client rates of each 10-minute
+    window and the token-size distributions are the trace's; the seed draws the arrival times
+    within each window and each request's sizes, so another seed is another day with the same
+    clients and the same rates."""
+    if seed is not None and seed < 0:
+        raise ValueError(f"seed: must be >= 0, got {seed}")
     path = Path(directory) / "long-tail.yaml"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no long-tail.yaml")
@@ -115,9 +125,10 @@ def load_long_tail(directory: Path, hours: float | None = None) -> LongTail:
     table = ServeGenTable.load(windows)
     knots = load_token_knots(tokens, table.client_volume())
     context = perf.context_length or 10**9
+    draw_seed = int(doc.get("seed", 0)) if seed is None else seed
     reqs: list[PoolRequest] = []
     refused = 0
-    for row in servegen_rows(table, knots, start, start + span, scale, int(doc.get("seed", 0))):
+    for row in servegen_rows(table, knots, start, start + span, scale, draw_seed):
         if row.prompt + row.output > context:
             refused += 1
             continue
@@ -134,6 +145,7 @@ def load_long_tail(directory: Path, hours: float | None = None) -> LongTail:
     )
     return LongTail(
         name=str(doc.get("name", directory.name)),
+        seed=draw_seed,
         start_s=start,
         end_s=start + span,
         requests=reqs,
