@@ -77,6 +77,29 @@ def crds(
         console.print(f"wrote {path}")
 
 
+@app.command("keda-stubs")
+def keda_stubs(
+    output_dir: Annotated[
+        Path,
+        typer.Option("--output-dir", "-o", help="Where the generated modules live."),
+    ] = Path("operator/sageserve/keda"),
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Exit 1 if the files in --output-dir are not up to date."),
+    ] = False,
+) -> None:
+    """Generate the message classes of KEDA's external scaler .proto (needs grpcio-tools)."""
+    from sageserve.keda import stubs
+
+    if check:
+        stale = stubs.stale(output_dir)
+        for path in stale:
+            err_console.print(f"{path}: out of date; run `sageserve keda-stubs -o {output_dir}`")
+        raise typer.Exit(1 if stale else 0)
+    for path in stubs.write(output_dir):
+        console.print(f"wrote {path}")
+
+
 @app.command()
 def validate(
     paths: Annotated[
