@@ -91,3 +91,21 @@ def test_the_board_answers_the_decision_else_the_lookup_else_unknown() -> None:
         UnknownPodSet, match=r"scalerMetadata.podSet: no pod set 'llama-us-east-a100'"
     ):
         board.answer(other, lookup)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--scaler-listen", "9100"),
+        ("--scaler-address", "http://x:9100"),
+        ("--scaler-listen", "a b:1"),
+    ],
+)
+def test_the_operator_refuses_a_scaler_address_that_is_not_host_port(flag: str, value: str) -> None:
+    from typer.testing import CliRunner
+
+    from sageserve.cli import app
+
+    result = CliRunner().invoke(app, ["operator", flag, value])
+    assert result.exit_code == 2
+    assert f"{flag}: {value!r} is not host:port" in result.output
