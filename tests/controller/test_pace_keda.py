@@ -48,6 +48,10 @@ class KedaKube(FakeKube):
         self.replica_writes: list[tuple[str, int]] = []
         self.annotations: list[tuple[str, dict[str, str]]] = []
         self.policy_status: dict[str, Any] = {}
+        self.hpas: dict[str, list[str]] = {}
+
+    def autoscalers(self, namespace: str) -> dict[str, list[str]]:
+        return self.hpas
 
     def scaled_objects(self, namespace: str) -> dict[str, dict[str, Any]]:
         if not self.crd:
@@ -246,3 +250,29 @@ def test_a_dry_run_creates_no_scaled_object(
     kube, board = KedaKube(), DecisionBoard()
     run(kube, PaceState(), board, prometheus, 2400.0)
     assert kube.scaled == {} and kube.replica_writes == [] and board.get(NS, "m-r1-h100") is None
+
+
+def test_a_foreign_autoscaler_on_a_keda_sized_pod_set_is_named(
+    prometheus: PrometheusStub,  # noqa: F811
+) -> None:
+    kube, board = KedaKube(), DecisionBoard()
+    kube.hpas = {
+        "m-r1-h100": ["HorizontalPodAutoscaler/keda-hpa-m-r1-h100", "HorizontalPodAutoscaler/team"]
+    }
+    run(kube, PaceState(), board, prometheus, 0.0)
+    status, reason, message = kube.actuation()
+    assert (status, reason) == ("False", "ForeignAutoscaler")
+    assert "pod set m-r1-h100: also sized by HorizontalPodAutoscaler/team" in message
+    assert "keda-hpa-m-r1-h100," not in message  # its own HPA is no foreign one
+    assert any(t == "Warning" and r == "ForeignAutoscaler" for _, t, r, _ in kube.events)
+
+
+def test_a_direct_policy_never_drops_the_decisions_of_a_keda_one_beside_it(
+    prometheus: PrometheusStub,  # noqa: F811
+) -> None:
+    kube, board = KedaKube(), DecisionBoard()
+    run(kube, PaceState(), board, prometheus, 2400.0)
+    board.record(NS, {"other-r1-h100": board.get(NS, "m-r1-h100")})  # type: ignore[dict-item]
+    kube.md["spec"]["policyRef"]["name"] = "q"  # m now under another policy: p paces nothing
+    run(kube, PaceState(), board, prometheus, 0.0, actuation="direct")
+    assert board.get(NS, "other-r1-h100") is not None

@@ -31,7 +31,7 @@ from sageserve.controller.faults import Sizing
 from sageserve.controller.guard import Guard
 from sageserve.controller.kube import KedaUnavailable, Kube, ReplicasMoved
 from sageserve.core.labels import ACTUATION_KEDA, ANNOTATION_ACTUATION, LABEL_DEPLOYMENT
-from sageserve.keda.scaledobject import ScaledObjectSpec, render_scaled_object
+from sageserve.keda.scaledobject import ScaledObjectSpec, hpa_name, render_scaled_object
 from sageserve.keda.scaler import DecisionBoard, Desired
 from sageserve.metrics.prometheus import Series
 from sageserve.pace.pressure import batch_capacity_tps
@@ -134,6 +134,20 @@ def covers(actual: Any, wanted: Any) -> bool:
     return bool(actual == wanted)
 
 
+def foreign_autoscalers(
+    autoscalers: Mapping[str, list[str]], managed: Iterable[str]
+) -> dict[str, list[str]]:
+    """`{pod set: [HorizontalPodAutoscaler/name]}` of the managed pod sets that an
+    autoscaler other than their ScaledObject's HPA (`keda-hpa-<pod set>`) targets too."""
+    out = {}
+    for pod_set in sorted(managed):
+        ours = f"HorizontalPodAutoscaler/{hpa_name(pod_set)}"
+        others = [a for a in autoscalers.get(pod_set, []) if a != ours]
+        if others:
+            out[pod_set] = others
+    return out
+
+
 def named(names: Iterable[str]) -> str:
     listed = sorted(names)
     more = f" and {len(listed) - NAMED} more" if len(listed) > NAMED else ""
@@ -214,6 +228,15 @@ class Actuator:
             self.event(owners[model], "Normal", "ScaledObjectsCreated", message)
         keep = {m.pod_set for m in managed}
         self.prune(listed, keep, owners)
+        others = foreign_autoscalers(self.kube.autoscalers(self.namespace), keep)
+        if others:
+            message = (
+                "; ".join(f"pod set {p}: also sized by {', '.join(a)}" for p, a in others.items())
+                + ": two writers flap its replicas; delete the other autoscaler (sageserve's "
+                "is HorizontalPodAutoscaler/keda-hpa-<pod set>)"
+            )
+            self.condition(CONDITION, False, "ForeignAutoscaler", message)
+            return
         message = (
             f"KEDA writes replicas through ScaledObject(s) {named(keep) or 'none yet'}; "
             f"sageserve decides them and serves them on {address}"
@@ -254,9 +277,16 @@ class Actuator:
         """Back in direct mode: delete the ScaledObjects of pod sets KEDA still sizes, take
         back those whose ScaledObject is gone; `Actuation=True/Direct` once a policy has
         been in keda mode (a policy that never was gets no condition)."""
+        fleet = list(fleet)
+        mine = {
+            pod_set_name(md.metadata.name, r.name, v.name)
+            for _, md in fleet
+            for r in md.spec.regions
+            for v in md.spec.variants
+        }
         leaving = sorted(n for n, o in guard.owned.items() if o.sizing is Sizing.KEDA)
         if not leaving:
-            self.board.forget(self.namespace, None)
+            self.board.forget(self.namespace, mine)
             if had_condition:
                 message = "sageserve writes each pod set's replicas itself"
                 self.condition(CONDITION, True, "Direct", message)
@@ -287,7 +317,7 @@ class Actuator:
             if body is not None:
                 message = f"pod set {name} taken back from KEDA at {own.replicas} replica(s)"
                 self.event(body, "Normal", "TookBack", message)
-        self.board.forget(self.namespace, None)
+        self.board.forget(self.namespace, mine)
         message = "sageserve writes each pod set's replicas itself" + (
             f"; waiting for ScaledObject(s) {named(waiting)} to be gone" if waiting else ""
         )
