@@ -106,3 +106,18 @@ def test_every_message_has_keda_s_field_names_numbers_and_types(
 ) -> None:
     descriptor = pb.DESCRIPTOR.message_types_by_name[message]
     assert {f.name: (f.number, f.type) for f in descriptor.fields} == fields
+
+
+def test_the_descriptor_is_the_one_keda_v2_20_2_compiles_into_its_client() -> None:
+    """KEDA's own descriptor bytes (tests/keda/data/README.md) against ours: the same
+    package, service, methods, messages, fields, numbers, types and options."""
+    from google.protobuf import descriptor_pb2
+
+    raw = (Path(__file__).parent / "data" / "keda-v2.20.2-externalscaler.binpb").read_bytes()
+    keda = descriptor_pb2.FileDescriptorProto.FromString(raw)
+    for message in keda.message_type:
+        for m in [message, *message.nested_type]:
+            for f in m.field:
+                f.ClearField("json_name")  # protoc-gen-go records it, the Python generator not
+    ours = descriptor_pb2.FileDescriptorProto.FromString(pb.DESCRIPTOR.serialized_pb)
+    assert keda == ours
