@@ -223,7 +223,8 @@ class Actuator:
         for model, names in created.items():
             message = (
                 f"KEDA sizes pod set(s) {named(names)} through ScaledObject(s) of the same "
-                f"name; their first metric is the current replicas (scaler {address})"
+                "name, each fed the replicas decided for it (its current replicas where "
+                f"nothing was decided; scaler {address})"
             )
             self.event(owners[model], "Normal", "ScaledObjectsCreated", message)
         keep = {m.pod_set for m in managed}
