@@ -104,7 +104,11 @@ def test_another_port_reaches_every_place_that_names_it() -> None:
 
 @pytest.mark.parametrize(
     ("setting", "field"),
-    [("keda.port=80", "keda.port"), ("keda.enabled=maybe", "keda.enabled"), ("keda.prt=1", "prt")],
+    [
+        ("keda.port=80", "/keda/port"),
+        ("keda.enabled=maybe", "/keda/enabled"),
+        ("keda.prt=1", "prt"),
+    ],
 )
 def test_bad_keda_values_are_refused_naming_the_key(setting: str, field: str) -> None:
     result = helm("template", "x", str(CHART), "--kube-version", "1.36.0", "--set", setting)
