@@ -113,3 +113,8 @@ def test_another_port_reaches_every_place_that_names_it() -> None:
 def test_bad_keda_values_are_refused_naming_the_key(setting: str, field: str) -> None:
     result = helm("template", "x", str(CHART), "--kube-version", "1.36.0", "--set", setting)
     assert result.returncode != 0 and field in result.stderr
+
+
+def test_helm_lint_passes_with_keda_enabled() -> None:
+    result = helm("lint", "--strict", str(CHART), "--kube-version", "1.36.0", "--set", ON)
+    assert result.returncode == 0, result.stdout + result.stderr
