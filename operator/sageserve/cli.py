@@ -78,6 +78,29 @@ def crds(
         console.print(f"wrote {path}")
 
 
+@app.command("keda-stubs")
+def keda_stubs(
+    output_dir: Annotated[
+        Path,
+        typer.Option("--output-dir", "-o", help="Where the generated modules live."),
+    ] = Path("operator/sageserve/keda"),
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Exit 1 if the files in --output-dir are not up to date."),
+    ] = False,
+) -> None:
+    """Generate the message classes of KEDA's external scaler .proto (needs grpcio-tools)."""
+    from sageserve.keda import stubs
+
+    if check:
+        stale = stubs.stale(output_dir)
+        for path in stale:
+            err_console.print(f"{path}: out of date; run `sageserve keda-stubs -o {output_dir}`")
+        raise typer.Exit(1 if stale else 0)
+    for path in stubs.write(output_dir):
+        console.print(f"wrote {path}")
+
+
 @app.command()
 def validate(
     paths: Annotated[
@@ -139,14 +162,38 @@ def run_operator(
     log_level: Annotated[
         str, typer.Option(help="debug, info or warning.", case_sensitive=False)
     ] = "info",
+    scaler_listen: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SAGESERVE_SCALER_LISTEN",
+            help="Serve KEDA's external scaler gRPC interface here (host:port, e.g. "
+            "0.0.0.0:9100) for policies with actuation keda; unset: not served.",
+        ),
+    ] = None,
+    scaler_address: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SAGESERVE_SCALER_ADDRESS",
+            help="The host:port KEDA dials for that scaler, written into the ScaledObjects "
+            "(e.g. sageserve-scaler.sageserve-system.svc:9100); a policy's "
+            "spec.keda.scalerAddress overrides it.",
+        ),
+    ] = None,
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig (or in-cluster)."""
     import os
+    import re
 
     import kopf
 
     import sageserve.controller.handlers  # noqa: F401  (registers the handlers)
 
+    for flag, value in (("--scaler-listen", scaler_listen), ("--scaler-address", scaler_address)):
+        if value and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}", value):
+            err_console.print(f"{flag}: {value!r} is not host:port (e.g. 0.0.0.0:9100)")
+            raise typer.Exit(2)
+    os.environ["SAGESERVE_SCALER_LISTEN"] = scaler_listen or ""
+    os.environ["SAGESERVE_SCALER_ADDRESS"] = scaler_address or ""
     os.environ["SAGESERVE_NAMESPACES"] = ",".join(namespace or [])
     level = log_level.lower()
     if level not in {"debug", "info", "warning"}:

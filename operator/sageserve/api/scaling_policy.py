@@ -705,6 +705,41 @@ class Capacity(ApiModel):
     )
 
 
+class Actuation(StrEnum):
+    """Who writes the replicas the pace decision step decides (docs/keda.md).
+
+    direct: the operator patches each pod set's `spec.replicas` itself (the default).
+    keda: the operator plans and decides as in direct mode but writes no replicas: it owns
+    one KEDA ScaledObject per pod set whose `external` trigger asks the operator's gRPC
+    scaler for the decided replicas, and KEDA's HorizontalPodAutoscaler writes them.
+    """
+
+    DIRECT = "direct"
+    KEDA = "keda"
+
+
+class Keda(ApiModel):
+    """What the ScaledObjects of `actuation: keda` carry (ignored in direct mode)."""
+
+    failure_threshold: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="KEDA's fallback.failureThreshold: after this many failed calls to the "
+        "scaler in a row (the operator down or unreachable) KEDA holds each pod set at its "
+        "fallback replicas, which sageserve keeps at the plan in force for it, so a dead "
+        "operator leaves the fleet at its last plan rather than at zero.",
+    )
+    scaler_address: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?:[0-9]{1,5}$",
+        description="host:port KEDA dials for this policy's scaler; absent: the operator's "
+        "--scaler-address (the chart sets its scaler Service, "
+        "<release>-scaler.<namespace>.svc:9100).",
+    )
+
+
 class ScalingPolicySpec(ApiModel):
     """How the fleets of the ModelDeployments referring to this policy are sized."""
 
@@ -715,6 +750,16 @@ class ScalingPolicySpec(ApiModel):
         default=False,
         description="Compute and report plans and decisions without changing the cluster.",
     )
+    actuation: Actuation = Field(
+        default=Actuation.DIRECT,
+        description="direct (default): the operator writes each pod set's replicas. keda: "
+        "the operator plans and decides the same replicas but KEDA writes them: one "
+        "ScaledObject per pod set (owned by its ModelDeployment) whose external trigger "
+        "reads the decision from the operator's gRPC scaler; needs KEDA installed "
+        "(scaledobjects.keda.sh), else the policy's Actuation condition is False and "
+        "replicas are left alone. docs/keda.md says which to pick and how to switch.",
+    )
+    keda: Keda = sub_object(Keda)
     intervals: Intervals = sub_object(Intervals)
     thresholds: Thresholds = sub_object(Thresholds)
     routing: Routing = sub_object(Routing)

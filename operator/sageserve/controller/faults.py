@@ -8,7 +8,8 @@ The faults users of LLM autoscalers report and the pace pass must not make worse
   (`sageserve.io/replicas`); a `spec.replicas` that differs and is owned by another field
   manager (`metadata.managedFields` says who) is a conflict: the pod set is held, never
   overwritten, until a person hands it over (`sageserve.io/scaling: external`) or takes
-  it back (`resume`);
+  it back (`resume`). The HPA of a ScaledObject sageserve owns under `actuation: keda` is
+  no other writer: its pod set carries `sageserve.io/actuation: keda`;
 - **a pod that never finishes terminating** (a finalizer nobody removes, a kubelet gone):
   it still holds its GPUs, serves nothing and is not coming back. It is past its
   `deletionTimestamp` (the API server's deadline for it to be gone), so no further
@@ -37,6 +38,8 @@ from typing import Any
 from sageserve.controller.kube import FIELD_MANAGER, PACE_MANAGER
 from sageserve.controller.spot import is_serving_pod, pod_gpus
 from sageserve.core.labels import (
+    ACTUATION_KEDA,
+    ANNOTATION_ACTUATION,
     ANNOTATION_REPLICAS,
     ANNOTATION_SCALING,
     LABEL_DEPLOYMENT,
@@ -90,6 +93,9 @@ class Sizing(StrEnum):
     RESUME = "resume"  # `sageserve.io/scaling: resume`: stamp its size, drop the annotation
     CONFLICT = "conflict"  # someone else wrote replicas: held, reported
     UNKNOWN = "unknown"  # an annotation value sageserve does not know: held, reported
+    #: `sageserve.io/actuation: keda`: KEDA's HPA writes the replicas sageserve decides
+    #: (sanctioned); paced in keda mode, taken back once its ScaledObject is gone in direct
+    KEDA = "keda"
 
 
 #: Pod sets the pace loop leaves alone.
@@ -130,7 +136,9 @@ def ownership(deployment: Mapping[str, Any]) -> Ownership:
         stamped = None
     others = tuple(w for w in replicas_writers(deployment) if w.manager not in OWN_MANAGERS)
     mode = annotations.get(ANNOTATION_SCALING)
-    if mode == SCALING_EXTERNAL:
+    if mode is None and annotations.get(ANNOTATION_ACTUATION) == ACTUATION_KEDA:
+        sizing = Sizing.KEDA
+    elif mode == SCALING_EXTERNAL:
         sizing = Sizing.HANDED_OVER
     elif mode == SCALING_RESUME:
         sizing = Sizing.RESUME

@@ -60,6 +60,9 @@ class Guard:
     owned: dict[str, Ownership]
     stuck: list[StuckPod]
     unplaced: list[UnplacedPod]
+    #: whether the policy's actuation is keda: its KEDA-sized pod sets are paced (their
+    #: decisions go to the scaler); in direct mode they are held until taken back
+    keda: bool = False
 
     @classmethod
     def observe(
@@ -68,15 +71,21 @@ class Guard:
         pod_sets: Mapping[str, Mapping[str, Mapping[str, Any]]],
         pods: Iterable[Mapping[str, Any]],
         now: float,
+        keda: bool = False,
     ) -> Guard:
         owned = {name: ownership(d) for sets in pod_sets.values() for name, d in sets.items()}
         listed = list(pods)
-        return cls(namespace, owned, overdue_pods(listed, now), unplaced_pods(listed, now))
+        return cls(namespace, owned, overdue_pods(listed, now), unplaced_pods(listed, now), keda)
+
+    def is_held(self, own: Ownership) -> bool:
+        """Whether the pass leaves this pod set alone: someone else sizes it, or KEDA still
+        does while the policy is back in direct mode (until it is taken back)."""
+        return own.sizing in HELD or (own.sizing is Sizing.KEDA and not self.keda)
 
     def held(self, md: ModelDeployment, region: str) -> list[Ownership]:
         """The pod sets of (md, region) someone else sizes: its endpoint is not paced."""
         names = (pod_set_name(md.metadata.name, region, v.name) for v in md.spec.variants)
-        return [o for n in names if (o := self.owned.get(n)) and o.sizing in HELD]
+        return [o for n in names if (o := self.owned.get(n)) and self.is_held(o)]
 
     def stuck_at(self, key: EndpointKey) -> list[StuckPod]:
         return [s for s in self.stuck if (s.model, s.region) == (key.model, key.region)]
@@ -138,7 +147,7 @@ class FaultReport:
     def _sizing(
         self, guard: Guard, owners: Mapping[str, dict[str, Any]], conditions: set[str]
     ) -> None:
-        problems, handed = [], []
+        problems, handed, through_keda = [], [], []
         for name, own in sorted(guard.owned.items()):
             body = owners.get(own.model)
             if own.sizing is Sizing.CONFLICT:
@@ -147,6 +156,8 @@ class FaultReport:
                     self._conflict_events(own, body, guard.namespace)
             elif own.sizing is Sizing.UNKNOWN:
                 problems.append(held_message(own, guard.namespace))
+            elif own.sizing is Sizing.KEDA:
+                through_keda.append(name)
             elif own.sizing is Sizing.HANDED_OVER:
                 handed.append(name)
                 if self._new(f"handed/{name}") and body is not None:
@@ -168,6 +179,8 @@ class FaultReport:
             self._set(conditions, "Conflict", False, "HandedOver", message)
         else:
             message = "sageserve alone sizes its pod sets"
+            if through_keda:
+                message += f" ({len(through_keda)} through the HPA of its KEDA ScaledObject)"
             self._set(conditions, "Conflict", False, "SoleWriter", message)
 
     def _conflict_events(self, own: Ownership, body: dict[str, Any] | None, ns: str) -> None:

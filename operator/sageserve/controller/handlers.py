@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
 import kopf
 from prometheus_client import start_http_server
 
@@ -38,6 +39,8 @@ from sageserve.controller.semantics import (
 )
 from sageserve.controller.status import model_deployment_status
 from sageserve.core.labels import NodeLabels
+from sageserve.keda.scaledobject import fallback_replicas
+from sageserve.keda.server import ExternalScaler, serve
 from sageserve.metrics.exporter import OPERATOR_METRICS
 
 RESYNC_SECONDS = float(os.environ.get("SAGESERVE_RESYNC_SECONDS", "30"))
@@ -184,6 +187,8 @@ def resync(obj: dict[str, Any]) -> None:
 
 
 _loops: Loops | None = None
+#: the KEDA external scaler's gRPC server, when --scaler-listen is set
+_scaler: grpc.Server | None = None
 #: Ports already serving metrics in this process (an operator restarted in-process reuses them).
 _metrics_ports: set[int] = set()
 
@@ -208,6 +213,33 @@ def start_loops(logger: Logger, **_: Any) -> None:
             logger.error("cannot serve metrics on port %d: %s", port, exc)
     _loops = Loops(watched_namespaces(), resync, RESYNC_SECONDS, logger)
     _loops.start()
+    start_scaler(logger)
+
+
+def scaler_lookup(namespace: str, pod_set: str) -> int | None:
+    """What the scaler answers for a pod set with no decision recorded in this process
+    (just started, or not the leader): the plan the leader last wrote into its
+    ScaledObject (`fallback.replicas`), else the pod set's current replicas."""
+    k = kube()
+    found = k.scaled_object(namespace, pod_set)
+    recorded = fallback_replicas(found) if found is not None else None
+    return recorded if recorded is not None else k.deployment_replicas(namespace, pod_set)
+
+
+def start_scaler(logger: Logger) -> None:
+    """Serve KEDA's external scaler on SAGESERVE_SCALER_LISTEN (`--scaler-listen`), once
+    per process; a port that cannot be bound is logged loudly (keda-mode ScaledObjects then
+    fall back to the plan they carry)."""
+    global _scaler
+    listen = os.environ.get("SAGESERVE_SCALER_LISTEN", "")
+    if not listen or _scaler is not None:
+        return
+    try:
+        _scaler, port = serve(listen, ExternalScaler(scaler_lookup))
+    except (OSError, RuntimeError) as exc:
+        logger.error("cannot serve the KEDA scaler on %s: %s", listen, exc)
+        return
+    logger.info("KEDA external scaler on %s (port %d)", listen, port)
 
 
 @kopf.on.cleanup()
@@ -216,3 +248,7 @@ def stop_loops(**_: Any) -> None:
     if _loops is not None:
         _loops.stopped.set()
         _loops.join(timeout=10)
+    global _scaler
+    if _scaler is not None:
+        _scaler.stop(grace=2)
+        _scaler = None

@@ -16,7 +16,15 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from sageserve.api.common import GROUP, VERSION
-from sageserve.core.labels import ANNOTATION_REPLICAS, ANNOTATION_SCALING, LABEL_DEPLOYMENT
+from sageserve.core.labels import (
+    ANNOTATION_ACTUATION,
+    ANNOTATION_REPLICAS,
+    ANNOTATION_SCALING,
+    LABEL_DEPLOYMENT,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+)
+from sageserve.keda import scaledobject as so
 
 FIELD_MANAGER = "sageserve"
 
@@ -26,6 +34,15 @@ PACE_MANAGER = "sageserve-pace"
 
 class ReplicasMoved(Exception):
     """A pod set's replicas changed between the pass's read and its write: not written."""
+
+
+class KedaUnavailable(Exception):
+    """KEDA's ScaledObjects cannot be used: the CRD is not installed (`reason`
+    `KedaNotInstalled`) or the operator may not touch them (`KedaForbidden`)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _pointer(key: str) -> str:
@@ -128,14 +145,17 @@ class Kube:
         observed: dict[str, Any],
         replicas: int,
         drop_scaling: bool = False,
+        drop_actuation: bool = False,
     ) -> None:
         """Set a pod set's replicas and stamp them (`sageserve.io/replicas`), only if they
         are still what the pass read: a JSON patch whose `test` makes the API server refuse
         it when someone else wrote replicas since (then `ReplicasMoved`), so sageserve
         never overwrites another writer's count it has not seen. `drop_scaling` removes
-        the `sageserve.io/scaling: resume` annotation in the same write."""
+        the `sageserve.io/scaling: resume` annotation in the same write, `drop_actuation`
+        the `sageserve.io/actuation: keda` one (taken back from KEDA)."""
         meta = observed.get("metadata") or {}
         before = int((observed.get("spec") or {}).get("replicas") or 0)
+        annotations = meta.get("annotations") or {}
         stamp = str(replicas)
         ops: list[dict[str, Any]] = [
             {"op": "test", "path": "/spec/replicas", "value": before},
@@ -154,6 +174,9 @@ class Kube:
             )
         if drop_scaling:
             path = "/metadata/annotations/" + _pointer(ANNOTATION_SCALING)
+            ops.append({"op": "remove", "path": path})
+        if drop_actuation and ANNOTATION_ACTUATION in annotations:
+            path = "/metadata/annotations/" + _pointer(ANNOTATION_ACTUATION)
             ops.append({"op": "remove", "path": path})
         try:
             self.apps.patch_namespaced_deployment(
@@ -284,6 +307,86 @@ class Kube:
         )
         return _plain(result)
 
+    def scaled_objects(self, namespace: str) -> dict[str, dict[str, Any]]:
+        """The ScaledObjects sageserve owns in a namespace, by name; `KedaUnavailable` when
+        KEDA's CRD is not served or the operator may not list them."""
+        try:
+            listed = cast(
+                dict[str, Any],
+                self.custom.list_namespaced_custom_object(
+                    so.GROUP,
+                    so.VERSION,
+                    namespace,
+                    so.PLURAL,
+                    label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+                ),
+            )
+        except ApiException as exc:
+            raise keda_unavailable(exc, namespace) from exc
+        return {o["metadata"]["name"]: o for o in listed.get("items") or []}
+
+    def scaled_object(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One ScaledObject, None when it (or KEDA's CRD) is not there."""
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    so.GROUP, so.VERSION, namespace, so.PLURAL, name
+                ),
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply_scaled_object(self, body: dict[str, Any]) -> None:
+        """Server-side apply of a ScaledObject under sageserve's field manager."""
+        meta = body["metadata"]
+        try:
+            self.custom.patch_namespaced_custom_object(
+                so.GROUP,
+                so.VERSION,
+                meta["namespace"],
+                so.PLURAL,
+                meta["name"],
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                raise keda_unavailable(exc, meta["namespace"]) from exc
+            raise
+
+    def delete_scaled_object(self, namespace: str, name: str) -> None:
+        """Delete a ScaledObject (KEDA then deletes its HPA; replicas stay); gone is fine."""
+        try:
+            self.custom.delete_namespaced_custom_object(
+                so.GROUP, so.VERSION, namespace, so.PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def annotate_deployment(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge-patch a pod set's annotations (no replicas written)."""
+        self.apps.patch_namespaced_deployment(
+            name, namespace, {"metadata": {"annotations": annotations}}, field_manager=PACE_MANAGER
+        )
+
+    def deployment_replicas(self, namespace: str, name: str) -> int | None:
+        """A pod set's `spec.replicas`, None when there is no such Deployment."""
+        try:
+            found = _plain(
+                self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return int((found.get("spec") or {}).get("replicas") or 0)
+
     def delete_deployment(self, namespace: str, name: str) -> None:
         """Delete a pod set that no longer belongs to its ModelDeployment's spec."""
         try:
@@ -291,6 +394,23 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def keda_unavailable(exc: ApiException, namespace: str) -> KedaUnavailable:
+    """What an API error on ScaledObjects means to a person (the fix named)."""
+    if exc.status == 404:
+        return KedaUnavailable(
+            "KedaNotInstalled",
+            f"the CustomResourceDefinition {so.CRD} is not installed (install KEDA v2.20+); "
+            "replicas are left as they are",
+        )
+    if exc.status == 403:
+        return KedaUnavailable(
+            "KedaForbidden",
+            f"the operator may not manage {so.CRD} in namespace {namespace} (set the chart's "
+            "keda.enabled=true for its RBAC); replicas are left as they are",
+        )
+    return KedaUnavailable("KedaUnreachable", f"{so.CRD}: {exc.status} {exc.reason}")
 
 
 _shared: dict[str | None, Kube] = {}

@@ -18,7 +18,10 @@ pods on a lost node are not serving and are evicted after a bound (`NodeLost` Ev
 spot reclaim a PodDisruptionBudget refuses is given up after a bound (`ReclaimBlocked`).
 Each ModelDeployment whose batch queue needs more than its regions serve at maxInstances
 gets `BatchDeadlinesAtRisk=True` (`controller.deadlines`), its endpoints having been
-scaled for that need as far as they go (the deadline signal, `pace.pressure`).
+scaled for that need as far as they go (the deadline signal, `pace.pressure`). Under
+`actuation: keda` the pass decides the same, but records the decisions for the operator's
+KEDA scaler instead of writing replicas, and keeps one ScaledObject per pod set
+(`controller.actuation`, docs/keda.md).
 """
 
 from __future__ import annotations
@@ -33,10 +36,22 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sageserve.api.model_deployment import ModelDeployment, inference_pool_name, pod_set_name
+from sageserve.api.model_deployment import (
+    ModelDeployment,
+    inference_pool_name,
+    model_theta_tps,
+    pod_set_name,
+)
 from sageserve.api.model_pool import ModelPool, parse_pool
-from sageserve.api.scaling_policy import ForecastMethod, ScalingPolicy, Strategy
+from sageserve.api.scaling_policy import Actuation, ForecastMethod, ScalingPolicy, Strategy
 from sageserve.controller import deadlines
+from sageserve.controller.actuation import CONDITION as ACTUATION
+from sageserve.controller.actuation import (
+    Actuator,
+    Managed,
+    deadline_pressure,
+    desired_pod_sets,
+)
 from sageserve.controller.faults import lost_pods
 from sageserve.controller.guard import FaultReport, Guard, dry_run, report_after_s
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
@@ -58,6 +73,7 @@ from sageserve.core.nodes import not_ready_since
 from sageserve.core.snapshot import Decision, EndpointSnapshot, PickerSignals, Plan, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey
 from sageserve.forecast.realised import REALISED_ONLY_IN_SIMULATION
+from sageserve.keda.scaler import BOARD, DecisionBoard
 from sageserve.metrics.engines import engine
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.picker import PICKERS, PickerKind
@@ -186,12 +202,25 @@ class Observed:
 class PacePass:
     """One pass of the loop for one policy; separated from the daemon for readability."""
 
-    def __init__(self, kube: Kube, body: dict[str, Any], state: PaceState, logger: Logger) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        body: dict[str, Any],
+        state: PaceState,
+        logger: Logger,
+        board: DecisionBoard = BOARD,
+    ) -> None:
         self.kube = kube
         self.body = body
         self.state = state
         self.logger = logger
+        self.board = board
         self.policy = ScalingPolicy.model_validate(essence(body))
+        #: `actuation: keda`: decisions go to the scaler (`board`), not to replicas
+        self.keda = self.policy.spec.actuation is Actuation.KEDA
+        #: in keda mode, the replicas this pass decided per pod set (written by `act`)
+        self.decided: dict[str, int] = {}
+        self._decided_lock = threading.Lock()
         self.namespace = str(self.policy.metadata.namespace or body["metadata"]["namespace"])
         self.now = time.time()
         self.dry_run = dry_run(self.policy.spec.dry_run)
@@ -238,6 +267,18 @@ class PacePass:
         """Observe → `decide` → apply, for every endpoint of the policy's fleet."""
         if not self.ready():
             return
+        actuator = Actuator(
+            self.kube,
+            self.policy,
+            self.namespace,
+            self.condition,
+            self.kube.event,
+            self.board,
+            self.logger,
+        )
+        keda = actuator.usable() if self.keda else None
+        if self.keda and keda is None:
+            return  # Actuation=False says why; replicas are left alone
         fleet = [
             (raw, ModelDeployment.model_validate(essence(raw)))
             for raw in self.kube.objects(self.namespace, "modeldeployments")
@@ -263,6 +304,12 @@ class PacePass:
         )
         self.state.step = outcome.state
         self.apply(outcome.decisions, seen)
+        if not self.dry_run:
+            if keda is not None:
+                self.actuate_keda(actuator, fleet, seen, samples, *keda)
+            else:
+                had = any(c["type"] == ACTUATION for c in self.state.conditions)
+                actuator.direct(seen.guard, self.observed, fleet, had)
         self.report_faults(seen.guard, fleet)
         self.report_picker(fleet, seen, samples.picker)
         expected = {
@@ -348,6 +395,7 @@ class PacePass:
             {name: sets for name, sets in pod_sets.items() if name in mine},
             mine_pods,
             self.now,
+            keda=self.keda,
         )
         self.observed = {name: d for sets in pod_sets.values() for name, d in sets.items()}
         if not self.dry_run:
@@ -383,7 +431,11 @@ class PacePass:
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
             snaps = {
-                k: replace(v, stuck_terminating=len(guard.stuck_at(k)))
+                k: replace(
+                    v,
+                    stuck_terminating=len(guard.stuck_at(k)),
+                    replicas=self.sized(md, k.region, v.replicas),
+                )
                 for k, v in snaps.items()
                 if not guard.held(md, k.region)
             }
@@ -422,6 +474,62 @@ class PacePass:
             "spec.regions[].inferencePool"
         )
         self.condition("PickerSignals", False, "PickerMetricsMissing", message)
+
+    def sized(
+        self, md: ModelDeployment, region: str, replicas: Mapping[str, int]
+    ) -> dict[str, int]:
+        """Each variant's replicas as the decision step reads them: the pod set's
+        `spec.replicas`; in keda mode the replicas last decided for it (what direct mode
+        would have written), since KEDA's HPA writes them a little later."""
+        if not self.keda:
+            return dict(replicas)
+        out = {}
+        for variant, n in replicas.items():
+            recorded = self.board.get(
+                self.namespace, pod_set_name(md.metadata.name, region, variant)
+            )
+            out[variant] = n if recorded is None else recorded.replicas
+        return out
+
+    def actuate_keda(
+        self,
+        actuator: Actuator,
+        fleet: list[tuple[dict[str, Any], ModelDeployment]],
+        seen: Observed,
+        samples: PaceSamples,
+        address: str,
+        listed: dict[str, dict[str, Any]],
+    ) -> None:
+        """Record this pass's decisions for the scaler (every paced pod set: decided, else
+        as sized) and keep the ScaledObjects in step (`controller.actuation`)."""
+        release = self.policy.spec.routing.batch_release
+        below = max(release.one_below_emu, release.two_below_emu)
+        managed: list[Managed] = []
+        for raw, md in fleet:
+            name = md.metadata.name
+            sized: dict[str, int] = {}
+            where: dict[str, tuple[str, str]] = {}
+            for region in md.spec.regions:
+                for v in md.spec.variants:
+                    pod_set = pod_set_name(name, region.name, v.name)
+                    own = seen.guard.owned.get(pod_set)
+                    if pod_set not in self.observed or (own and seen.guard.is_held(own)):
+                        continue
+                    recorded = self.board.get(self.namespace, pod_set)
+                    current = int((self.observed[pod_set].get("spec") or {}).get("replicas") or 0)
+                    sized[pod_set] = current if recorded is None else recorded.replicas
+                    where[pod_set] = (region.name, v.name)
+            serving = sum(s.serving for k, s in seen.endpoints.items() if k.model == name)
+            need = samples.deadline_needs.get(name, 0.0)
+            pressure = deadline_pressure(need, serving, model_theta_tps(md), below)
+            with self._decided_lock:
+                decided = dict(self.decided)
+            desired = desired_pod_sets(
+                md, self.namespace, sized, decided, samples.held_requests, pressure
+            )
+            self.board.record(self.namespace, desired)
+            managed += [Managed(md, raw, *where[p], p, d) for p, d in desired.items()]
+        actuator.keda(managed, self.observed, listed, fleet, address)
 
     def apply(self, decisions: Sequence[Decision], seen: Observed) -> None:
         """Write the decisions, concurrently (each touches its own
@@ -624,6 +732,10 @@ class PacePass:
                 if name not in self.observed:
                     self.logger.info("pod set %s not created yet; not scaled", name)
                     continue
+                if self.keda:  # KEDA's HPA writes it: the scaler serves the decision
+                    with self._decided_lock:
+                        self.decided[name] = replicas
+                    continue
                 try:
                     self.kube.set_replicas(self.namespace, self.observed[name], replicas)
                 except ReplicasMoved as exc:  # another writer since the read: not overwritten
@@ -641,8 +753,9 @@ class PacePass:
         sizes = ", ".join(f"{decision.key.region}/{v}={n}" for v, n in decision.replicas.items())
         drained = f", draining {', '.join(decision.drain)}" if decision.drain else ""
         prefix = "dry run, not applied: " if dry else ""
+        through = " through KEDA" if self.keda and not dry else ""
         reason = ("DryRun" if dry else "") + verb
-        return reason, f"{prefix}{sizes}{drained} ({decision.reason})"
+        return reason, f"{prefix}{sizes}{drained}{through} ({decision.reason})"
 
 
 def policy_strategy(policy: dict[str, Any]) -> PacingStrategy | None:

@@ -47,6 +47,11 @@ SCALING_RESUME = "resume"
 #: Pod-set annotation sageserve writes with every replica count it sets or accepts: a
 #: `spec.replicas` that differs was written by someone else since.
 ANNOTATION_REPLICAS = "sageserve.io/replicas"
+#: Pod-set annotation sageserve writes while KEDA's HPA writes the pod set's replicas for it
+#: (`actuation: keda`, docs/keda.md): those writes are sanctioned, not a conflict; back in
+#: direct mode sageserve takes the pod set back at its size and removes the annotation.
+ANNOTATION_ACTUATION = "sageserve.io/actuation"
+ACTUATION_KEDA = "keda"
 
 SERVING_POOL = "serving"
 SPOT_POOL = "spot"
