@@ -138,6 +138,20 @@ def run_operator(
     log_level: Annotated[
         str, typer.Option(help="debug, info or warning.", case_sensitive=False)
     ] = "info",
+    inference_pools: Annotated[
+        bool,
+        typer.Option(
+            help="Own an InferencePool per ModelDeployment region (and an InferenceObjective "
+            "per tier) when the cluster serves the Gateway API Inference Extension."
+        ),
+    ] = True,
+    endpoint_picker: Annotated[
+        str | None,
+        typer.Option(
+            help="Default endpoint picker of the InferencePools, SERVICE:PORT[:FailOpen|"
+            "FailClose] (a ModelDeployment's spec.gateway.endpointPicker wins)."
+        ),
+    ] = None,
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig (or in-cluster)."""
     import os
@@ -145,8 +159,23 @@ def run_operator(
     import kopf
 
     import sageserve.controller.handlers  # noqa: F401  (registers the handlers)
+    from sageserve.controller.inference_pool import (
+        ENV_ENDPOINT_PICKER,
+        ENV_POOLS,
+        GatewayConfigError,
+        gateway_config,
+    )
 
     os.environ["SAGESERVE_NAMESPACES"] = ",".join(namespace or [])
+    if not inference_pools:
+        os.environ[ENV_POOLS] = "off"
+    if endpoint_picker is not None:
+        os.environ[ENV_ENDPOINT_PICKER] = endpoint_picker
+    try:
+        gateway_config(os.environ)
+    except GatewayConfigError as exc:
+        err_console.print(f"--endpoint-picker / --inference-pools: {exc}", markup=False)
+        raise typer.Exit(2) from exc
     level = log_level.lower()
     if level not in {"debug", "info", "warning"}:
         err_console.print(f"--log-level: {log_level!r} is not one of debug, info, warning")

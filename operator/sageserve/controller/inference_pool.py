@@ -102,7 +102,7 @@ def parse_endpoint_picker(text: str) -> EndpointPicker:
         raise GatewayConfigError(f"endpoint picker {text!r}: {form}")
     if not parts[1].isdigit():
         raise GatewayConfigError(
-            f"endpoint picker {text!r}: port {parts[1]!r} is no number; {form}"
+            f"endpoint picker {text!r}: port {parts[1]!r} is not a number; {form}"
         )
     modes = [m.value for m in FailureMode]
     if len(parts) == 3 and parts[2] not in modes:
