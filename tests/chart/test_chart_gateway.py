@@ -5,21 +5,42 @@ the vLLM pods."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sageserve.controller.inference_pool import gateway_config
 from tests.chart.test_chart import CHART, by_kind, helm, render
 
 pytestmark = pytest.mark.integration
 
-ON = (
-    "gateway.inferencePool.enabled=true",
-    "gateway.endpointPicker.service=vllm-epp",
-    "gateway.endpointPicker.failureMode=FailOpen",
-    "gateway.from[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=gateways",
-)
+#: gateway values on, as a values file (`{pool}` would read as a list in `--set`)
+ON: dict[str, Any] = {
+    "gateway": {
+        "inferencePool": {"enabled": True},
+        "endpointPicker": {"service": "{pool}-epp", "failureMode": "FailOpen"},
+        "from": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}
+        ],
+    }
+}
+
+
+def render_on(
+    tmp_path: Path, *sets: str, values: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The chart rendered with `values` (ON by default) from a file, and `sets`."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(ON if values is None else values))
+    args = ["template", "sageserve", str(CHART), "-n", "sageserve-system"]
+    args += ["--kube-version", "1.36.0", "-f", str(path)]
+    for s in sets:
+        args += ["--set", s]
+    result = helm(*args)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def _operator_env(docs: list[dict[str, Any]]) -> dict[str, str]:
@@ -47,8 +68,8 @@ def test_off_by_default_without_rbac_for_it() -> None:
     assert not [n for n in names if "gateway" in n]
 
 
-def test_on_gives_exactly_the_rbac_the_operator_calls_need() -> None:
-    docs = render(*ON)
+def test_on_gives_exactly_the_rbac_the_operator_calls_need(tmp_path: Path) -> None:
+    docs = render_on(tmp_path)
     roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
     assert roles["sageserve-gateway"]["rules"] == [
         {
@@ -75,22 +96,23 @@ def test_on_gives_exactly_the_rbac_the_operator_calls_need() -> None:
     ]
 
 
-def test_on_passes_the_settings_the_operator_parses() -> None:
-    env = _operator_env(render(*ON))
+def test_on_passes_the_settings_the_operator_parses(tmp_path: Path) -> None:
+    env = _operator_env(render_on(tmp_path))
     assert env["SAGESERVE_INFERENCE_POOLS"] == "auto"
-    assert env["SAGESERVE_ENDPOINT_PICKER"] == "vllm-epp:9002:FailOpen"
+    assert env["SAGESERVE_ENDPOINT_PICKER"] == "{pool}-epp:9002:FailOpen"
     config = gateway_config(env)
     assert config.enabled
     assert config.endpoint_picker is not None
-    assert (config.endpoint_picker.name, config.endpoint_picker.port) == ("vllm-epp", 9002)
+    assert (config.endpoint_picker.name, config.endpoint_picker.port) == ("{pool}-epp", 9002)
     assert config.endpoint_picker.failure_mode.value == "FailOpen"
     # no service named: the pools come only from ModelDeployments that name their own
-    env = _operator_env(render(*ON[:1], ON[3]))
+    no_service = {"gateway": {k: v for k, v in ON["gateway"].items() if k != "endpointPicker"}}
+    env = _operator_env(render_on(tmp_path, values=no_service))
     assert "SAGESERVE_ENDPOINT_PICKER" not in env
 
 
-def test_the_gateway_may_reach_the_vllm_pods_of_each_router_namespace() -> None:
-    docs = render(*ON, "router.namespaces={llm,batch}")
+def test_the_gateway_may_reach_the_vllm_pods_of_each_router_namespace(tmp_path: Path) -> None:
+    docs = render_on(tmp_path, "router.namespaces={llm,batch}")
     policies = {
         (p["metadata"]["namespace"], p["metadata"]["name"]): p
         for p in by_kind(docs, "NetworkPolicy")
@@ -110,7 +132,8 @@ def test_the_gateway_may_reach_the_vllm_pods_of_each_router_namespace() -> None:
             "ports": [{"port": "http", "protocol": "TCP"}],
         }
     ]
-    assert not [p for p in by_kind(render(*ON, "networkPolicy.enabled=false"), "NetworkPolicy")]
+    off = render_on(tmp_path, "networkPolicy.enabled=false")
+    assert not by_kind(off, "NetworkPolicy")
 
 
 def test_on_with_network_policies_and_no_peers_is_refused_with_the_fix() -> None:

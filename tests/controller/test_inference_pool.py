@@ -450,3 +450,33 @@ def test_the_operator_refuses_a_bad_endpoint_picker_before_it_starts() -> None:
     result = CliRunner().invoke(app, ["operator", "--endpoint-picker", "epp:x"])
     assert result.exit_code == 2
     assert "port 'x' is not a number" in " ".join(result.output.split())
+
+
+def test_each_pool_names_its_own_endpoint_picker_through_the_pool_placeholder() -> None:
+    """An endpoint picker serves one InferencePool: `{pool}` gives each pool its own."""
+    md = _llama()
+    picker = ip.parse_endpoint_picker("{pool}-epp:9002")
+    pools, _ = ip.render_gateway(md, PoolScope.REGION, picker, {}, None, "llm", None)
+    assert [p["spec"]["endpointPickerRef"]["name"] for p in pools] == [
+        "llama-2-70b-us-east-epp",
+        "llama-2-70b-us-central-epp",
+        "llama-2-70b-us-west-epp",
+    ]
+    assert ip.picker_problem(picker, ip.pool_targets(md, PoolScope.VARIANT)) is None
+
+
+def test_a_picker_name_too_long_for_some_pool_is_a_condition_naming_the_fix() -> None:
+    md = _llama()
+    md.metadata.name = "m" * 40
+    custom = _Custom(FULL)
+    env = {ip.ENV_ENDPOINT_PICKER: "{pool}-endpoint-picker:9002"}
+    outcome = _pass(custom, md, env)
+    assert (outcome.ok, outcome.reason) == (False, "InvalidEndpointPicker")
+    assert "not an RFC 1123 label of at most 63 characters" in outcome.message
+    assert "spec.gateway.endpointPicker.name" in outcome.message
+    assert custom.store == {}
+
+
+def test_the_placeholder_is_the_only_brace_allowed_in_a_picker_name() -> None:
+    with pytest.raises(ip.GatewayConfigError, match="name: String should match pattern"):
+        ip.parse_endpoint_picker("{region}-epp:9002")

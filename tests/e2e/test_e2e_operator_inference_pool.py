@@ -146,7 +146,7 @@ def test_inference_pools_follow_the_model_deployment_and_go_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ns = operator_namespace
-    monkeypatch.setenv("SAGESERVE_ENDPOINT_PICKER", "vllm-epp:9002:FailOpen")
+    monkeypatch.setenv("SAGESERVE_ENDPOINT_PICKER", "{pool}-epp:9002:FailOpen")
     # the documented example pool is valid against the installed CRD (server-side dry run)
     example = REPO / "docs/examples/gateway/inferencepool.yaml"
     kubectl(kubeconfig, ["apply", "-n", ns, "--dry-run=server", "-f", str(example)])
@@ -169,7 +169,7 @@ def test_inference_pools_follow_the_model_deployment_and_go_with_it(
             assert pool["spec"]["endpointPickerRef"] == {
                 "group": "",
                 "kind": "Service",
-                "name": "vllm-epp",
+                "name": f"llama8b-{region}-epp",
                 "port": {"number": 9002},
                 "failureMode": "FailOpen",
             }

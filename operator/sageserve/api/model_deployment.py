@@ -254,14 +254,23 @@ class PoolScope(StrEnum):
     VARIANT = "Variant"
 
 
+#: A Service name (RFC 1123 label) in which `{pool}` stands for the InferencePool's name.
+PICKER_NAME = r"^([a-z0-9]|\{pool\})([-a-z0-9]|\{pool\})*$"
+#: What `{pool}` in an endpoint picker's name is replaced with.
+POOL_PLACEHOLDER = "{pool}"
+
+
 class EndpointPicker(ApiModel):
     """The endpoint picker (EPP) Service a gateway asks which pod serves each request."""
 
     name: str = Field(
         min_length=1,
         max_length=63,
-        pattern=DNS_LABEL,
-        description="Name of the endpoint picker's Service, in the ModelDeployment's namespace.",
+        pattern=PICKER_NAME,
+        description="Name of the endpoint picker's Service, in the ModelDeployment's "
+        "namespace. An endpoint picker serves one InferencePool, so `{pool}` in the name "
+        "stands for each pool's name, e.g. `{pool}-epp`; without it every pool of the "
+        "model names the same Service (one pool: one region, one variant).",
     )
     port: int = Field(
         ge=1,

@@ -19,6 +19,7 @@ speaks to the API server.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,9 @@ from typing import Any, cast
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from sageserve.api.common import DNS_LABEL
 from sageserve.api.model_deployment import (
+    POOL_PLACEHOLDER,
     EndpointPicker,
     FailureMode,
     ModelDeployment,
@@ -93,10 +96,13 @@ class GatewayConfig:
 
 
 def parse_endpoint_picker(text: str) -> EndpointPicker:
-    """`SERVICE:PORT[:FailOpen|FailClose]` as an endpoint picker, e.g. `epp:9002:FailOpen`.
+    """`SERVICE:PORT[:FailOpen|FailClose]` as an endpoint picker, e.g. `{pool}-epp:9002`.
 
     Raises GatewayConfigError naming what is wrong and the form expected."""
-    form = "expected SERVICE:PORT[:FailOpen|FailClose], e.g. vllm-epp:9002:FailClose"
+    form = (
+        "expected SERVICE:PORT[:FailOpen|FailClose], e.g. {pool}-epp:9002:FailClose "
+        "({pool} stands for each InferencePool's name)"
+    )
     parts = text.strip().split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
         raise GatewayConfigError(f"endpoint picker {text!r}: {form}")
@@ -119,7 +125,8 @@ def parse_endpoint_picker(text: str) -> EndpointPicker:
         where = ".".join(str(p) for p in first["loc"])
         raise GatewayConfigError(
             f"endpoint picker {text!r}: {where}: {first['msg']} "
-            "(the Service name is a DNS label, the port 1-65535)"
+            "(the Service name is a DNS label, where {pool} stands for the pool's name; the "
+            "port 1-65535)"
         ) from exc
 
 
@@ -221,6 +228,25 @@ def endpoint_picker_of(md: ModelDeployment, config: GatewayConfig) -> EndpointPi
     return config.endpoint_picker
 
 
+def picker_service(picker: EndpointPicker, pool: str) -> str:
+    """The endpoint picker Service of `pool`: the picker's name with `{pool}` replaced."""
+    return picker.name.replace(POOL_PLACEHOLDER, pool)
+
+
+def picker_problem(picker: EndpointPicker, targets: Sequence[PoolTarget]) -> str | None:
+    """Why the picker's name gives no valid Service name for some pool, else None."""
+    for target in targets:
+        name = picker_service(picker, target.name)
+        if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):
+            return (
+                f"endpoint picker {picker.name!r} gives the Service name {name!r} for pool "
+                f"{target.name}, not an RFC 1123 label of at most 63 characters: shorten "
+                "spec.gateway.endpointPicker.name (or the operator's --endpoint-picker), "
+                "or the ModelDeployment, region or variant name"
+            )
+    return None
+
+
 def render_pool(
     md: ModelDeployment,
     target: PoolTarget,
@@ -240,7 +266,7 @@ def render_pool(
             "endpointPickerRef": {
                 "group": "",
                 "kind": "Service",
-                "name": picker.name,
+                "name": picker_service(picker, target.name),
                 "port": {"number": picker.port},
                 "failureMode": picker.failure_mode.value,
             },
@@ -534,6 +560,9 @@ def reconcile_gateway(
             "SERVICE:PORT; Helm gateway.endpointPicker.service and .port)",
         )
     scope = pool_scope(md, policy_declares_layouts(policies, md.spec.policy_ref.name))
+    problem = picker_problem(picker, pool_targets(md, scope))
+    if problem is not None:
+        return GatewayOutcome(False, "InvalidEndpointPicker", problem)
     tiers = tier_priorities(k.objects(namespace, "workloadtiers"))
     pools, objectives = render_gateway(md, scope, picker, tiers, apis.objective, namespace, uid)
     name = md.metadata.name
