@@ -1,4 +1,4 @@
-"""The Gateway API Inference Extension's CRDs, from its Go module (no release download).
+"""The Gateway API Inference Extension's CRDs (and the Gateway API's), from their Go modules.
 
 The module zip the Go proxy serves holds `config/crd/bases/`; `go mod download` puts it in
 the shared GOMODCACHE (`e2e/gobuild.go_env()`), read-only, and prints where. The e2e tests
@@ -17,21 +17,21 @@ POOL_CRD = "inference.networking.k8s.io_inferencepools.yaml"
 OBJECTIVE_CRD = "inference.networking.x-k8s.io_inferenceobjectives.yaml"
 
 
-def module_dir(version: str) -> Path:
-    """The extracted module of `version` (downloaded through the Go proxy when missing)."""
+def module_dir(version: str, module: str = versions.GAIE_MODULE) -> Path:
+    """The extracted module at `version` (downloaded through the Go proxy when missing)."""
     cwd = versions.go_env_dir()
     cwd.mkdir(parents=True, exist_ok=True)
-    out = gobuild.run_go(["mod", "download", "-json", f"{versions.GAIE_MODULE}@v{version}"], cwd)
+    out = gobuild.run_go(["mod", "download", "-json", f"{module}@v{version}"], cwd)
     info = json.loads(out)
     if info.get("Error"):
-        raise gobuild.BuildError(f"{versions.GAIE_MODULE}@v{version}: {info['Error']}")
+        raise gobuild.BuildError(f"{module}@v{version}: {info['Error']}")
     return Path(info["Dir"])
 
 
-def _crd(version: str, name: str) -> Path:
-    path = module_dir(version) / "config" / "crd" / "bases" / name
+def _crd(version: str, name: str, module: str = versions.GAIE_MODULE, under: str = "bases") -> Path:
+    path = module_dir(version, module) / "config" / "crd" / under / name
     if not path.is_file():
-        raise gobuild.BuildError(f"{versions.GAIE_MODULE}@v{version} has no {path.name}")
+        raise gobuild.BuildError(f"{module}@v{version} has no config/crd/{under}/{name}")
     return path
 
 
@@ -43,6 +43,19 @@ def pool_crd() -> Path:
 def objective_crd() -> Path:
     """InferenceObjective (inference.networking.x-k8s.io/v1alpha2)."""
     return _crd(versions.GAIE_OBJECTIVE_VERSION, OBJECTIVE_CRD)
+
+
+def gateway_api_crds() -> list[Path]:
+    """GatewayClass, Gateway and HTTPRoute of the Gateway API's standard channel."""
+    return [
+        _crd(
+            versions.GATEWAY_API_VERSION,
+            f"gateway.networking.k8s.io_{plural}.yaml",
+            versions.GATEWAY_API_MODULE,
+            "standard",
+        )
+        for plural in ("gatewayclasses", "gateways", "httproutes")
+    ]
 
 
 def crd_paths() -> list[Path]:

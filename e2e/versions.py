@@ -23,6 +23,9 @@ HELM_VERSION = "3.21.4"
 GAIE_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
 GAIE_VERSION = "1.6.0"
 GAIE_OBJECTIVE_VERSION = "1.5.0"
+# Gateway API (Gateway, HTTPRoute): the documented gateway examples are checked against it.
+GATEWAY_API_MODULE = "sigs.k8s.io/gateway-api"
+GATEWAY_API_VERSION = "1.5.1"
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 

@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 CRDS = (
     "inferencepools.inference.networking.k8s.io",
     "inferenceobjectives.inference.networking.x-k8s.io",
+    "gatewayclasses.gateway.networking.k8s.io",
+    "gateways.gateway.networking.k8s.io",
+    "httproutes.gateway.networking.k8s.io",
 )
 POOLS = "inferencepools.inference.networking.k8s.io"
 OBJECTIVES = "inferenceobjectives.inference.networking.x-k8s.io"
@@ -87,8 +90,9 @@ def operator_namespace(
 
 @pytest.fixture
 def gaie_crds(kubeconfig: Path) -> Iterator[list[Path]]:
-    """The extension's CRDs installed from its module; removed afterwards."""
-    paths = gaie.crd_paths()
+    """The extension's CRDs and the Gateway API's, installed from their modules; removed
+    afterwards."""
+    paths = [*gaie.crd_paths(), *gaie.gateway_api_crds()]
     for path in paths:
         kubectl(kubeconfig, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
     kubectl(kubeconfig, ["wait", "--for=condition=Established", "crd", *CRDS, "--timeout=60s"])
@@ -147,9 +151,15 @@ def test_inference_pools_follow_the_model_deployment_and_go_with_it(
 ) -> None:
     ns = operator_namespace
     monkeypatch.setenv("SAGESERVE_ENDPOINT_PICKER", "{pool}-epp:9002:FailOpen")
-    # the documented example pool is valid against the installed CRD (server-side dry run)
-    example = REPO / "docs/examples/gateway/inferencepool.yaml"
-    kubectl(kubeconfig, ["apply", "-n", ns, "--dry-run=server", "-f", str(example)])
+    # the documented examples are valid against the installed CRDs (server-side dry run,
+    # CEL rules included); the objective's spec is the same in both groups
+    examples = REPO / "docs/examples/gateway"
+    for name in ("modeldeployment", "inferencepool", "istio", "agentgateway"):
+        path = examples / f"{name}.yaml"
+        kubectl(kubeconfig, ["apply", "-n", ns, "--dry-run=server", "-f", str(path)])
+    objective = (examples / "inferenceobjective.yaml").read_text()
+    objective = objective.replace("llm-d.ai/v1alpha2", "inference.networking.x-k8s.io/v1alpha2")
+    kubectl(kubeconfig, ["apply", "-n", ns, "--dry-run=server", "-f", "-"], stdin=objective)
 
     with KopfRunner(operator_args(ns), timeout=240) as runner:
         _apply(kubeconfig, ns, model_deployment(["us-east", "us-west"], H100, gpus=4))
