@@ -84,16 +84,28 @@ def test_routes_send_to_a_pool_the_operator_owns(name: str, gateway_class: str) 
     docs = _docs(name)
     gateways = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Gateway"}
     assert [g["spec"]["gatewayClassName"] for g in gateways.values()] == [gateway_class]
-    pools = {p["metadata"]["name"] for p in _rendered()[0]}
+    rendered_pools, objectives = _rendered()
+    pools = {p["metadata"]["name"] for p in rendered_pools}
+    objective_names = {o["metadata"]["name"] for o in objectives}
+    set_objectives: set[str] = set()
     routes = [d for d in docs if d["kind"] == "HTTPRoute"]
     assert routes
     for route in routes:
         for parent in route["spec"]["parentRefs"]:
             assert parent["kind"] == "Gateway" and parent["name"] in gateways
         for rule in route["spec"]["rules"]:
+            for f in rule.get("filters", []):
+                modifier = f["requestHeaderModifier"]
+                for header in modifier.get("set", []):
+                    assert header["name"] == ip.OBJECTIVE_HEADER
+                    set_objectives.add(header["value"])
+                if not modifier.get("set"):  # the rule without a tier drops a client's own
+                    assert ip.OBJECTIVE_HEADER in modifier["remove"]
             for ref in rule["backendRefs"]:
                 assert (ref["group"], ref["kind"]) == (
                     "inference.networking.k8s.io",
                     "InferencePool",
                 )
                 assert ref["name"] in pools
+    # every tier of the model has its rule, naming an objective the operator owns
+    assert set_objectives == objective_names
