@@ -113,7 +113,7 @@ def test_without_the_crds_the_operator_serves_and_says_the_pools_are_off(
     ns = operator_namespace
     _crds_absent(kubeconfig)
     with KopfRunner(operator_args(ns), timeout=120) as runner:
-        _apply(kubeconfig, ns, model_deployment(["us-east"], H100, gpus=4, name="plain"))
+        _apply(kubeconfig, ns, model_deployment(["us-central"], H100, gpus=4, name="plain"))
         off = eventually(
             lambda: _condition(kubeconfig, ns, "plain", "InferencePools"),
             60,
