@@ -153,6 +153,7 @@ def test_inference_pools_follow_the_model_deployment_and_go_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ns = operator_namespace
+    monkeypatch.delenv("SAGESERVE_INFERENCE_POOLS", raising=False)  # on: the default
     monkeypatch.setenv("SAGESERVE_ENDPOINT_PICKER", "{pool}-epp:9002:FailOpen")
     # the documented examples are valid against the installed CRDs (server-side dry run,
     # CEL rules included); the objective's spec is the same in both groups
