@@ -22,7 +22,7 @@ from e2e_helpers import eventually, kubectl
 from kopf.testing import KopfRunner
 from operator_kit import H100, model_deployment, operator_args
 
-from e2e import gaie
+from e2e import gaie, versions
 from sageserve.controller import inference_pool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -306,3 +306,99 @@ def test_inference_pools_follow_the_model_deployment_and_go_with_it(
         assert _names(kubeconfig, ns, POOLS, "other") == ["other-us-east"]
     assert runner.exception is None, runner.output
     _clean(runner.output)
+
+
+GW_RELEASE = "sageserve-gw"  # its own release and namespace: other modules install "sageserve"
+
+
+def _helm(kubeconfig: Path, *args: str, check: bool = True) -> None:
+    import subprocess
+
+    result = subprocess.run(
+        [str(versions.bin_dir() / "helm"), f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert not check or result.returncode == 0, result.stdout + result.stderr
+
+
+def _as_service_account(admin: Path, tmp_path: Path, account: str, namespace: str) -> Path:
+    """A kubeconfig that authenticates as the chart's operator ServiceAccount."""
+    token = kubectl(
+        admin, ["create", "token", account, "-n", namespace, "--duration=1h"]
+    ).stdout.strip()
+    config = yaml.safe_load(admin.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = account
+    path = tmp_path / f"{account}-kubeconfig.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.usefixtures("restore_node_pools")
+def test_the_charts_rbac_is_enough_for_pools_and_only_when_enabled(
+    kubeconfig: Path,
+    operator_namespace: str,
+    gaie_crds: list[Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """helm install with gateway.inferencePool.enabled, then the operator runs with the
+    chart's ServiceAccount token (not as admin) and makes pools and objectives without a
+    403; `helm upgrade` with it off takes the permission away again."""
+    ns = operator_namespace
+    sa = f"system:serviceaccount:{GW_RELEASE}:{GW_RELEASE}"
+    chart = str(REPO / "charts" / "sageserve")
+    common = ["-n", GW_RELEASE, "--set", "prometheus.url=http://127.0.0.1:9090"]
+    common += ["--set", "networkPolicy.enabled=false", "--wait", "--timeout", "120s"]
+
+    def may(verb: str, resource: str) -> bool:
+        args = ["auth", "can-i", verb, resource, f"--as={sa}", "-n", ns]
+        return kubectl(kubeconfig, args, check=False).stdout.strip() == "yes"
+
+    try:
+        _helm(
+            kubeconfig, "upgrade", "--install", GW_RELEASE, chart, "--create-namespace",
+            "--set", "gateway.inferencePool.enabled=true", *common,
+        )  # fmt: skip
+        for verb in ("list", "create", "patch", "delete"):
+            assert may(verb, POOLS) and may(verb, OBJECTIVES), verb
+        assert not may("get", POOLS) and not may("watch", OBJECTIVES)
+
+        monkeypatch.setenv(
+            "KUBECONFIG", str(_as_service_account(kubeconfig, tmp_path, GW_RELEASE, GW_RELEASE))
+        )
+        monkeypatch.setenv("SAGESERVE_LEASE_NAMESPACE", GW_RELEASE)
+        monkeypatch.setenv("SAGESERVE_METRICS_PORT", "0")
+        monkeypatch.delenv("SAGESERVE_INFERENCE_POOLS", raising=False)
+        monkeypatch.setenv("SAGESERVE_ENDPOINT_PICKER", "{pool}-epp:9002")
+        with KopfRunner(operator_args(ns), timeout=180) as runner:
+            _apply(kubeconfig, ns, model_deployment(["us-west"], H100, gpus=4, name="rbac"))
+            eventually(
+                lambda: (
+                    _names(kubeconfig, ns, POOLS, "rbac") == ["rbac-us-west"]
+                    and len(_names(kubeconfig, ns, OBJECTIVES, "rbac")) == 3
+                ),
+                60,
+                "the pool and its three objectives, made with the chart's permissions",
+            )
+            cond = eventually(
+                lambda: _condition(kubeconfig, ns, "rbac", "InferencePools"), 60, "the condition"
+            )
+            assert (cond["status"], cond["reason"]) == ("True", "PoolsApplied"), cond
+        assert runner.exception is None, runner.output
+        assert "Forbidden" not in runner.output and "403" not in runner.output, runner.output
+        _clean(runner.output)
+
+        _helm(kubeconfig, "upgrade", GW_RELEASE, chart, *common)  # the chart's default: off
+        assert not may("list", POOLS) and not may("create", OBJECTIVES)
+    finally:
+        kubectl(
+            kubeconfig,
+            ["delete", "modeldeployment", "rbac", "-n", ns, "--ignore-not-found"],
+            check=False,
+        )
+        _helm(kubeconfig, "uninstall", GW_RELEASE, "-n", GW_RELEASE, check=False)
+        kubectl(kubeconfig, ["delete", "namespace", GW_RELEASE, "--wait=false"], check=False)
