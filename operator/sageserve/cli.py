@@ -179,6 +179,20 @@ def run_operator(
             "spec.keda.scalerAddress overrides it.",
         ),
     ] = None,
+    inference_pools: Annotated[
+        bool,
+        typer.Option(
+            help="Own an InferencePool per ModelDeployment region (and an InferenceObjective "
+            "per tier) when the cluster serves the Gateway API Inference Extension."
+        ),
+    ] = True,
+    endpoint_picker: Annotated[
+        str | None,
+        typer.Option(
+            help="Default endpoint picker of the InferencePools, SERVICE:PORT[:FailOpen|"
+            "FailClose] (a ModelDeployment's spec.gateway.endpointPicker wins)."
+        ),
+    ] = None,
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig (or in-cluster)."""
     import os
@@ -187,6 +201,12 @@ def run_operator(
     import kopf
 
     import sageserve.controller.handlers  # noqa: F401  (registers the handlers)
+    from sageserve.controller.inference_pool import (
+        ENV_ENDPOINT_PICKER,
+        ENV_POOLS,
+        GatewayConfigError,
+        gateway_config,
+    )
 
     for flag, value in (("--scaler-listen", scaler_listen), ("--scaler-address", scaler_address)):
         if value and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}", value):
@@ -195,6 +215,15 @@ def run_operator(
     os.environ["SAGESERVE_SCALER_LISTEN"] = scaler_listen or ""
     os.environ["SAGESERVE_SCALER_ADDRESS"] = scaler_address or ""
     os.environ["SAGESERVE_NAMESPACES"] = ",".join(namespace or [])
+    if not inference_pools:
+        os.environ[ENV_POOLS] = "off"
+    if endpoint_picker is not None:
+        os.environ[ENV_ENDPOINT_PICKER] = endpoint_picker
+    try:
+        gateway_config(os.environ)
+    except GatewayConfigError as exc:
+        err_console.print(f"--endpoint-picker / --inference-pools: {exc}", markup=False)
+        raise typer.Exit(2) from exc
     level = log_level.lower()
     if level not in {"debug", "info", "warning"}:
         err_console.print(f"--log-level: {log_level!r} is not one of debug, info, warning")

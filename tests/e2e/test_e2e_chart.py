@@ -343,6 +343,7 @@ def test_the_operator_scales_and_reclaims_with_only_the_charts_permissions(
         "SAGESERVE_NAMESPACES": namespace,
         "SAGESERVE_LEASE_NAMESPACE": RELEASE_NS,
         "SAGESERVE_METRICS_PORT": "0",
+        "SAGESERVE_INFERENCE_POOLS": "off",  # the chart's default (gateway.inferencePool)
     }.items():
         monkeypatch.setenv(key, value)
     policy = scaling_policy("reactive")

@@ -9,6 +9,7 @@ way to run the model (GPU type, GPUs per instance, parallelism) with its measure
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import ConfigDict, Field
@@ -237,6 +238,7 @@ class RegionPlacement(ApiModel):
         pattern=DNS_LABEL,
         description="Name of the InferencePool whose endpoint picker fronts this region's "
         "pods, whose metrics the ScalingPolicy's spec.signals.endpointPicker reads; "
+        "where the operator owns InferencePools it names this region's pool so; "
         "defaults to <metadata.name>-<region>.",
     )
 
@@ -254,6 +256,71 @@ MODEL_DEPLOYMENT_SPEC_RULES = cel(
         "served; raise maxInstances in at least one region",
     ),
 )
+
+
+class FailureMode(StrEnum):
+    """What a gateway does when the endpoint picker does not answer (InferencePool
+    `spec.endpointPickerRef.failureMode`)."""
+
+    FAIL_OPEN = "FailOpen"
+    FAIL_CLOSE = "FailClose"
+
+
+class PoolScope(StrEnum):
+    """Which serving pods one InferencePool selects."""
+
+    REGION = "Region"
+    VARIANT = "Variant"
+
+
+#: A Service name (RFC 1123 label) in which `{pool}` stands for the InferencePool's name.
+PICKER_NAME = r"^([a-z0-9]|\{pool\})([-a-z0-9]|\{pool\})*$"
+#: What `{pool}` in an endpoint picker's name is replaced with.
+POOL_PLACEHOLDER = "{pool}"
+
+
+class EndpointPicker(ApiModel):
+    """The endpoint picker (EPP) Service a gateway asks which pod serves each request."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=PICKER_NAME,
+        description="Name of the endpoint picker's Service, in the ModelDeployment's "
+        "namespace. An endpoint picker serves one InferencePool, so `{pool}` in the name "
+        "stands for each pool's name, e.g. `{pool}-epp`; without it every pool of the "
+        "model names the same Service (one pool: one region, one variant).",
+    )
+    port: int = Field(
+        ge=1,
+        le=65535,
+        description="Service port of the endpoint picker's gRPC (ext_proc) endpoint, e.g. 9002.",
+    )
+    failure_mode: FailureMode = Field(
+        default=FailureMode.FAIL_CLOSE,
+        description="FailClose: the gateway refuses requests while the picker does not "
+        "answer; FailOpen: it sends them to any pod of the pool.",
+    )
+
+
+class GatewaySettings(ApiModel):
+    """How the model is offered to a Gateway API Inference Extension gateway: the
+    InferencePools (inference.networking.k8s.io/v1) the operator owns for it, when the
+    cluster serves that API and the operator runs with InferencePools on."""
+
+    endpoint_picker: EndpointPicker | None = Field(
+        default=None,
+        description="Endpoint picker of this model's InferencePools; defaults to the "
+        "operator's (Helm value gateway.endpointPicker). Pools are not made while neither "
+        "names one.",
+    )
+    pool_scope: PoolScope | None = Field(
+        default=None,
+        description="Region: one InferencePool per region, selecting the pods of every "
+        "variant there; Variant: one per (region, variant), so an HTTPRoute can send to one "
+        "parallelism layout. Defaults to Variant when the ScalingPolicy declares "
+        "spec.layouts (the router dispatches each layout apart), else Region.",
+    )
 
 
 class ModelDeploymentSpec(ApiModel):
@@ -274,6 +341,11 @@ class ModelDeploymentSpec(ApiModel):
         description="Names of the WorkloadTiers this model serves, e.g. [iw-f, iw-n, niw].",
     )
     policy_ref: PolicyRef
+    gateway: GatewaySettings | None = Field(
+        default=None,
+        description="Gateway API Inference Extension settings (endpoint picker, pool scope); "
+        "the operator's defaults apply when absent.",
+    )
 
 
 class PodSetStatus(ApiModel):
@@ -318,6 +390,32 @@ class CapacityStatus(ApiModel):
     learned_at: datetime | None = None
 
 
+class GatewayStatus(ApiModel):
+    """The Gateway API Inference Extension objects the operator owns for this model."""
+
+    inference_pools: list[str] = Field(
+        default_factory=list,
+        max_length=1024,
+        json_schema_extra=list_set(),
+        description="Names of its InferencePools (inference.networking.k8s.io/v1), one per "
+        "region or per (region, variant); an HTTPRoute's backendRef names one.",
+    )
+    inference_objectives: list[str] = Field(
+        default_factory=list,
+        max_length=4096,
+        json_schema_extra=list_set(),
+        description="Names of its InferenceObjectives, one per (pool, tier), carrying the "
+        "tier's priority; a request names one in the x-gateway-inference-objective header.",
+    )
+    objective_api: str | None = Field(
+        default=None,
+        max_length=253,
+        description="The apiVersion of the InferenceObjectives (llm-d.ai/v1alpha2 or "
+        "inference.networking.x-k8s.io/v1alpha2, whichever the cluster serves); absent "
+        "when it serves neither.",
+    )
+
+
 class ModelDeploymentStatus(ApiModel):
     """What the operator has done for this model."""
 
@@ -333,6 +431,11 @@ class ModelDeploymentStatus(ApiModel):
         max_length=1024,
         description="θ learned from the fleet per (variant, region), next to the declared "
         "one; written by the plan loop when the ScalingPolicy sets spec.capacity.learn.",
+    )
+    gateway: GatewayStatus | None = Field(
+        default=None,
+        description="Its InferencePools and InferenceObjectives; condition InferencePools "
+        "says why there are none (API not served, turned off, no endpoint picker).",
     )
 
 

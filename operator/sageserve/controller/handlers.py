@@ -24,6 +24,7 @@ from prometheus_client import start_http_server
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.controller.inference_pool import gateway_status, reconcile_gateway
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
 from sageserve.controller.podset import policy_scheduling, render_pod_sets
@@ -144,20 +145,22 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
         message = "; ".join(p.message for p in problems)
         k.event(dict(body), "Warning", problems[0].reason, message)
     gpu_types = {v.name: v.gpu_type for v in md.spec.variants}
-    return model_deployment_status(
-        previous,
-        applied,
-        gpu_types,
-        problems,
-        datetime.now(UTC),
-        body["metadata"].get("generation"),
-    )
+    now, generation = datetime.now(UTC), body["metadata"].get("generation")
+    status = model_deployment_status(previous, applied, gpu_types, problems, now, generation)
+    if not problems:
+        # the gateway's InferencePools follow the pod sets (controller/inference_pool.py)
+        outcome = reconcile_gateway(k, md, namespace, uid, policies, os.environ)
+        if not outcome.ok and not _already_reported(previous, outcome.reason, "InferencePools"):
+            logger.warning("InferencePools of %s: %s", md.metadata.name, outcome.message)
+        status.update(gateway_status(status["conditions"], outcome, now, generation))
+    return status
 
 
-def _already_reported(status: dict[str, Any], reason: str) -> bool:
-    """Whether Ready is already False for `reason`: one Event per transition, not per resync."""
+def _already_reported(status: dict[str, Any], reason: str, type_: str = "Ready") -> bool:
+    """Whether `type_` (Ready) is already False for `reason`: one Event (or warning) per
+    transition, not per resync."""
     return any(
-        c.get("type") == "Ready" and c.get("status") == "False" and c.get("reason") == reason
+        c.get("type") == type_ and c.get("status") == "False" and c.get("reason") == reason
         for c in status.get("conditions", [])
     )
 

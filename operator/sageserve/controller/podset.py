@@ -19,6 +19,8 @@ from sageserve.api.model_deployment import (
 from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.core.labels import (
+    COMPONENT_INFERENCE,
+    COMPONENT_LABEL,
     DEFAULT_NODE_LABELS,
     GPU_RESOURCE,
     LABEL_DEPLOYMENT,
@@ -256,7 +258,7 @@ def render_pod_set(
     labels = {
         "app.kubernetes.io/name": md.spec.engine.kind.value,
         "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": "inference",
+        COMPONENT_LABEL: COMPONENT_INFERENCE,
         MANAGED_BY_LABEL: MANAGED_BY,
         **selector,
     }

@@ -20,6 +20,11 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 LABEL_DEPLOYMENT = "sageserve.io/model-deployment"
 LABEL_REGION = "sageserve.io/region"
 LABEL_VARIANT = "sageserve.io/variant"
+#: `app.kubernetes.io/component` of a ModelDeployment's serving pods (a ModelPool's pods say
+#: `pooled-inference`): an InferencePool's selector names it, so that a ModelPool of the
+#: same name never joins a ModelDeployment's pool.
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COMPONENT_INFERENCE = "inference"
 
 #: Node annotations written on donation and reclaim (SageServe §2.3: which model a donated
 #: node last served decides whether a reclaim is a 1-minute reload or a 10-minute redeploy).
