@@ -15,6 +15,8 @@ use (a test holds it to that), so this list is the core's public surface:
 """
 
 from sageserve.core.labels import (
+    ACTUATION_KEDA,
+    ANNOTATION_ACTUATION,
     ANNOTATION_BLOCKED_AT,
     ANNOTATION_BLOCKED_BY,
     ANNOTATION_DELETION_COST,
@@ -23,6 +25,8 @@ from sageserve.core.labels import (
     ANNOTATION_RECLAIMED_AT,
     ANNOTATION_REPLICAS,
     ANNOTATION_SCALING,
+    COMPONENT_INFERENCE,
+    COMPONENT_LABEL,
     DEFAULT_NODE_LABELS,
     DRAIN_DELETION_COST,
     GPU_RESOURCE,
@@ -84,6 +88,8 @@ from sageserve.core.types import (
 )
 
 __all__ = [
+    "ACTUATION_KEDA",
+    "ANNOTATION_ACTUATION",
     "ANNOTATION_AWAKE_PER_INSTANCE",
     "ANNOTATION_BLOCKED_AT",
     "ANNOTATION_BLOCKED_BY",
@@ -94,6 +100,8 @@ __all__ = [
     "ANNOTATION_RECLAIMED_AT",
     "ANNOTATION_REPLICAS",
     "ANNOTATION_SCALING",
+    "COMPONENT_INFERENCE",
+    "COMPONENT_LABEL",
     "DEFAULT_NODE_LABELS",
     "DRAIN_DELETION_COST",
     "GPU_RESOURCE",
