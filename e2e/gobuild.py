@@ -198,11 +198,54 @@ def build_helm(bin_dir: Path) -> None:
     )
 
 
+# --- the endpoint picker (EPP) of the Gateway API Inference Extension ------------------
+
+
+def gaie_crd_dir(bin_dir: Path | None = None) -> Path:
+    """Where the build puts the CRDs of the pinned GAIE release (InferencePool & co)."""
+    return (bin_dir or versions.bin_dir()) / f"gaie-v{versions.GAIE_VERSION}-crds"
+
+
+def build_epp(bin_dir: Path) -> None:
+    """``epp`` from GAIE's ``cmd/epp`` (no replace lines, no cgo: plain ``go install``),
+    with its CRDs copied from the same module version next to it, so that the picker
+    and the InferencePool schema it reads always match."""
+    v = versions.GAIE_VERSION
+    module = versions.GAIE_MODULE
+    go_install(
+        bin_dir,
+        [
+            "-ldflags",
+            f"-s -w -X {module}/version.BuildRef=v{v}",
+            f"{module}/cmd/epp@v{v}",
+        ],
+    )
+    env = go_env()
+    env["GOFLAGS"] = "-trimpath -buildvcs=false"
+    cwd = versions.go_env_dir()
+    info = json.loads(run_go(["mod", "download", "-json", f"{module}@v{v}"], cwd=cwd, env=env))
+    source = Path(info["Dir"]) / "config" / "crd" / "bases"
+    crds = sorted(source.glob("*.yaml"))
+    if not any(c.name == versions.GAIE_INFERENCEPOOL_CRD for c in crds):
+        raise BuildError(f"{module}@v{v} has no {versions.GAIE_INFERENCEPOOL_CRD} in {source}")
+    target = gaie_crd_dir(bin_dir)
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for crd in crds:
+        shutil.copyfile(crd, target / crd.name)  # the module cache's files are read-only
+
+
+EPP = Component("epp", versions.GAIE_VERSION, ("epp",), build_epp)
+
+# --- end of the EPP -------------------------------------------------------------------
+
+
 COMPONENTS: tuple[Component, ...] = (
     Component("kubernetes", versions.KUBERNETES_VERSION, versions.KUBE_BINARIES, build_kubernetes),
     Component("etcd", versions.ETCD_VERSION, ("etcd",), build_etcd),
     Component("kwok", versions.KWOK_VERSION, ("kwok", "kwokctl"), build_kwok),
     Component("helm", versions.HELM_VERSION, ("helm",), build_helm),
+    EPP,
 )
 
 
