@@ -83,12 +83,26 @@ def loopback_pod_cidr() -> str:
 
 
 def kwok_config(pod_cidr: str) -> str:
-    """The KwokConfiguration document (kwokctl passes it to the kwok controller)."""
+    """The KwokConfiguration document (kwokctl passes it to the kwok controller).
+
+    Every option is spelled out with kwok v0.8.0's default: kwokctl saves the document
+    without applying the defaults, so an option left out reaches the controller as zero
+    (it then refuses to start: "node leases parallelism must be greater than 0")."""
     return (
         "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
         "kind: KwokConfiguration\n"
         "options:\n"
         f"  cidr: {pod_cidr}\n"
+        "  manageAllNodes: false\n"  # kwokctl passes --manage-all-nodes=true itself
+        "  enableDebuggingHandlers: true\n"
+        "  enableContentionProfiling: false\n"
+        "  enableProfilingHandler: true\n"
+        "  podPlayStageParallelism: 4\n"
+        "  nodePlayStageParallelism: 4\n"
+        "  nodeLeaseParallelism: 4\n"
+        "  podsOnNodeSyncParallelism: 1\n"
+        "  enablePodsOnNodeSyncListPager: true\n"
+        "  enablePodsOnNodeSyncStreamWatch: false\n"
     )
 
 
