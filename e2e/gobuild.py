@@ -207,23 +207,23 @@ def gaie_crd_dir(bin_dir: Path | None = None) -> Path:
 
 
 def build_epp(bin_dir: Path) -> None:
-    """``epp`` from GAIE's ``cmd/epp`` (no replace lines, no cgo: plain ``go install``),
-    with its CRDs copied from the same module version next to it, so that the picker
-    and the InferencePool schema it reads always match."""
+    """``epp`` from GAIE's ``cmd/epp`` (no cgo), with the CRDs of the same module version
+    copied next to it, so that the picker and the InferencePool schema always match.
+
+    Why a wrapper rather than ``go install ...@v1.5.0``: ``go install`` looks the module's
+    version list up for deprecations, which the proxy refuses for this module (403); a
+    wrapper requiring the exact version resolves without the list, to the same versions
+    as the module's own go.mod (it adds no other requirement)."""
     v = versions.GAIE_VERSION
     module = versions.GAIE_MODULE
-    go_install(
-        bin_dir,
-        [
-            "-ldflags",
-            f"-s -w -X {module}/version.BuildRef=v{v}",
-            f"{module}/cmd/epp@v{v}",
-        ],
+    wdir = fresh_wrapper(f"gaie-v{v}", "sageserve.local/eppbin")
+    run_go(["mod", "edit", f"-require={module}@v{v}", f"-tool={module}/cmd/epp"], cwd=wdir)
+    run_go(["mod", "tidy"], cwd=wdir)
+    ldflags = f"-s -w -X {module}/version.BuildRef=v{v}"
+    run_go(
+        ["build", "-ldflags", ldflags, "-o", str(bin_dir / "epp"), f"{module}/cmd/epp"], cwd=wdir
     )
-    env = go_env()
-    env["GOFLAGS"] = "-trimpath -buildvcs=false"
-    cwd = versions.go_env_dir()
-    info = json.loads(run_go(["mod", "download", "-json", f"{module}@v{v}"], cwd=cwd, env=env))
+    info = json.loads(run_go(["mod", "download", "-json", f"{module}@v{v}"], cwd=wdir))
     source = Path(info["Dir"]) / "config" / "crd" / "bases"
     crds = sorted(source.glob("*.yaml"))
     if not any(c.name == versions.GAIE_INFERENCEPOOL_CRD for c in crds):

@@ -42,9 +42,9 @@ SERVED = "bigscience/bloom"
 POOL = "bloom-pool"
 PORT = 8000  # the ModelDeployment's engine port (its default)
 #: bloom-176b on 8 A100s against the conversation trace: at 0.05× an instance idles
-#: (KV ≈ 7 %, nothing waits); at 4× requests arrive far faster than it serves them, so
-#: its KV cache fills and requests wait (see test_e2e_twin.py for the curve).
-LOW, HIGH = 0.05, 4.0
+#: (KV ≈ 7 %, nothing waits); at 0.4× it saturates (KV ≈ 98 %), so at 1× requests arrive
+#: faster than it serves them and wait (see test_e2e_twin.py for the curve).
+LOW, HIGH = 0.05, 1.0
 
 T = TypeVar("T")
 
