@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from e2e import (
+    epp,
     gobuild,
     inventory,
     keda,
@@ -80,13 +81,14 @@ def up(
         prometheus_dir=str(prom_dir),
         workdir=str(workdir),
         bin_dir=str(bin_dir),
+        pod_cidr=kwok_cluster.loopback_pod_cidr() if provider == "kwok" else "",
     )
     save(state)  # first, so that `down` can clean up a half-started environment
     t0 = time.monotonic()
     try:
         start = time.monotonic()
         if provider == "kwok":
-            kwok_cluster.create(workdir, kubeconfig, bin_dir)
+            kwok_cluster.create(workdir, kubeconfig, bin_dir, pod_cidr=state.pod_cidr)
         else:
             kind_cluster.create(kubeconfig, node_image)
         _step(f"cluster ({provider})", start)
@@ -111,6 +113,7 @@ def down() -> None:
     state = load()
     root = versions.state_dir()
     t0 = time.monotonic()
+    epp.stop_all(root / "epp")  # pickers a session left running
     if state is not None:
         keda.stop()  # its processes only: the APIService goes with the cluster
         prometheus.stop(Path(state.prometheus_dir))

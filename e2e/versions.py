@@ -16,13 +16,17 @@ KUBERNETES_VERSION = "1.36.3"
 ETCD_VERSION = "3.6.16"
 KWOK_VERSION = "0.8.0"
 HELM_VERSION = "3.21.4"
-# Gateway API Inference Extension: InferencePool (inference.networking.k8s.io/v1) from the
-# pinned release. Its InferenceObjective moved to llm-d-router (llm-d.ai/v1alpha2) after
-# v1.5.0, and llm-d-router is not served by the Go module proxy, so the e2e tests install
-# the last release that ships one (inference.networking.x-k8s.io/v1alpha2, same spec).
+# Gateway API Inference Extension: v1.5.0 is the last release whose module holds both the
+# endpoint picker (`cmd/epp`) and InferenceObjective (inference.networking.x-k8s.io/v1alpha2);
+# from v1.6 both live in llm-d-router (llm-d.ai/v1alpha2), a module the Go proxy does not
+# serve, and v1.6.0 keeps only a lightweight reference picker. InferencePool
+# (inference.networking.k8s.io/v1) is the same GA API in both. Its go.mod has no replace
+# lines and no cgo.
 GAIE_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
-GAIE_VERSION = "1.6.0"
-GAIE_OBJECTIVE_VERSION = "1.5.0"
+GAIE_VERSION = "1.5.0"
+GAIE_OBJECTIVE_VERSION = GAIE_VERSION
+#: The CRD the EPP discovers pods through (copied next to the binary at build time).
+GAIE_INFERENCEPOOL_CRD = "inference.networking.k8s.io_inferencepools.yaml"
 # Gateway API (Gateway, HTTPRoute): the documented gateway examples are checked against it.
 GATEWAY_API_MODULE = "sigs.k8s.io/gateway-api"
 GATEWAY_API_VERSION = "1.5.1"
