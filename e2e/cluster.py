@@ -39,7 +39,7 @@ def main() -> None:
 def build(
     force: Annotated[bool, typer.Option(help="Rebuild even if the right version exists.")] = False,
     only: Annotated[
-        list[str] | None, typer.Option(help="Only these: kubernetes, etcd, kwok, helm.")
+        list[str] | None, typer.Option(help="Only these: kubernetes, etcd, kwok, helm, epp.")
     ] = None,
 ) -> None:
     """Build (or reuse) kube-apiserver & co, etcd, kwok, kwokctl and helm into the cache."""

@@ -198,11 +198,54 @@ def build_helm(bin_dir: Path) -> None:
     )
 
 
+# --- the endpoint picker (EPP) of the Gateway API Inference Extension ------------------
+
+
+def gaie_crd_dir(bin_dir: Path | None = None) -> Path:
+    """Where the build puts the CRDs of the pinned GAIE release (InferencePool & co)."""
+    return (bin_dir or versions.bin_dir()) / f"gaie-v{versions.GAIE_VERSION}-crds"
+
+
+def build_epp(bin_dir: Path) -> None:
+    """``epp`` from GAIE's ``cmd/epp`` (no cgo), with the CRDs of the same module version
+    copied next to it, so that the picker and the InferencePool schema always match.
+
+    Why a wrapper rather than ``go install ...@v1.5.0``: ``go install`` looks the module's
+    version list up for deprecations, which the proxy refuses for this module (403); a
+    wrapper requiring the exact version resolves without the list, to the same versions
+    as the module's own go.mod (it adds no other requirement)."""
+    v = versions.GAIE_VERSION
+    module = versions.GAIE_MODULE
+    wdir = fresh_wrapper(f"gaie-v{v}", "sageserve.local/eppbin")
+    run_go(["mod", "edit", f"-require={module}@v{v}", f"-tool={module}/cmd/epp"], cwd=wdir)
+    run_go(["mod", "tidy"], cwd=wdir)
+    ldflags = f"-s -w -X {module}/version.BuildRef=v{v}"
+    run_go(
+        ["build", "-ldflags", ldflags, "-o", str(bin_dir / "epp"), f"{module}/cmd/epp"], cwd=wdir
+    )
+    info = json.loads(run_go(["mod", "download", "-json", f"{module}@v{v}"], cwd=wdir))
+    source = Path(info["Dir"]) / "config" / "crd" / "bases"
+    crds = sorted(source.glob("*.yaml"))
+    if not any(c.name == versions.GAIE_INFERENCEPOOL_CRD for c in crds):
+        raise BuildError(f"{module}@v{v} has no {versions.GAIE_INFERENCEPOOL_CRD} in {source}")
+    target = gaie_crd_dir(bin_dir)
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for crd in crds:
+        shutil.copyfile(crd, target / crd.name)  # the module cache's files are read-only
+
+
+EPP = Component("epp", versions.GAIE_VERSION, ("epp",), build_epp)
+
+# --- end of the EPP -------------------------------------------------------------------
+
+
 COMPONENTS: tuple[Component, ...] = (
     Component("kubernetes", versions.KUBERNETES_VERSION, versions.KUBE_BINARIES, build_kubernetes),
     Component("etcd", versions.ETCD_VERSION, ("etcd",), build_etcd),
     Component("kwok", versions.KWOK_VERSION, ("kwok", "kwokctl"), build_kwok),
     Component("helm", versions.HELM_VERSION, ("helm",), build_helm),
+    EPP,
 )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -69,11 +70,56 @@ def cluster_dir(workdir: Path) -> Path:
     return workdir / "clusters" / CLUSTER_NAME
 
 
-def create(workdir: Path, kubeconfig: Path, bin_dir: Path, timeout_s: int = 120) -> None:
-    """Create the cluster and wait until kwokctl reports it ready."""
+def loopback_pod_cidr() -> str:
+    """A /16 of 127.0.0.0/8 for the pods' IPs, drawn per cluster.
+
+    Why loopback: every address of 127.0.0.0/8 is local on Linux, so a process on this
+    host can listen on a KWOK pod's IP and port (`sageserve twin --pod-listeners`), and a
+    client that finds pods by IP (an endpoint picker) reaches them over real HTTP. Why
+    drawn: clusters of parallel test sessions then rarely share addresses (kwok hands out
+    a range's addresses in order). 127.0.0.0/16 holds the usual 127.0.0.1 and stays out.
+    """
+    return f"127.{random.randint(16, 254)}.0.0/16"
+
+
+def kwok_config(pod_cidr: str) -> str:
+    """The KwokConfiguration document (kwokctl passes it to the kwok controller).
+
+    Every option is spelled out with kwok v0.8.0's default: kwokctl saves the document
+    without applying the defaults, so an option left out reaches the controller as zero
+    (it then refuses to start: "node leases parallelism must be greater than 0")."""
+    return (
+        "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
+        "kind: KwokConfiguration\n"
+        "options:\n"
+        f"  cidr: {pod_cidr}\n"
+        "  manageAllNodes: false\n"  # kwokctl passes --manage-all-nodes=true itself
+        "  enableDebuggingHandlers: true\n"
+        "  enableContentionProfiling: false\n"
+        "  enableProfilingHandler: true\n"
+        "  podPlayStageParallelism: 4\n"
+        "  nodePlayStageParallelism: 4\n"
+        "  nodeLeaseParallelism: 4\n"
+        "  podsOnNodeSyncParallelism: 1\n"
+        "  enablePodsOnNodeSyncListPager: true\n"
+        "  enablePodsOnNodeSyncStreamWatch: false\n"
+    )
+
+
+def create(
+    workdir: Path, kubeconfig: Path, bin_dir: Path, timeout_s: int = 120, pod_cidr: str = ""
+) -> None:
+    """Create the cluster and wait until kwokctl reports it ready; with `pod_cidr`, KWOK
+    gives pods their IPs from it (else from its default 10.0.0.0/24)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    config: list[str] = []
+    if pod_cidr:
+        path = workdir / "kwok-config.yaml"
+        path.write_text(kwok_config(pod_cidr))
+        config = ["--config", str(path)]
     kwokctl(
         [
+            *config,
             "create",
             "cluster",
             "--runtime",

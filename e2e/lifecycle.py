@@ -10,7 +10,17 @@ import shutil
 import time
 from pathlib import Path
 
-from e2e import gobuild, inventory, kind_cluster, kubectl, kwok_cluster, procs, prometheus, versions
+from e2e import (
+    epp,
+    gobuild,
+    inventory,
+    kind_cluster,
+    kubectl,
+    kwok_cluster,
+    procs,
+    prometheus,
+    versions,
+)
 from e2e.state import ClusterState, load, save, state_file
 
 PROVIDERS = ("kwok", "kind")
@@ -70,13 +80,14 @@ def up(
         prometheus_dir=str(prom_dir),
         workdir=str(workdir),
         bin_dir=str(bin_dir),
+        pod_cidr=kwok_cluster.loopback_pod_cidr() if provider == "kwok" else "",
     )
     save(state)  # first, so that `down` can clean up a half-started environment
     t0 = time.monotonic()
     try:
         start = time.monotonic()
         if provider == "kwok":
-            kwok_cluster.create(workdir, kubeconfig, bin_dir)
+            kwok_cluster.create(workdir, kubeconfig, bin_dir, pod_cidr=state.pod_cidr)
         else:
             kind_cluster.create(kubeconfig, node_image)
         _step(f"cluster ({provider})", start)
@@ -101,6 +112,7 @@ def down() -> None:
     state = load()
     root = versions.state_dir()
     t0 = time.monotonic()
+    epp.stop_all(root / "epp")  # pickers a session left running
     if state is not None:
         prometheus.stop(Path(state.prometheus_dir))
         if state.provider == "kind":

@@ -25,6 +25,9 @@ class ClusterState:
     prometheus_dir: str
     workdir: str
     bin_dir: str
+    #: where KWOK takes pod IPs from (a loopback range, `kwok_cluster.loopback_pod_cidr`);
+    #: empty for the kind provider, whose in-cluster kwok keeps its default
+    pod_cidr: str = ""
 
     def env(self) -> dict[str, str]:
         """Environment variables that point clients at this cluster."""

@@ -29,6 +29,15 @@ GATEWAY_API_VERSION = "1.5.1"
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
+# --- Gateway API Inference Extension: the endpoint picker (EPP) and the InferencePool CRD.
+# v1.5.0 is the last release whose module still has `cmd/epp` (from v1.6 the EPP lives in
+# llm-d-router, a module the Go proxy does not serve; v1.6.0 keeps only a lightweight
+# reference picker). Its go.mod has no replace lines and no cgo, so `go install` builds it.
+GAIE_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
+GAIE_VERSION = "1.5.0"
+#: The CRD the EPP discovers pods through (copied next to the binary at build time).
+GAIE_INFERENCEPOOL_CRD = "inference.networking.k8s.io_inferencepools.yaml"
+
 
 def cache_root() -> Path:
     """Root of everything built or started; outside the repo so nothing is committed."""

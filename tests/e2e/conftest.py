@@ -16,9 +16,10 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,3 +202,49 @@ def namespace(kubeconfig: Path, request: pytest.FixtureRequest) -> Iterator[str]
     prepare_namespace(kubeconfig, name)
     yield name
     kubectl(kubeconfig, ["delete", "namespace", name, "--wait=false"], check=False)
+
+
+# --- the endpoint picker (e2e/epp.py) ---------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def epp_binary() -> Path:
+    """The endpoint picker of the pinned GAIE release, built now if missing (a cold build
+    takes minutes); a build failure fails the test with the build error."""
+    from e2e import epp
+
+    failure = ""
+    try:
+        return epp.ensure_built()
+    except gobuild.BuildError as err:
+        failure = str(err)
+    pytest.fail(
+        f"the endpoint picker could not be built (GAIE v{versions.GAIE_VERSION} into "
+        f"{versions.bin_dir()}); run `python -m e2e.cluster build --only epp` to see why.\n"
+        f"{failure}",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def start_epp(
+    epp_binary: Path, kubeconfig: Path, prometheus_targets_dir: Path
+) -> Iterator[Callable[..., Any]]:
+    """`start_epp(pool_name, pool_namespace, *extra_flags)` starts an endpoint picker for
+    that InferencePool against the test cluster, its metrics registered with Prometheus;
+    every picker started is stopped (and its target withdrawn) after the test."""
+    from e2e import epp
+
+    epp.install_crds(kubeconfig)
+    started: list[epp.EppProcess] = []
+
+    def start(pool_name: str, pool_namespace: str, *extra: str) -> epp.EppProcess:
+        process = epp.start(
+            kubeconfig, pool_name, pool_namespace, prometheus_targets_dir, list(extra)
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

@@ -90,6 +90,15 @@ def twin_command(
         typer.Option(help="Write a Prometheus file_sd file with one target per serving pod."),
     ] = None,
     refresh_seconds: Annotated[float, typer.Option(help="Re-list pods this often.")] = 1.0,
+    pod_listeners: Annotated[
+        bool,
+        typer.Option(
+            help="Also answer at each serving pod's own address (podIP:containerPort: "
+            "/metrics, /health, /v1/...), as its vLLM would, for clients that find pods by "
+            "IP (an endpoint picker). Needs pod IPs this host can bind (the e2e kit gives "
+            "KWOK pods loopback addresses)."
+        ),
+    ] = False,
     backfill_hours: Annotated[
         float, typer.Option(help="Simulate this many hours of history into Prometheus first.")
     ] = 0.0,
@@ -157,6 +166,7 @@ def twin_command(
         targets_file,
         refresh_s=refresh_seconds,
         on_new_namespaces=read_annotations,
+        pod_listeners=pod_listeners,
     )
     if history_s > 0:
         unix_end = time.time()
@@ -206,7 +216,8 @@ def twin_command(
     typer.echo(
         f"twin: serving on http://{twin.address} (/metrics/<namespace>/<pod>, /metrics/pods, "
         f"/status, POST /load), speed {speed:g}x, trace time {start:g} s"
-        + (f", targets in {targets_file}" if targets_file else ""),
+        + (f", targets in {targets_file}" if targets_file else "")
+        + (", and at each serving pod's IP and port" if pod_listeners else ""),
     )
     try:
         while not stop.wait(1.0):

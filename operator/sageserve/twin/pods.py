@@ -71,6 +71,10 @@ class PodInfo:
     #: vLLM's `--scheduling-policy priority` (last occurrence wins): the engine serves the
     #: lowest request `priority` first; else FCFS, and a request with a priority is refused
     priority_scheduling: bool = False
+    #: the pod's IP (`status.podIP`; empty until a node gives it one)
+    pod_ip: str = ""
+    #: TCP ports the vLLM container declares (`containerPort`), where its server listens
+    ports: tuple[int, ...] = ()
 
     @property
     def endpoint(self) -> EndpointId:
@@ -145,6 +149,19 @@ def _gpu_type(spec: Mapping[str, Any], gpu_label: str) -> str:
     return str(selector.get(gpu_label, ""))
 
 
+def _tcp_ports(container: Mapping[str, Any]) -> tuple[int, ...]:
+    """The container's TCP `containerPort`s, in declaration order."""
+    out: list[int] = []
+    for port in container.get("ports") or []:
+        if str(port.get("protocol") or "TCP") != "TCP":
+            continue
+        try:
+            out.append(int(port["containerPort"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(out)
+
+
 def pod_info(
     pod: Mapping[str, Any], gpu_label: str = DEFAULT_NODE_LABELS.gpu_type
 ) -> PodInfo | None:
@@ -186,6 +203,8 @@ def pod_info(
         tensor_parallel=_int_arg_any(args, "--tensor-parallel-size", "-tp"),
         pipeline_parallel=_int_arg_any(args, "--pipeline-parallel-size", "-pp"),
         priority_scheduling=_last_arg(args, "--scheduling-policy") == "priority",
+        pod_ip=str(status.get("podIP") or ""),
+        ports=_tcp_ports(main),
     )
 
 

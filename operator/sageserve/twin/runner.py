@@ -20,6 +20,14 @@ HTTP:
 With `targets_file`, the twin writes a Prometheus file_sd file with one target per
 serving pod (`__metrics_path__` = its path, labels = the pod labels), rewritten
 atomically when the set changes and emptied on stop.
+
+With `pod_listeners`, the twin also answers at each serving pod's own address, as its
+vLLM server would: `http://<podIP>:<containerPort>/metrics`, `/health`,
+`/v1/completions`, `/v1/chat/completions` (and, for a pooled pod's engine ports, `/sleep`,
+`/wake_up`, `/is_sleeping`). Clients that find pods by their IP (an endpoint picker, a
+router with its default backend URL) then reach them over plain HTTP. It needs pod IPs
+this host can bind: the e2e kit gives KWOK pods loopback addresses. A pod whose address
+cannot be bound is reported in `/status` (`listenerErrors`) and retried on each re-list.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from sageserve.twin import openai
 from sageserve.twin.clock import AcceleratedClock
@@ -88,6 +96,7 @@ class Twin:
         refresh_s: float = 1.0,
         tick_s: float = 0.25,
         on_new_namespaces: Callable[[set[str]], None] | None = None,
+        pod_listeners: bool = False,
     ) -> None:
         self.sim = sim
         self.clock = clock
@@ -96,6 +105,11 @@ class Twin:
         self.refresh_s = refresh_s
         self.tick_s = tick_s
         self.on_new_namespaces = on_new_namespaces
+        self.pod_listeners = pod_listeners
+        #: (address, port) → the listener answering for one pod there (`pod_listeners`)
+        self.listeners: dict[tuple[str, int], PodListener] = {}
+        #: (address, port) → why it could not be bound (retried on each re-list)
+        self.listener_errors: dict[tuple[str, int], str] = {}
         self.lock = threading.RLock()
         self.stopped = threading.Event()
         self.pods: list[PodInfo] = []
@@ -129,6 +143,9 @@ class Twin:
         self.server.server_close()
         for t in self._threads:
             t.join(timeout=10)
+        for listener in self.listeners.values():
+            listener.close()
+        self.listeners = {}
         if self.targets_file is not None:
             write_atomically(self.targets_file, "[]\n")
 
@@ -194,6 +211,37 @@ class Twin:
             if text != self._targets_text:
                 write_atomically(self.targets_file, text)
                 self._targets_text = text
+        if self.pod_listeners:
+            self._sync_listeners(pods)
+
+    def _sync_listeners(self, pods: Sequence[PodInfo]) -> None:
+        """One listener per (pod IP, port) of every serving pod; closed when the pod stops
+        serving or its address now belongs to another pod."""
+        wanted = pod_addresses(pods)
+        for key, listener in list(self.listeners.items()):
+            if wanted.get(key) != listener.target:
+                listener.close()
+                del self.listeners[key]
+                log.info("pod %s/%s: stopped listening on %s:%d", *listener.target[:2], *key)
+        self.listener_errors = {k: v for k, v in self.listener_errors.items() if k in wanted}
+        for key, target in wanted.items():
+            if key in self.listeners:
+                continue
+            try:
+                self.listeners[key] = PodListener(self, key, target)
+            except OSError as exc:
+                if key not in self.listener_errors:
+                    log.warning(
+                        "pod %s/%s: cannot listen on %s:%d (%s); is its pod IP an address of "
+                        "this host?",
+                        *target[:2],
+                        *key,
+                        exc,
+                    )
+                self.listener_errors[key] = str(exc)
+                continue
+            self.listener_errors.pop(key, None)
+            log.info("pod %s/%s: listening on %s:%d", *target[:2], *key)
 
     def _sync_engines(self) -> None:
         """Sleep state for every serving pooled pod (all engines asleep when it appears,
@@ -249,6 +297,10 @@ class Twin:
             engines = {
                 f"{ns}/{pod}": e.state(sim.now) for (ns, pod), e in sorted(self.engines.items())
             }
+        listeners: dict[str, list[str]] = {}
+        for (address, port), listener in sorted(self.listeners.copy().items()):
+            listeners.setdefault("/".join(listener.target[:2]), []).append(f"{address}:{port}")
+        errors = {f"{a}:{p}": why for (a, p), why in sorted(self.listener_errors.copy().items())}
         return {
             "simTime": sim.now,
             "speed": self.clock.speed,
@@ -258,6 +310,8 @@ class Twin:
             "pods": pods,
             "problems": dict(sim.problems),
             "engines": engines,
+            "listeners": listeners,
+            "listenerErrors": errors,
             "samples": {
                 f"{s.pod.namespace}/{s.pod.name}": {
                     "kvUsage": round(s.kv_usage, 4),
@@ -286,6 +340,69 @@ class Twin:
             }
             now = sim.now
         return encode(twin_families(now, self.clock.speed, self.lag_s, eps), None)
+
+
+#: (namespace, pod, engine port): whom a pod listener answers for; the engine port is set
+#: for a pooled pod's engine (the router's `{port}`), None for a plain vLLM pod
+ListenerTarget = tuple[str, str, int | None]
+
+
+def pod_addresses(pods: Sequence[PodInfo]) -> dict[tuple[str, int], ListenerTarget]:
+    """(pod IP, port) → the pod answering there, for every serving pod with an IP: a pooled
+    pod at each engine's port, any other at each port its vLLM container declares."""
+    out: dict[tuple[str, int], ListenerTarget] = {}
+    for p in sorted(pods, key=lambda p: p.key):
+        if not p.serving or not p.pod_ip:
+            continue
+        if p.engines:
+            for e in p.engines:
+                out[(p.pod_ip, e.port)] = (p.namespace, p.name, e.port)
+        else:
+            for port in p.ports:
+                out[(p.pod_ip, port)] = (p.namespace, p.name, None)
+    return out
+
+
+#: What a pod's own server answers, mapped onto the twin's paths (`pod_listener_path`).
+POD_API = ("/v1/completions", "/v1/chat/completions", "/sleep", "/wake_up", "/is_sleeping")
+
+
+def pod_listener_path(target: ListenerTarget, raw_path: str) -> str | None:
+    """The twin path that answers `raw_path` sent to one pod's own address (None: 404).
+
+    `/metrics` is that pod's vLLM metrics, `/health` the server's liveness, `/v1/...` and
+    the sleep-mode endpoints its API; the twin's controls (`/load`, `/speed`, `/status`)
+    are not a pod's and stay on the twin's own address."""
+    namespace, pod, port = target
+    path, sep, query = raw_path.partition("?")
+    path = path.rstrip("/")
+    if path == "/metrics":
+        return pod_path(quote(namespace, safe=""), quote(pod, safe=""))
+    if path == "/health":
+        return "/healthz"
+    if path in POD_API:
+        engine = f"/port/{port}" if port is not None else ""
+        return f"/pods/{quote(namespace, safe='')}/{quote(pod, safe='')}{engine}{path}{sep}{query}"
+    return None
+
+
+class PodListener:
+    """An HTTP server on one pod's (IP, port), answering as that pod's vLLM server."""
+
+    def __init__(self, twin: Twin, address: tuple[str, int], target: ListenerTarget) -> None:
+        self.address, self.target = address, target
+        self.server = ThreadingHTTPServer(address, _handler(twin, target))
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name=f"twin-pod-{address[0]}:{address[1]}"
+        )
+        self.thread.daemon = True
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
 
 
 def _get(twin: Twin, path: str, accept: str | None) -> tuple[int, bytes, str]:
@@ -497,7 +614,24 @@ def _until_awake(
     return False
 
 
-def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
+def _as_pod(handler: Any, pod: ListenerTarget | None) -> bool:
+    """For a pod listener (`pod` set), rewrite the request path to the twin's; False when
+    it has none (then answered 404 here)."""
+    if pod is None:
+        return True
+    path = pod_listener_path(pod, handler.path)
+    if path is None:
+        handler._send(404, b"not found\n", "text/plain")
+        return False
+    handler.path = path
+    return True
+
+
+def _handler(twin: Twin, pod: ListenerTarget | None = None) -> type[BaseHTTPRequestHandler]:
+    """The twin's HTTP handler; with `pod`, the one behind that pod's own address, where
+    each path is first rewritten to the twin path answering for the pod
+    (`pod_listener_path`) and any other is a 404."""
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("http: " + format, *args)
@@ -511,6 +645,9 @@ def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
 
         def _json(self, code: int, obj: Any) -> None:
             self._send(code, (json.dumps(obj, indent=1) + "\n").encode(), "application/json")
+
+        def parse_request(self) -> bool:
+            return super().parse_request() and _as_pod(self, pod)
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
