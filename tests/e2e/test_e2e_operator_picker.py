@@ -15,9 +15,10 @@ while the KV cache stays far below the 70 % scale-out threshold, and the region 
 on the queue, with the picker's queue and KV readings checked in Prometheus.
 
 Without flow control the picker's waiting requests are the engines' own queues (its pool
-gauges are their mean × its ready pods), so the scale-out's reason is the queue's; a
-reason naming the picker needs requests held at the picker (its flow-control queue), which
-only traffic through a gateway puts there.
+gauges are their mean × its ready pods, read a moment apart), so the engines' queue alone
+would scale out as well, and the Event names whichever reading is larger at the pass. Demand
+the engines do not see is what the picker holds in its flow-control queue, which only
+traffic through a gateway puts there.
 
 Every wait is a bounded condition on what the cluster, Prometheus or the operator say.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -211,7 +213,12 @@ def test_the_endpoint_pickers_queue_scales_a_region_out_while_its_kv_cache_stays
                 scaled = [e["message"] for e in events(kubeconfig, namespace, "ScaledOut")]
                 assert len(scaled) == 1, scaled
                 assert f"{REGION}/a100=2" in scaled[0], scaled
+                # the queue's reason (the picker's or the engines': one reading of the same
+                # queues, whichever Prometheus scraped later is larger), the EMU it names far
+                # below the 70 % at which KV alone would scale out
                 assert "waiting" in scaled[0], scaled
+                emu = re.search(r"\(EMU (\d+)%\)", scaled[0])
+                assert emu is not None and int(emu.group(1)) < 50, scaled
                 waiting = view.waiting()
                 kv = view.value("inference_pool_average_kv_cache_utilization")
                 assert waiting > 5, waiting  # over the 5 per instance that saturate the queue
