@@ -5,7 +5,8 @@ servers; the EPP discovers the pool's pods through the API server and scrapes
 `http://<podIP>:<targetPort>/metrics` of each. Here it runs from the pinned GAIE release
 (`versions.GAIE_VERSION`, built by `gobuild.EPP`) against the test cluster's kubeconfig,
 and its own metrics endpoint is registered with the kit's Prometheus as a file_sd target
-(job `sageserve-e2e`, labels `component="epp"`, `epp_pool`, `epp_pool_namespace`). KWOK
+(job `sageserve-e2e`, labels `namespace` (the pool's), `component="epp"`, `epp_pool`,
+`epp_pool_namespace`). KWOK
 pods have loopback IPs (`kwok_cluster.loopback_pod_cidr`), so `sageserve twin
 --pod-listeners` answers each scrape at the pod's own address.
 
@@ -200,7 +201,10 @@ def start(
             raise EppError(f"the endpoint picker {why}: {' '.join(argv)}\n{epp.output()}")
         time.sleep(0.2)
     if targets_dir is not None:
+        # `namespace`: the pool's, as a cluster's Prometheus labels a picker scraped
+        # through its Service or pod (the pace loop reads picker series per namespace)
         epp.labels = {
+            "namespace": pool_namespace,
             "component": "epp",
             "epp_pool": pool_name,
             "epp_pool_namespace": pool_namespace,

@@ -79,3 +79,11 @@ def test_every_pool_reported_is_said_once_and_no_picker_says_nothing() -> None:
     kube = run("llm-d", observed(PickerSignals(3, 0.5, 4)), {"llama-us-east": PickerSignals(3)})
     assert [(t, r) for t, r, _ in kube.events] == [("Normal", "Reported")]
     assert run("none", observed(None), None).events == []
+
+
+def test_nothing_paced_yet_is_no_report_that_every_pool_is_heard() -> None:
+    """Before a region has a pod set, no pool is paced: saying the picker reports every
+    paced pool would be True of nothing, and flip to missing once the pods come."""
+    empty = Observed(Guard.observe(NS, {}, [], 0.0))
+    kube = run("gaie", empty, {})
+    assert kube.events == [] and kube.status == []

@@ -457,6 +457,8 @@ class PacePass:
         if picker is None or kind is PickerKind.NONE:
             return
         regions = {(md.metadata.name, r.name): (md, r) for _, md in fleet for r in md.spec.regions}
+        if not any((k.model, k.region) in regions for k in seen.endpoints):
+            return  # nothing paced yet (no pod set): no pool to have heard of, either way
         silent = sorted(
             inference_pool_name(*regions[(k.model, k.region)])
             for k, snap in seen.endpoints.items()
