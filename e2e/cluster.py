@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import shlex
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from e2e import gobuild, lifecycle, versions
+from e2e import gobuild, keda, lifecycle, versions
 from e2e.kind_cluster import KindError
 from e2e.kubectl import KubectlError
 from e2e.kwok_cluster import ClusterError
@@ -39,7 +40,7 @@ def main() -> None:
 def build(
     force: Annotated[bool, typer.Option(help="Rebuild even if the right version exists.")] = False,
     only: Annotated[
-        list[str] | None, typer.Option(help="Only these: kubernetes, etcd, kwok, helm.")
+        list[str] | None, typer.Option(help="Only these: kubernetes, etcd, kwok, helm, keda.")
     ] = None,
 ) -> None:
     """Build (or reuse) kube-apiserver & co, etcd, kwok, kwokctl and helm into the cache."""
@@ -61,11 +62,31 @@ def up(
         str, typer.Option("--inventory", help="Inventory file or name in e2e/inventory/.")
     ] = "small",
     node_image: Annotated[str, typer.Option(help="kind only: node image.")] = "",
+    with_keda: Annotated[
+        bool,
+        typer.Option(
+            "--keda",
+            help="Also start KEDA's operator and metrics adapter (kwok only; built if missing).",
+        ),
+    ] = False,
 ) -> None:
     """Start the cluster, create the GPU nodes, start Prometheus; wait until all are ready."""
+    if with_keda and provider != "kwok":
+        typer.echo("UP FAILED: --keda runs KEDA as local processes: use --provider kwok", err=True)
+        raise typer.Exit(2)
     try:
+        if with_keda and "keda" in gobuild.missing_components():
+            gobuild.build_all(only=["keda"])
         state = lifecycle.up(provider, inventory_name, node_image or None)
+        if with_keda:
+            started = keda.start(Path(state.kubeconfig))
+            typer.echo(
+                f"keda: operator {started.operator_grpc}, adapter {started.host_ip}:"
+                f"{started.adapter_port}, logs {Path(started.operator_log).parent}"
+            )
     except (
+        gobuild.BuildError,
+        keda.KedaError,
         lifecycle.EnvironmentNotReady,
         ClusterError,
         KindError,

@@ -7,7 +7,11 @@ requires ``k8s.io/kubernetes`` and replaces every staging module with its publis
 ``v0.Y.Z`` tag builds the real commands. The replace lines are generated from the
 upstream go.mod, so a version bump never needs a hand-edited list. etcd has the
 same problem (its server go.mod replaces siblings), but all its requirements are
-published at matching tags, so its wrapper needs no replace lines at all.
+published at matching tags, so its wrapper needs no replace lines at all. KEDA pins
+k8s.io, controller-runtime and Prometheus modules with version-to-version ``replace``
+lines, which Go also ignores outside the main module: its wrapper copies them from the
+upstream go.mod (read with ``go mod edit -json``), so it builds exactly the versions
+KEDA releases with.
 
 Each component writes a stamp file next to its binaries; a present binary with a
 matching stamp is reused, so running ``build`` again is cheap.
@@ -41,6 +45,8 @@ class Component:
     version: str
     binaries: tuple[str, ...]
     build: Callable[[Path], None]
+    # other paths under the bin dir the build leaves (e.g. KEDA's CRDs)
+    files: tuple[str, ...] = ()
 
     def stamp(self, bin_dir: Path) -> Path:
         return bin_dir / f".{self.name}.version"
@@ -49,6 +55,8 @@ class Component:
         """True when every binary exists and was built for this exact version."""
         stamp = self.stamp(bin_dir)
         if not stamp.is_file() or stamp.read_text().strip() != self.version:
+            return False
+        if not all((bin_dir / f).exists() for f in self.files):
             return False
         return all(os.access(bin_dir / b, os.X_OK) for b in self.binaries)
 
@@ -198,11 +206,73 @@ def build_helm(bin_dir: Path) -> None:
     )
 
 
+def module_replaces(gomod: Path, cwd: Path) -> list[str]:
+    """``go mod edit -replace`` arguments reproducing the ``replace`` lines of ``gomod``.
+
+    Only module-to-module replacements can be carried into a wrapper; a replacement by a
+    local directory names files that are not in the module zip, so it is an error."""
+    parsed = json.loads(run_go(["mod", "edit", "-json", str(gomod)], cwd))
+    edits = []
+    for rep in parsed.get("Replace") or []:
+        old, new = rep["Old"], rep["New"]
+        if not new.get("Version"):
+            raise BuildError(
+                f"{gomod} replaces {old['Path']} by the local directory {new['Path']}; "
+                "a wrapper module cannot reproduce that"
+            )
+        old_ref = old["Path"] + (f"@{old['Version']}" if old.get("Version") else "")
+        edits.append(f"-replace={old_ref}={new['Path']}@{new['Version']}")
+    return edits
+
+
+def build_keda(bin_dir: Path) -> None:
+    """KEDA's operator and metrics adapter through a wrapper that copies KEDA's replace lines,
+    plus its CRDs (config/crd/bases of the module) next to the binaries."""
+    kv = versions.KEDA_VERSION
+    module = versions.KEDA_MODULE
+    wdir = fresh_wrapper(f"keda-v{kv}", "sageserve.local/kedabin")
+    info = json.loads(run_go(["mod", "download", "-json", f"{module}@v{kv}"], wdir))
+    edits = [f"-require={module}@v{kv}", *module_replaces(Path(info["GoMod"]), wdir)]
+    edits += [f"-tool={module}/{pkg}" for pkg in versions.KEDA_BINARIES.values()]
+    run_go(["mod", "edit", *edits], cwd=wdir)
+    run_go(["mod", "tidy"], cwd=wdir)
+    ldflags = " ".join(
+        [
+            "-s -w",
+            f"-X {module}/version.Version={kv}",
+            f"-X {module}/version.GitCommit=v{kv}",
+        ]
+    )
+    for binary, pkg in versions.KEDA_BINARIES.items():
+        start = time.monotonic()
+        run_go(
+            ["build", "-ldflags", ldflags, "-o", str(bin_dir / binary), f"{module}/{pkg}"],
+            cwd=wdir,
+        )
+        print(f"    {binary}: {time.monotonic() - start:.0f}s", flush=True)
+    crds = Path(info["Dir"]) / "config" / "crd" / "bases"
+    found = sorted(crds.glob("*.yaml"))
+    if not found:
+        raise BuildError(f"no CRDs in {crds} ({module}@v{kv})")
+    target = bin_dir / versions.KEDA_CRD_DIR
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir()
+    for crd in found:
+        shutil.copyfile(crd, target / crd.name)
+
+
 COMPONENTS: tuple[Component, ...] = (
     Component("kubernetes", versions.KUBERNETES_VERSION, versions.KUBE_BINARIES, build_kubernetes),
     Component("etcd", versions.ETCD_VERSION, ("etcd",), build_etcd),
     Component("kwok", versions.KWOK_VERSION, ("kwok", "kwokctl"), build_kwok),
     Component("helm", versions.HELM_VERSION, ("helm",), build_helm),
+    Component(
+        "keda",
+        versions.KEDA_VERSION,
+        tuple(versions.KEDA_BINARIES),
+        build_keda,
+        files=(versions.KEDA_CRD_DIR,),
+    ),
 )
 
 

@@ -19,9 +19,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from e2e import kubectl, procs, versions
+import yaml
+
+from e2e import kubectl, pki, procs, versions
 
 CLUSTER_NAME = "sageserve-e2e"
+# How often the controller-manager's HPA controller reconciles (upstream default 15 s):
+# tests of KEDA-driven scaling wait on HPA decisions, and nothing else here uses HPAs
+# for timing.
+HPA_SYNC_PERIOD = "2s"
 
 
 class ClusterError(RuntimeError):
@@ -69,13 +75,56 @@ def cluster_dir(workdir: Path) -> Path:
     return workdir / "clusters" / CLUSTER_NAME
 
 
+def aggregation_args(proxy: pki.FrontProxy) -> list[dict[str, str]]:
+    """kube-apiserver flags that turn on the aggregation layer properly: kwokctl gives it
+    only a proxy client certificate (its admin one) and no request-header CA, so an
+    aggregated API server (KEDA's metrics adapter) could not tell who the API server acts
+    for. Endpoint routing makes it dial the Service's endpoint addresses (processes on
+    this machine) instead of a ClusterIP that nothing routes."""
+    return [
+        {"key": "requestheader-client-ca-file", "value": str(proxy.ca.cert)},
+        {"key": "requestheader-allowed-names", "value": proxy.client_name},
+        {"key": "requestheader-username-headers", "value": "X-Remote-User"},
+        {"key": "requestheader-group-headers", "value": "X-Remote-Group"},
+        {"key": "requestheader-extra-headers-prefix", "value": "X-Remote-Extra-"},
+        # given after kwokctl's own --proxy-client-* flags, so these win
+        {"key": "proxy-client-cert-file", "value": str(proxy.client.cert)},
+        {"key": "proxy-client-key-file", "value": str(proxy.client.key)},
+        {"key": "enable-aggregator-routing", "value": "true"},
+    ]
+
+
+def write_config(workdir: Path) -> Path:
+    """The KwokctlConfiguration (components' extra flags) for ``kwokctl create --config``."""
+    proxy = pki.front_proxy(workdir / "pki")
+    config = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokctlConfiguration",
+        "componentsPatches": [
+            {"name": "kube-apiserver", "extraArgs": aggregation_args(proxy)},
+            {
+                "name": "kube-controller-manager",
+                "extraArgs": [
+                    {"key": "horizontal-pod-autoscaler-sync-period", "value": HPA_SYNC_PERIOD}
+                ],
+            },
+        ],
+    }
+    path = workdir / "kwokctl-config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def create(workdir: Path, kubeconfig: Path, bin_dir: Path, timeout_s: int = 120) -> None:
     """Create the cluster and wait until kwokctl reports it ready."""
     workdir.mkdir(parents=True, exist_ok=True)
+    config = write_config(workdir)
     kwokctl(
         [
             "create",
             "cluster",
+            "--config",
+            str(config),
             "--runtime",
             "binary",
             "--kubeconfig",

@@ -10,7 +10,17 @@ import shutil
 import time
 from pathlib import Path
 
-from e2e import gobuild, inventory, kind_cluster, kubectl, kwok_cluster, procs, prometheus, versions
+from e2e import (
+    gobuild,
+    inventory,
+    keda,
+    kind_cluster,
+    kubectl,
+    kwok_cluster,
+    procs,
+    prometheus,
+    versions,
+)
 from e2e.state import ClusterState, load, save, state_file
 
 PROVIDERS = ("kwok", "kind")
@@ -102,6 +112,7 @@ def down() -> None:
     root = versions.state_dir()
     t0 = time.monotonic()
     if state is not None:
+        keda.stop()  # its processes only: the APIService goes with the cluster
         prometheus.stop(Path(state.prometheus_dir))
         if state.provider == "kind":
             kind_cluster.delete(Path(state.kubeconfig))
@@ -128,6 +139,8 @@ def status() -> tuple[ClusterState | None, dict[str, str]]:
         pids = kwok_cluster.component_pids(Path(state.workdir))
         alive = sum(procs.is_alive(p) for p in pids)
         report["kwok components alive"] = f"{alive}/{len(pids)}"
+    if report.get("kube-apiserver") == "ready":
+        report.update(keda.status(Path(state.kubeconfig)))
     url = state.prometheus_url
     prom_ok = bool(url) and procs.http_ok(f"{url}/-/ready")
     report["prometheus"] = f"ready at {url}" if prom_ok else "NOT ready"

@@ -26,8 +26,19 @@ GAIE_OBJECTIVE_VERSION = "1.5.0"
 # Gateway API (Gateway, HTTPRoute): the documented gateway examples are checked against it.
 GATEWAY_API_MODULE = "sigs.k8s.io/gateway-api"
 GATEWAY_API_VERSION = "1.5.1"
+# KEDA's operator and metrics adapter (webhooks are not built). Its go.mod pins k8s.io to
+# v0.35.x with `replace` lines, so it is built through a wrapper module (e2e/gobuild.py);
+# a 0.35 client talks to a 1.36 API server within the supported skew.
+KEDA_VERSION = "2.20.2"
+KEDA_MODULE = "github.com/kedacore/keda/v2"
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# `{binary name: package in KEDA_MODULE}`; the binary name is also the field manager KEDA's
+# writes carry (client-go's default user agent starts with it).
+KEDA_BINARIES = {"keda-operator": "cmd/operator", "keda-adapter": "cmd/adapter"}
+# KEDA's own CRDs (ScaledObject, ScaledJob, TriggerAuthentication, ...), copied from the
+# module's config/crd/bases next to the binaries by the build.
+KEDA_CRD_DIR = "keda-crds"
 
 
 def cache_root() -> Path:

@@ -27,6 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from e2e import gobuild, lifecycle, state, versions  # noqa: E402
+from e2e import keda as keda_kit  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,8 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("e2e" if reuse else f"e2e-{path.stem}"))
 
 
-def _ensure_binaries() -> None:
-    missing = [c for c in gobuild.missing_components() if c in lifecycle.REQUIRED_FOR_KWOK]
+def _ensure_binaries(needed: tuple[str, ...] = lifecycle.REQUIRED_FOR_KWOK) -> None:
+    missing = [c for c in gobuild.missing_components() if c in needed]
     if not missing:
         return
     failure = ""
@@ -100,6 +101,28 @@ def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.Clus
                 os.environ.pop("SAGESERVE_E2E_STATE", None)
             else:
                 os.environ["SAGESERVE_E2E_STATE"] = saved
+
+
+@pytest.fixture(scope="session")
+def keda(e2e_cluster: state.ClusterState) -> Iterator[keda_kit.KedaState]:
+    """A real KEDA (operator + metrics adapter at `versions.KEDA_VERSION`) on the session's cluster:
+    its CRDs applied, ``external.metrics.k8s.io`` served through the API server, every
+    namespace watched. Yields `e2e.keda.KedaState`: `namespace` (KEDA's own), `scaler_host`
+    (where a scaler on this machine listens to be reachable from the operator),
+    `host_ip`, the processes' logs. Built when missing (a failed build fails the test);
+    stopped at the end of the session (kept with ``SAGESERVE_E2E_REUSE=1``)."""
+    reuse = os.environ.get("SAGESERVE_E2E_REUSE") == "1"
+    _ensure_binaries(("keda",))
+    kubeconfig = Path(e2e_cluster.kubeconfig)
+    try:
+        started = keda_kit.start(kubeconfig)
+    except Exception as err:  # any failure to start is a test failure, never a skip
+        pytest.fail(f"could not start KEDA: {type(err).__name__}: {err}", pytrace=False)
+    try:
+        yield started
+    finally:
+        if not reuse:
+            keda_kit.stop(kubeconfig)
 
 
 @pytest.fixture(scope="session")
