@@ -72,6 +72,13 @@ def get(kubeconfig: Path, namespace: str, kind: str, name: str) -> dict[str, Any
     return found
 
 
+def with_fields(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
+    """The Deployment with its managedFields (kubectl leaves them out unless asked)."""
+    args = ["get", "deployment", name, "-n", namespace, "-o", "json", "--show-managed-fields"]
+    found: dict[str, Any] = json.loads(kubectl(kubeconfig, args).stdout)
+    return found
+
+
 def replicas_writers(dep: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(manager, operation, subresource) of the managedFields entries owning spec.replicas."""
     return [
@@ -155,7 +162,8 @@ def test_keda_writes_what_the_pace_step_decides_and_switching_moves_no_replica(
             assert (trigger["type"], trigger["metadata"]["scalerAddress"]) == ("external", address)
             assert trigger["metadata"]["podSet"] == pod_set
             assert so["spec"]["fallback"]["replicas"] == 1
-            assert so["spec"]["advanced"]["restoreToOriginalReplicaCount"] is False
+            # false is KEDA's default, which it leaves out when it writes the object back
+            assert so["spec"]["advanced"].get("restoreToOriginalReplicaCount", False) is False
             marked = deployment(kubeconfig, namespace, pod_set)["metadata"]["annotations"]
             assert marked.get(ANNOTATION_ACTUATION) == ACTUATION_KEDA
             assert events(kubeconfig, namespace, "ScaledObjectsCreated")
@@ -170,16 +178,25 @@ def test_keda_writes_what_the_pace_step_decides_and_switching_moves_no_replica(
                 STEP_S,
                 f"HPA {hpa} synced, desiring the current 1 replica",
             )
-            steady(size, 6, "the pod set handed to KEDA")  # three HPA syncs
+            # three HPA syncs, three pace passes: neither the size nor the ScaledObject moves
+            # (a pass that applied it again each time would bump its generation)
+            steady(
+                lambda: (
+                    size(),
+                    (get(kubeconfig, namespace, "scaledobject", pod_set) or {})["metadata"][
+                        "generation"
+                    ],
+                ),
+                6,
+                "the pod set handed to KEDA and its ScaledObject",
+            )
             never_conflicted(kubeconfig, namespace)
 
             # a scale-out decided by the pace step reaches the Deployment through the HPA
             fake.set(0.9)
             eventually(lambda: size() == 3, 2 * STEP_S, "scale-out to 3 through KEDA")
-            dep = deployment(kubeconfig, namespace, pod_set)
-            assert replicas_writers(dep) == [(HPA_MANAGER, "Update", "scale")], replicas_writers(
-                dep
-            )
+            dep = with_fields(kubeconfig, namespace, pod_set)
+            assert replicas_writers(dep) == [(HPA_MANAGER, "Update", "scale")], dep["metadata"]
             scaled = [e["message"] for e in events(kubeconfig, namespace, "ScaledOut")]
             assert scaled and all("through KEDA" in m for m in scaled), scaled
             hpa_now = get(kubeconfig, namespace, "hpa", hpa)
@@ -229,7 +246,7 @@ def test_keda_writes_what_the_pace_step_decides_and_switching_moves_no_replica(
             # the operator writes again: low load scales in by its own patch
             fake.set(0.1)
             eventually(lambda: size() == 1, 2 * STEP_S, "scale-in by the operator")
-            dep = deployment(kubeconfig, namespace, pod_set)
+            dep = with_fields(kubeconfig, namespace, pod_set)
             assert replicas_writers(dep) == [(PACE_MANAGER, "Update", "")], replicas_writers(dep)
             scaled_in = [e["message"] for e in events(kubeconfig, namespace, "ScaledIn")]
             assert scaled_in and not any("through KEDA" in m for m in scaled_in), scaled_in
@@ -354,7 +371,7 @@ def test_a_model_at_zero_wakes_through_keda_and_stays_at_the_plan_when_the_opera
                 "the request held by the router",
             )
             eventually(lambda: (size() or 0) >= 1, 2 * STEP_S, "the pod set woken from zero")
-            dep = deployment(kubeconfig, namespace, pod_set)
+            dep = with_fields(kubeconfig, namespace, pod_set)
             writers = replicas_writers(dep)
             assert writers in (
                 [(KEDA_MANAGER, "Update", "scale")],
