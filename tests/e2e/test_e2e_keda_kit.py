@@ -139,7 +139,10 @@ def apply(kubeconfig: Path, namespace: str, obj: dict[str, Any]) -> None:
 
 
 def get(kubeconfig: Path, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
-    out = kubectl(kubeconfig, ["get", kind, name, "-n", namespace, "-o", "json"], check=False)
+    """The object with its managedFields (kubectl leaves them out unless asked); None when
+    it does not exist."""
+    args = ["get", kind, name, "-n", namespace, "-o", "json", "--show-managed-fields"]
+    out = kubectl(kubeconfig, args, check=False)
     if out.returncode != 0:
         return None
     found: dict[str, Any] = json.loads(out.stdout)
