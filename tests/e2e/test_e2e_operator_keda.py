@@ -14,8 +14,11 @@ platform team relies on:
   way back, and the operator writes again after;
 - a model at zero wakes through KEDA's activation (`IsActive`) on requests the real router
   holds for it;
-- with the operator stopped, KEDA's fallback holds the pod set at the plan in force
-  (the ScaledObject's `fallback.replicas`), not at zero.
+- with the operator stopped, the pod set stays at the plan in force (the ScaledObject's
+  `fallback.replicas`), not at zero: the HPA cannot read its metric and keeps the size,
+  and KEDA does not scale to zero on a scaler error while `fallback.replicas` is above 0.
+  (KEDA v2.20.2's own fallback counter does not run for an unreachable external scaler:
+  docs/keda.md, When the operator dies.)
 """
 
 from __future__ import annotations
@@ -380,10 +383,8 @@ def test_a_model_at_zero_wakes_through_keda_and_stays_at_the_plan_when_the_opera
             eventually(lambda: (size() or 0) >= 1, 2 * STEP_S, "the pod set woken from zero")
             dep = with_fields(kubeconfig, namespace, pod_set)
             writers = replicas_writers(dep)
-            assert writers in (
-                [(KEDA_MANAGER, "Update", "scale")],
-                [(HPA_MANAGER, "Update", "scale")],
-            ), writers
+            # KEDA's activation (0 -> 1); its HPA agrees with the plan of 1 and writes nothing
+            assert writers == [(KEDA_MANAGER, "Update", "scale")], writers
             active = so_condition(get(kubeconfig, namespace, "scaledobject", pod_set), "Active")
             assert active is not None and active["status"] == "True", active
             woke = [e["message"] for e in events(kubeconfig, namespace, "ScaledOut")]
