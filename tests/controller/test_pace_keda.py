@@ -183,6 +183,35 @@ def test_handing_over_to_keda_starts_from_the_current_replicas(
     assert kube.replica_writes == []
 
 
+def without_false(value: Any) -> Any:
+    """`value` as KEDA writes a ScaledObject back (Go `omitempty`: false booleans dropped)."""
+    if isinstance(value, dict):
+        return {k: without_false(v) for k, v in value.items() if v is not False}
+    if isinstance(value, list):
+        return [without_false(v) for v in value]
+    return value
+
+
+def test_a_scaled_object_keda_wrote_back_is_not_applied_again_each_pass(
+    prometheus: PrometheusStub,  # noqa: F811
+) -> None:
+    kube, board, state = KedaKube(), DecisionBoard(), PaceState()
+    run(kube, state, board, prometheus, 0.0)
+    assert kube.scaled["m-r1-h100"]["spec"]["advanced"]["restoreToOriginalReplicaCount"] is False
+    # KEDA adds its finalizer with an Update that drops restoreToOriginalReplicaCount: false
+    kube.scaled = {name: without_false(so) for name, so in kube.scaled.items()}
+    applied: list[str] = []
+    original = kube.apply_scaled_object
+    kube.apply_scaled_object = lambda body: (  # type: ignore[method-assign]
+        applied.append(body["metadata"]["name"]),
+        original(body),
+    )[-1]
+    run(kube, state, board, prometheus, 0.0)
+    assert applied == []  # nothing changed: no write, no reconcile of KEDA's for nothing
+    run(kube, state, board, prometheus, 2400.0)  # a decision changes the fallback: applied
+    assert sorted(applied) == sorted(DIRECT)
+
+
 def test_the_hpa_of_our_scaled_object_is_no_conflict_and_its_sizes_are_paced_on(
     prometheus: PrometheusStub,  # noqa: F811
 ) -> None:

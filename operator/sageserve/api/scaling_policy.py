@@ -725,10 +725,11 @@ class Keda(ApiModel):
         default=3,
         ge=1,
         le=100,
-        description="KEDA's fallback.failureThreshold: after this many failed calls to the "
-        "scaler in a row (the operator down or unreachable) KEDA holds each pod set at its "
-        "fallback replicas, which sageserve keeps at the plan in force for it, so a dead "
-        "operator leaves the fleet at its last plan rather than at zero.",
+        description="KEDA's fallback.failureThreshold: after this many failed metric reads "
+        "in a row KEDA feeds each pod set's HPA its fallback replicas, which sageserve keeps "
+        "at the plan in force for it. KEDA v2.20 counts no failure while the scaler is "
+        "unreachable (kedacore/keda#8056): then the HPA keeps each pod set at its size and "
+        "KEDA does not scale it to zero (docs/keda.md, When the operator dies).",
     )
     scaler_address: str | None = Field(
         default=None,

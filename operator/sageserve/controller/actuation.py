@@ -120,10 +120,15 @@ def scaled_object_for(
 
 
 def covers(actual: Any, wanted: Any) -> bool:
-    """Whether every field of `wanted` has its value in `actual` (server defaults aside)."""
+    """Whether every field of `wanted` has its value in `actual` (server defaults aside).
+
+    A wanted `false` is also met by an absent field: KEDA writes its ScaledObjects back
+    from Go structs whose booleans are `omitempty` (adding its finalizer drops
+    `restoreToOriginalReplicaCount: false`), and false is the default those fields read as;
+    without this every pass would apply the ScaledObject again and KEDA would drop it again."""
     if isinstance(wanted, Mapping):
         return isinstance(actual, Mapping) and all(
-            k in actual and covers(actual[k], v) for k, v in wanted.items()
+            covers(actual[k], v) if k in actual else v is False for k, v in wanted.items()
         )
     if isinstance(wanted, list):
         return (

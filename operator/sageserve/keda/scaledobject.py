@@ -13,8 +13,10 @@ HPA writes exactly what the decision step decided, no more and no later:
   default 10 % (HPAConfigurableTolerance, Kubernetes 1.33+; an API server without it drops
   the field and keeps its 10 %);
 - `fallback.replicas` is the plan in force for the pod set, rewritten when it changes:
-  after `failureThreshold` failed calls (the operator down) KEDA holds the pod set there
-  instead of dropping it to zero;
+  after `failureThreshold` failed metric reads KEDA feeds it to the HPA, and while it is
+  above 0 KEDA never scales the pod set to zero on a scaler error. (KEDA v2.20 counts no
+  failed read while the scaler is unreachable, kedacore/keda#8056: with the operator
+  down the HPA then keeps the pod set at its size; docs/keda.md);
 - `restoreToOriginalReplicaCount: false`: deleting the ScaledObject (back to direct mode)
   leaves the replicas where they are, and direct writes resume from them;
 - minReplicaCount 0 (KEDA scales to zero only when the scaler says inactive, i.e. the plan
