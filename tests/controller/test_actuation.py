@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sageserve.api.model_deployment import ModelDeployment
-from sageserve.controller.actuation import covers, deadline_pressure, desired_pod_sets, named
+from sageserve.controller.actuation import deadline_pressure, desired_pod_sets, named
+from sageserve.controller.status import covers
 from sageserve.keda.scaler import Desired, is_active
 
 
@@ -147,6 +148,12 @@ def test_a_scaled_object_is_applied_again_only_when_a_field_we_set_moved() -> No
     assert covers(have, {"spec": {"fallback": {"replicas": 3}}})
     assert not covers(have, {"spec": {"fallback": {"replicas": 4}}})
     assert not covers({"spec": {"triggers": [1]}}, {"spec": {"triggers": [1, 2]}})
+    # an absent field meets a wanted false only where asked (KEDA's omitempty write-back)
+    lean = {"spec": {"advanced": {}}}
+    wanted = {"spec": {"advanced": {"restoreToOriginalReplicaCount": False}}}
+    assert not covers(lean, wanted)
+    assert covers(lean, wanted, absent_is_false=True)
+    assert not covers(lean, {"spec": {"advanced": {"x": True}}}, absent_is_false=True)
 
 
 def test_long_lists_of_names_are_cut_with_a_count() -> None:

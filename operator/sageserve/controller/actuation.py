@@ -30,6 +30,7 @@ from sageserve.api.scaling_policy import ScalingPolicy
 from sageserve.controller.faults import Sizing
 from sageserve.controller.guard import Guard
 from sageserve.controller.kube import KedaUnavailable, Kube, ReplicasMoved
+from sageserve.controller.status import covers
 from sageserve.core.labels import ACTUATION_KEDA, ANNOTATION_ACTUATION, LABEL_DEPLOYMENT
 from sageserve.keda.scaledobject import ScaledObjectSpec, hpa_name, render_scaled_object
 from sageserve.keda.scaler import DecisionBoard, Desired
@@ -119,26 +120,6 @@ def scaled_object_for(
     )
 
 
-def covers(actual: Any, wanted: Any) -> bool:
-    """Whether every field of `wanted` has its value in `actual` (server defaults aside).
-
-    A wanted `false` is also met by an absent field: KEDA writes its ScaledObjects back
-    from Go structs whose booleans are `omitempty` (adding its finalizer drops
-    `restoreToOriginalReplicaCount: false`), and false is the default those fields read as;
-    without this every pass would apply the ScaledObject again and KEDA would drop it again."""
-    if isinstance(wanted, Mapping):
-        return isinstance(actual, Mapping) and all(
-            covers(actual[k], v) if k in actual else v is False for k, v in wanted.items()
-        )
-    if isinstance(wanted, list):
-        return (
-            isinstance(actual, list)
-            and len(actual) == len(wanted)
-            and all(covers(a, w) for a, w in zip(actual, wanted, strict=True))
-        )
-    return bool(actual == wanted)
-
-
 def foreign_autoscalers(
     autoscalers: Mapping[str, list[str]], managed: Iterable[str]
 ) -> dict[str, list[str]]:
@@ -220,7 +201,7 @@ class Actuator:
                     self.namespace, m.pod_set, {ANNOTATION_ACTUATION: ACTUATION_KEDA}
                 )
             have = listed.get(m.pod_set)
-            if have is None or not covers(have, {"spec": body["spec"]}):
+            if have is None or not covers(have, {"spec": body["spec"]}, absent_is_false=True):
                 self.kube.apply_scaled_object(body)
                 if have is None:
                     created.setdefault(m.md.metadata.name, []).append(m.pod_set)

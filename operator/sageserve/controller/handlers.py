@@ -38,7 +38,7 @@ from sageserve.controller.semantics import (
     node_shapes,
     shape_counts,
 )
-from sageserve.controller.status import model_deployment_status
+from sageserve.controller.status import covers, model_deployment_status
 from sageserve.core.labels import NodeLabels
 from sageserve.keda.scaledobject import fallback_replicas
 from sageserve.keda.server import ExternalScaler, serve
@@ -85,21 +85,6 @@ def cluster_node_shapes(k: Kube, labels: NodeLabels) -> list[NodeShape]:
         return shapes
 
 
-def _contains(actual: Any, wanted: Any) -> bool:
-    """Whether every field of `wanted` has its value in `actual` (server defaults aside)."""
-    if isinstance(wanted, Mapping):
-        return isinstance(actual, Mapping) and all(
-            k in actual and _contains(actual[k], v) for k, v in wanted.items()
-        )
-    if isinstance(wanted, list):
-        return (
-            isinstance(actual, list)
-            and len(actual) == len(wanted)
-            and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
-        )
-    return bool(actual == wanted)
-
-
 def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger) -> dict[str, Any]:
     """One level-triggered pass over a ModelDeployment; returns its new status."""
     raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
@@ -133,7 +118,7 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
             # request per pod set per resync; a drifted field is applied (and restored).
             # (List items carry no apiVersion/kind: compare what we set, metadata and spec.)
             mine = {"metadata": deployment["metadata"], "spec": deployment["spec"]}
-            if have is not None and _contains(have, mine):
+            if have is not None and covers(have, mine):
                 applied.append(have)
             else:
                 applied.append(k.apply(deployment))

@@ -43,7 +43,7 @@ from sageserve.api.model_deployment import (
 from sageserve.api.workload_tier import TierType
 from sageserve.controller.kube import FIELD_MANAGER, Kube
 from sageserve.controller.podset import pod_set_metadata
-from sageserve.controller.status import set_condition
+from sageserve.controller.status import covers, set_condition
 from sageserve.core.labels import (
     COMPONENT_INFERENCE,
     COMPONENT_LABEL,
@@ -462,20 +462,6 @@ def _owned(k: Kube, api: tuple[str, str], plural: str, namespace: str, md: str) 
     return {o["metadata"]["name"]: o for o in listed.get("items") or []}
 
 
-def _contains(actual: Any, wanted: Any) -> bool:
-    if isinstance(wanted, Mapping):
-        return isinstance(actual, Mapping) and all(
-            key in actual and _contains(actual[key], v) for key, v in wanted.items()
-        )
-    if isinstance(wanted, list):
-        return (
-            isinstance(actual, list)
-            and len(actual) == len(wanted)
-            and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
-        )
-    return bool(actual == wanted)
-
-
 def _sync(
     k: Kube,
     api: tuple[str, str],
@@ -490,9 +476,7 @@ def _sync(
     for body in desired:
         name = body["metadata"]["name"]
         have = existing.get(name)
-        if have is not None and _contains(
-            have, {"metadata": body["metadata"], "spec": body["spec"]}
-        ):
+        if have is not None and covers(have, {"metadata": body["metadata"], "spec": body["spec"]}):
             continue
         k.custom.patch_namespaced_custom_object(
             api[0],

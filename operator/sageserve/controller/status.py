@@ -108,3 +108,31 @@ def model_deployment_status(
         "targetInstances": sum(p["target"] for p in pod_sets),
         "podSets": pod_sets,
     }
+
+
+def covers(actual: Any, wanted: Any, *, absent_is_false: bool = False) -> bool:
+    """Whether every field of `wanted` has its value in `actual` (server defaults aside):
+    what the operator applied is still there, so applying it again would change nothing.
+
+    `absent_is_false`: a wanted `false` is also met by an absent field. KEDA writes its
+    ScaledObjects back from Go structs whose booleans are `omitempty` (adding its finalizer
+    drops `restoreToOriginalReplicaCount: false`), and false is the default those fields read
+    as; without this every pass would apply the ScaledObject again and KEDA would drop it
+    again."""
+    if isinstance(wanted, Mapping):
+        return isinstance(actual, Mapping) and all(
+            covers(actual[k], v, absent_is_false=absent_is_false)
+            if k in actual
+            else (absent_is_false and v is False)
+            for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(
+                covers(a, w, absent_is_false=absent_is_false)
+                for a, w in zip(actual, wanted, strict=True)
+            )
+        )
+    return bool(actual == wanted)
