@@ -442,16 +442,26 @@ def _full_run(
         "mode": "search",
         "reference": reference,
         "strategies": rows,
-        "goodput": {
-            "gpus": n_inst * lt.perf.gpus,
-            "minutes": goodput_minutes,
-            "seed": synth_seed,
-            "rate_per_model": GOODPUT_RATE,
-            "pooled_models": gp_m,
-            "request_level_models": gr_m,
-            "router_models": gro_m,
-        },
+        "goodput": _goodput_head(
+            n_inst * lt.perf.gpus,
+            goodput_minutes,
+            synth_seed,
+            pooled_models=gp_m,
+            request_level_models=gr_m,
+            router_models=gro_m,
+        ),
         "sim_requests_per_wall_s": speed,
+    }
+
+
+def _goodput_head(gpus: int, minutes: float, seed: int, **models: int) -> dict[str, Any]:
+    """The goodput runs' settings and the models each deployment served within its SLO."""
+    return {
+        "gpus": gpus,
+        "minutes": minutes,
+        "seed": seed,
+        "rate_per_model": GOODPUT_RATE,
+        **models,
     }
 
 
@@ -599,16 +609,15 @@ def _sized_run(
         "mode": "sized",
         "reference": SIZED_POOLED,
         "strategies": rows,
-        "goodput": {
-            "gpus": n_inst * lt.perf.gpus,
-            "minutes": goodput_minutes,
-            "seed": synth_seed,
-            "rate_per_model": GOODPUT_RATE,
-            "pooled_models": good["pooled"],
-            "request_level_models": good["request"],
-            "mux2_models": good["mux2"],
-            "dedicated_models": good["dedicated"],
-        },
+        "goodput": _goodput_head(
+            n_inst * lt.perf.gpus,
+            goodput_minutes,
+            synth_seed,
+            pooled_models=good["pooled"],
+            request_level_models=good["request"],
+            mux2_models=good["mux2"],
+            dedicated_models=good["dedicated"],
+        ),
         "sim_requests_per_wall_s": pooled.requests_per_wall_s,
     }
 
