@@ -51,6 +51,22 @@ def pytest_report_to_serializable(config: pytest.Config, report: Any) -> Iterato
         outcome.force_result(_encodable(data))  # type: ignore[attr-defined]
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_found() -> Iterator[None]:
+    """Each test leaves `os.environ` as it found it: the operator's CLI hands its flags to
+    the handlers through the environment, and a value one test's command wrote would reach
+    every operator a later test starts on the same worker (in process or as a child)."""
+    saved = os.environ.copy()
+    yield
+    for key in set(os.environ) | set(saved):
+        if key == "PYTEST_CURRENT_TEST":  # pytest's own, rewritten each phase
+            continue
+        if key not in saved:
+            del os.environ[key]
+        elif os.environ.get(key) != saved[key]:
+            os.environ[key] = saved[key]
+
+
 #: fixtures that start a real server or call a real binary
 INTEGRATION_FIXTURES = frozenset({"pg_server", "prometheus_url"})
 #: parameter values that select a real server (the batch store's backends)

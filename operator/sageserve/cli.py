@@ -212,15 +212,19 @@ def run_operator(
         if value and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}", value):
             err_console.print(f"{flag}: {value!r} is not host:port (e.g. 0.0.0.0:9100)")
             raise typer.Exit(2)
-    os.environ["SAGESERVE_SCALER_LISTEN"] = scaler_listen or ""
-    os.environ["SAGESERVE_SCALER_ADDRESS"] = scaler_address or ""
-    os.environ["SAGESERVE_NAMESPACES"] = ",".join(namespace or [])
+    # The handlers read their settings from the environment; every flag is checked before
+    # any of it is written, so a refused start leaves the process as it found it.
+    settings = {
+        "SAGESERVE_SCALER_LISTEN": scaler_listen or "",
+        "SAGESERVE_SCALER_ADDRESS": scaler_address or "",
+        "SAGESERVE_NAMESPACES": ",".join(namespace or []),
+    }
     if not inference_pools:
-        os.environ[ENV_POOLS] = "off"
+        settings[ENV_POOLS] = "off"
     if endpoint_picker is not None:
-        os.environ[ENV_ENDPOINT_PICKER] = endpoint_picker
+        settings[ENV_ENDPOINT_PICKER] = endpoint_picker
     try:
-        gateway_config(os.environ)
+        gateway_config({**os.environ, **settings})
     except GatewayConfigError as exc:
         err_console.print(f"--endpoint-picker / --inference-pools: {exc}", markup=False)
         raise typer.Exit(2) from exc
@@ -228,6 +232,7 @@ def run_operator(
     if level not in {"debug", "info", "warning"}:
         err_console.print(f"--log-level: {log_level!r} is not one of debug, info, warning")
         raise typer.Exit(2)
+    os.environ.update(settings)
     kopf.configure(debug=level == "debug", verbose=level == "info", quiet=level == "warning")
 
     kopf.run(

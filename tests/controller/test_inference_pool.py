@@ -5,6 +5,7 @@ is exercised by tests/e2e/test_e2e_operator_inference_pool.py)."""
 from __future__ import annotations
 
 import copy
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -459,14 +460,22 @@ def test_a_refused_write_is_a_condition_not_a_crash() -> None:
     assert "403 Forbidden" in outcome.message
 
 
-def test_the_operator_refuses_a_bad_endpoint_picker_before_it_starts() -> None:
+def test_the_operator_refuses_a_bad_endpoint_picker_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refused start writes nothing into the environment: an operator started later in
+    the same process (or a child it spawns) does not inherit the bad picker."""
     from typer.testing import CliRunner
 
     from sageserve.cli import app
 
+    monkeypatch.delenv(ip.ENV_ENDPOINT_PICKER, raising=False)
+    monkeypatch.delenv("SAGESERVE_SCALER_LISTEN", raising=False)
     result = CliRunner().invoke(app, ["operator", "--endpoint-picker", "epp:x"])
     assert result.exit_code == 2
     assert "port 'x' is not a number" in " ".join(result.output.split())
+    assert ip.ENV_ENDPOINT_PICKER not in os.environ
+    assert "SAGESERVE_SCALER_LISTEN" not in os.environ
 
 
 def test_each_pool_names_its_own_endpoint_picker_through_the_pool_placeholder() -> None:
