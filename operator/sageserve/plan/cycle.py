@@ -20,6 +20,10 @@ hour's peak + β would read every off-peak minute as "observed ≤ 0.5× forecas
 A (model, region) with no usable observation at all is *held*: its demand is set to what
 its current instances serve, so the plan neither grows nor shrinks it on no information;
 only a share of the queue's deadline need above that grows it (the need is information).
+
+A region whose cluster cannot be reached (`plan.member_clusters`) is held harder: it is left
+out of the ILP altogether and keeps the instances it has, so no other region's demand is
+planned onto GPUs nobody can reach, and nothing there moves until its cluster answers.
 """
 
 from __future__ import annotations
@@ -208,6 +212,7 @@ def run_plan_cycle(
     batch_need: Mapping[str, float] | None = None,
     capacity_tps: ThetaTable | None = None,
     realised_tps: PerEndpoint | None = None,
+    held_regions: frozenset[str] = frozenset(),
 ) -> PlanCycle:
     """Forecast, plan and derive targets for `mds` under `policy`.
 
@@ -226,7 +231,12 @@ def run_plan_cycle(
     `realised_tps[(md, region)]` is the interactive tokens/s per step after now that did
     arrive, which only a simulation knows: the forecast of `spec.forecast.method: realised`
     (`forecast.realised`); that method without it is refused.
+    `held_regions` are regions whose cluster is silent (`plan.member_clusters`): their
+    endpoints keep `current` as their targets, are neither forecast nor planned, and give
+    and take no spill-over.
     """
+    every_md = mds
+    mds = [m for m in (without_regions(md, held_regions) for md in mds) if m.spec.regions]
     spec = forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
     if method == REALISED and realised_tps is None:
@@ -280,6 +290,11 @@ def run_plan_cycle(
     problem = (
         build_problem(mds, policy, current, per_window, gpu_capacity, capacity_tps) if mds else None
     )
+    if problem is None and not pools and held_regions and every_md:
+        raise ValueError(
+            f"every region of every ModelDeployment is held ({', '.join(sorted(held_regions))}):"
+            " nothing to plan until a silent cluster answers"
+        )
     pool_targets = size_pools(pools, spec, policy, pool_rates or {}, pool_current or {})
     if pool_targets:
         problem = add_pools(problem, pools, pool_targets, policy, pool_current or {}, gpu_capacity)
@@ -288,6 +303,7 @@ def run_plan_cycle(
     result = solve_plan(problem, plan_options(policy))
     pool_targets = granted(pool_targets, result)
     targets = variant_targets(mds, result) if result.target else {}
+    targets.update(held_targets(every_md, held_regions, current))
     return PlanCycle(
         forecasts=forecasts,
         batch_buffer_tps=buffers,
@@ -296,11 +312,35 @@ def run_plan_cycle(
         result=result,
         targets=targets,
         endpoint_targets=endpoint_targets(targets),
-        instance_tps=instance_capacity(mds, targets, capacity_tps),
+        instance_tps=instance_capacity(every_md, targets, capacity_tps),
         spill=spill_shares(mds, targets, demand, capacity_tps),
         pools=tuple(pool_targets),
         batch_need_tps=needs,
     )
+
+
+def without_regions(md: ModelDeployment, regions: frozenset[str]) -> ModelDeployment:
+    """`md` as the plan sees it when `regions` are held: those regions left out."""
+    if not regions or not any(r.name in regions for r in md.spec.regions):
+        return md
+    kept = [r for r in md.spec.regions if r.name not in regions]
+    return md.model_copy(update={"spec": md.spec.model_copy(update={"regions": kept})})
+
+
+def held_targets(
+    mds: Sequence[ModelDeployment],
+    regions: frozenset[str],
+    current: Mapping[tuple[str, str, str], int],
+) -> VariantCounts:
+    """The targets of endpoints in held regions: the instances they have (every variant,
+    planned or not), so the plan in force there is the one before the cluster went silent."""
+    return {
+        (md.metadata.name, r.name, v.name): current.get((md.metadata.name, r.name, v.name), 0)
+        for md in mds
+        for r in md.spec.regions
+        if r.name in regions
+        for v in planned_variants(md).values()
+    }
 
 
 def spill_shares(

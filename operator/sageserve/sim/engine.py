@@ -61,6 +61,7 @@ from sageserve.sim.events import fire as fire_instance_event
 from sageserve.sim.held import HeldRequests
 from sageserve.sim.instance import Instance, InstanceHooks, Job
 from sageserve.sim.interactive import with_interactive_running
+from sageserve.sim.member_clusters import SimFleet
 from sageserve.sim.pooled_pods import PooledPods, PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
 
@@ -169,6 +170,9 @@ class SimConfig:
     #: the run's minutes counted per pod set (`sim.capacity_windows`): its capacity at SLO,
     #: and with `spec.capacity.learn` θ learned from them; None: nothing counted
     capacity: CapacitySetup | None = None
+    #: the fleet's member clusters and when each is silent (`sim.member_clusters`, on the
+    #: run's clock): a silent cluster's endpoints are held, the pace step skips them
+    fleet: SimFleet = field(default_factory=SimFleet)
 
 
 #: (model, region) -> one value per minute.
@@ -396,6 +400,9 @@ class Simulation(InstanceHooks):
         `config.predictor` by name), e.g. one fitted beforehand."""
         self.cfg = config
         self._start = config.start_s
+        #: the fleet's clusters when any of them goes silent in the run (else None: the
+        #: decision path pays nothing for it)
+        self._fleet = config.fleet if any(c.silent for c in config.fleet.clusters) else None
         #: the in-region picker and, per model, the output-length predictor it relies on
         self.picker = make_picker(config.picker)
         self._make_predictor = predictors or (lambda _model: make_predictor(config.predictor))
@@ -867,7 +874,10 @@ class Simulation(InstanceHooks):
             self._decide([ep], t)
 
     def _decide(self, eps: Iterable[Endpoint], t: float) -> None:
-        """`pace.step.decide` on these endpoints' snapshots; its decisions applied."""
+        """`pace.step.decide` on these endpoints' snapshots; its decisions applied. An
+        endpoint in a silent cluster is neither observed nor moved (`sim.member_clusters`)."""
+        if self._fleet is not None and (held := self._fleet.held_at(t)):
+            eps = [ep for ep in eps if ep.key.region not in held]
         snaps = {ep.key: ep.snapshot(t, self.cfg.endpoint_picker) for ep in eps}
         if self.strategy.uses_projection:
             snaps = {ep.key: self._projected(ep, snaps[ep.key], t) for ep in eps}

@@ -54,6 +54,7 @@ from sageserve.perf.model import DEFAULT_NODE_GPUS, PerfCatalog, VariantPerf, lo
 from sageserve.perf.switch import sleep_mode_switch_seconds
 from sageserve.sim.cluster import Delays, Node, nodes_from_manifests
 from sageserve.sim.engine import ModelSetup, PerKeySeries, Planner, RegionPlacement, SimConfig
+from sageserve.sim.member_clusters import SimFleet, parse_clusters
 from sageserve.sim.pooled_pods import PoolObservation, PoolSetup
 from sageserve.sim.window_tokens import WindowTokens
 
@@ -92,6 +93,8 @@ class Scenario:
     #: ConfigMaps of the scenario's manifests by name: their `data` (a measured capacity
     #: table for OServe layouts, named by the annotation `sageserve.io/type-capacity`)
     config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: the fleet's member clusters (`clusters` in scenario.yaml; none: one cluster)
+    fleet: SimFleet = field(default_factory=SimFleet)
 
     # ---- what one run needs --------------------------------------------------------------
 
@@ -131,6 +134,7 @@ class Scenario:
             drain_s=self.drain_s,
             seed=self.workload.seed if seed is None else seed,
             region_order=tuple(self.workload.region_order),
+            fleet=self.fleet.shifted(self.workload.start_s),
         )
         if sp is not None:
             cfg = replace(
@@ -479,6 +483,7 @@ class Scenario:
         gpus = plannable_gpus(self.nodes)  # as the operator's plan loop counts them
         models = self.models
         manifests = list(self.pools)
+        fleet = self.fleet.shifted(self.workload.start_s)
         # the achievable reference's forecast: the load that will arrive (`sim.reference`)
         future = self._token_series(0) if spec.forecast.method.value == REALISED else None
 
@@ -513,6 +518,7 @@ class Scenario:
                 pool_current=pools.current if pools is not None else None,
                 capacity_tps=capacity,
                 realised_tps=realised_future(future, now, spec) if future is not None else None,
+                held_regions=fleet.held_at(now),
             )
             if pools is not None:
                 pools.granted = cycle.pools
@@ -681,6 +687,49 @@ def _read_manifests(docs: Sequence[tuple[Path, dict[str, Any]]]) -> _Manifests:
     return m
 
 
+def _cluster_nodes(entries: object, root: Path) -> dict[str, list[Node]]:
+    """Each declared cluster's GPU nodes, by cluster name: from its Node YAML
+    (`clusters[].inventory`) or, for fleets too large to list node by node, from counts
+    (`clusters[].nodePools: [{region, gpuType, gpusPerNode, serving, spot}]`). The entries'
+    other fields are checked by `sim.member_clusters.parse_clusters`."""
+    if entries is None:
+        return {}
+    if not isinstance(entries, list):
+        raise ValueError("clusters: expected a list of {name, inventory, silent} entries")
+    out: dict[str, list[Node]] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not (entry.get("inventory") or entry.get("nodePools")):
+            raise ValueError(
+                f"clusters[{i}]: name the cluster's Node YAML (inventory) or its nodePools"
+            )
+        name = str(entry.get("name", i))
+        nodes: list[Node] = []
+        if entry.get("inventory"):
+            path = root / str(entry["inventory"])
+            if not path.is_file():
+                raise ValueError(f"clusters[{i}].inventory: {path} does not exist")
+            nodes += nodes_from_manifests(_docs(path))
+        for j, np_ in enumerate(entry.get("nodePools") or []):
+            at = f"clusters[{i}].nodePools[{j}]"
+            try:
+                region, gpu = str(np_["region"]), str(np_["gpuType"])
+                per_node = int(np_.get("gpusPerNode", DEFAULT_NODE_GPUS))
+                counts = {"serving": int(np_.get("serving", 0)), "spot": int(np_.get("spot", 0))}
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(
+                    f"{at}: expected {{region, gpuType, gpusPerNode, serving, spot}} ({e})"
+                ) from e
+            if per_node <= 0 or min(counts.values()) < 0:
+                raise ValueError(f"{at}: gpusPerNode must be > 0 and node counts ≥ 0")
+            nodes += [
+                Node(f"{name}-{region}-{gpu}-{pool}-{k}", region, gpu, pool, per_node)
+                for pool, n in counts.items()
+                for k in range(n)
+            ]
+        out[name] = nodes
+    return out
+
+
 def load_scenario(path: Path) -> Scenario:
     """Read a scenario directory (or its `scenario.yaml`)."""
     path = Path(path)
@@ -704,9 +753,14 @@ def load_scenario(path: Path) -> Scenario:
         raise ValueError(f"{root}: no ModelDeployment manifest found")
     if not tiers:
         raise ValueError(f"{root}: no WorkloadTier manifest found")
-    nodes = nodes_from_manifests(m.node_docs)
+    members = _cluster_nodes(meta.get("clusters"), root) if meta else {}
+    nodes = nodes_from_manifests(m.node_docs) + [n for ns in members.values() for n in ns]
     if not nodes:
         raise ValueError(f"{root}: no GPU Node in the inventory")
+    fleet = SimFleet()
+    if members:
+        regions_of = {name: frozenset(n.region for n in ns) for name, ns in members.items()}
+        fleet = parse_clusters(meta["clusters"], regions_of, parse_duration)
     catalog = load_catalog()
     _check_pools(m.pools, models, nodes, catalog, m.pool_files)
     workload = load_workload(wl_file)
@@ -725,6 +779,7 @@ def load_scenario(path: Path) -> Scenario:
         pools=m.pools,
         catalog=catalog,
         config_maps=m.config_maps,
+        fleet=fleet,
     )
     scenario.check_layouts()  # at load, as the operator's Ready=False would stop it
     return scenario
