@@ -7,11 +7,14 @@ import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from sageserve.core.snapshot import PlanSolve
 from sageserve.sim.member_clusters import SimCluster, SimFleet, parse_clusters
+from sageserve.sim.results import plans_summary
 from sageserve.sim.run import run_policies
 from sageserve.sim.scenario import load_scenario
 from sageserve.sim.workload import parse_duration
@@ -84,26 +87,49 @@ def test_a_cluster_needs_nodes_from_a_file_or_from_node_pools(tmp_path: Path) ->
         load_scenario(root)
 
 
-def _held_region_sizes(sc_root: Path, silent: bool) -> dict[str, set[int]]:
-    """Instances (serving + starting) per model in us-west over minutes 41–69 of a run."""
+def _held_region_sizes(sc_root: Path, silent: bool) -> tuple[dict[str, set[int]], dict[str, Any]]:
+    """Instances (serving + starting) per model in us-west over minutes 41–69 of a run, and
+    how its plans were solved."""
     sc = load_scenario(sc_root)
     if not silent:
         sc.fleet = SimFleet(tuple(SimCluster(c.name, c.regions) for c in sc.fleet.clusters))
-    result, _ = run_policies(sc, ["lt-ua"]).runs["lt-ua"]
+    cmp = run_policies(sc, ["lt-ua"])
+    result, _ = cmp.runs["lt-ua"]
     first = min(r.minute for r in result.minutes)
     sizes: dict[str, set[int]] = defaultdict(set)
     for r in result.minutes:
         if r.region == "us-west" and 41 <= r.minute - first < 70:
             sizes[r.model].add(r.serving + r.provisioning)
-    return sizes
+    return sizes, cmp.summary["policies"]["lt-ua"]["plans"]
 
 
 @pytest.mark.slow
 def test_the_silent_clusters_endpoints_do_not_move_while_the_others_keep_pacing() -> None:
     """us-west's API server is silent from 40 to 70 minutes: every model there keeps its
-    size through the hourly plan at 60 minutes; without the silence some model there
-    moves in the same minutes (so the check can fail)."""
-    held = _held_region_sizes(SCENARIO, silent=True)
+    size through the hourly plan at 60 minutes, which leaves us-west out and says so;
+    without the silence some model there moves in the same minutes (so the check can
+    fail)."""
+    held, plans = _held_region_sizes(SCENARIO, silent=True)
     assert held and all(len(s) == 1 for s in held.values()), held
-    free = _held_region_sizes(SCENARIO, silent=False)
+    assert plans["held_regions"] == ["us-west"] and plans["cycles_holding_regions"] == 1
+    assert plans["cycles"] >= 2 and set(plans["statuses"]) == {"optimal"}
+    free, plans = _held_region_sizes(SCENARIO, silent=False)
     assert any(len(s) > 1 for s in free.values()), free
+    assert "held_regions" not in plans and plans["cycles_holding_regions"] == 0
+
+
+def test_plans_summary_gives_the_slowest_solve_the_widest_gap_and_held_regions() -> None:
+    solves = [
+        PlanSolve("optimal", 0.5, 0.0),
+        PlanSolve("feasible", 2.0, 0.004, frozenset({"eu-west"})),
+        PlanSolve("greedy", 0.1, None),
+    ]
+    assert plans_summary(solves) == {
+        "cycles": 3,
+        "max_solve_s": 2.0,
+        "mean_solve_s": 0.8667,
+        "max_gap": 0.004,
+        "statuses": {"feasible": 1, "greedy": 1, "optimal": 1},
+        "cycles_holding_regions": 1,
+        "held_regions": ["eu-west"],
+    }

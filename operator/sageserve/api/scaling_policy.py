@@ -937,6 +937,20 @@ class LayoutEntry(ApiModel):
     message: str | None = Field(default=None, max_length=2048)
 
 
+class MemberClusterEntry(ApiModel):
+    """One cluster of the fleet as the last plan pass read it."""
+
+    name: str = Field(max_length=253)
+    regions: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Regions of its GPU nodes; for a silent cluster, those it had when it "
+        "last answered (held at the plan in force).",
+    )
+    reachable: bool
+    message: str | None = Field(default=None, max_length=512)
+
+
 class ScalingPolicyStatus(ApiModel):
     """What the operator decided under this policy."""
 
@@ -951,6 +965,13 @@ class ScalingPolicyStatus(ApiModel):
         max_length=1024,
         description="OServe layouts: per (model, region, GPU type) with several variants of "
         "that type, the instances per variant and the per-type dispatch weights.",
+    )
+    clusters: list[MemberClusterEntry] = Field(
+        default_factory=list,
+        max_length=256,
+        description="The fleet's clusters (the operator's own and each member named by a "
+        "kubeconfig Secret labelled sageserve.io/member-cluster) and whether each answered "
+        "the last plan pass; empty when the fleet is one cluster.",
     )
 
 

@@ -248,8 +248,33 @@ def simulate(
         wide.print(describe_reference(cmp.summary["reference"]))
     for line in pool_lines(cmp.summary):
         wide.print(line)
+    for line in plan_lines(cmp.summary):
+        wide.print(line)
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return cmp
+
+
+def plan_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per planning policy: how many plans, the slowest solve, the widest gap and
+    the regions a silent cluster kept out (`sim.results.plans_summary`)."""
+    out = []
+    for name, doc in summary["policies"].items():
+        plans = doc.get("plans")
+        if not plans:
+            continue
+        gap = plans["max_gap"]
+        held = plans.get("held_regions")
+        out.append(
+            f"plans: {name} {plans['cycles']} solved, slowest {plans['max_solve_s']:.3f} s, "
+            f"mean {plans['mean_solve_s']:.3f} s"
+            + (f", widest MIP gap {gap:.4%}" if gap is not None else "")
+            + (
+                f"; {plans['cycles_holding_regions']} held {', '.join(held)} (silent cluster)"
+                if held
+                else ""
+            )
+        )
+    return out
 
 
 def pool_lines(doc: dict[str, Any]) -> list[str]:

@@ -265,9 +265,22 @@ class Kube:
         """Merge-patch a node's labels and annotations (moving it between pools)."""
         self.core.patch_node(name, {"metadata": {"labels": labels, "annotations": annotations}})
 
-    def nodes(self) -> list[dict[str, Any]]:
-        """Every Node, as plain dicts (the form the pure code reads)."""
-        listed = _plain(self.core.list_node(_preload_content=False))
+    def nodes(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Every Node, as plain dicts (the form the pure code reads); `timeout_s` bounds the
+        call (a member cluster that does not answer must not stall the pass)."""
+        kwargs: dict[str, Any] = {"_preload_content": False}
+        if timeout_s is not None:
+            kwargs["_request_timeout"] = timeout_s
+        listed = _plain(self.core.list_node(**kwargs))
+        return list(listed.get("items") or [])
+
+    def labelled_secrets(self, namespace: str, label: str) -> list[dict[str, Any]]:
+        """The Secrets of `namespace` carrying `label` (any value), as plain dicts."""
+        listed = _plain(
+            self.core.list_namespaced_secret(
+                namespace, label_selector=label, _preload_content=False
+            )
+        )
         return list(listed.get("items") or [])
 
     def deployments_of(self, namespace: str, owner: str) -> dict[str, dict[str, Any]]:

@@ -29,6 +29,7 @@ from sageserve.api.workload_tier import TierType
 from sageserve.controller.capacity_observe import capacity_status, interactive_slos, read_windows
 from sageserve.controller.guard import dry_run
 from sageserve.controller.kube import Kube
+from sageserve.controller.member_clusters import clusters_status, hub_name, last_home, members_of
 from sageserve.controller.pool_podsets import apply_pool_targets
 from sageserve.controller.status import essence, set_condition
 from sageserve.core.labels import NodeLabels
@@ -47,6 +48,7 @@ from sageserve.plan.learned_capacity import (
     planned_theta,
     settings_for,
 )
+from sageserve.plan.member_clusters import ClusterReading, fleet_view
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -258,6 +260,12 @@ class PlanPass:
             return None
         pod_sets = self.kube.deployments_by_owner(self.namespace)
         current = self.sizes(mds, pod_sets)
+        nodes, held, clusters = self.fleet(labels)
+        if held:  # a silent cluster's pod sets cannot be read: the plan in force stands
+            recorded = recorded_plan(self.body)
+            for (key, variant), n in (recorded.variant_targets if recorded else {}).items():
+                if key.region in held:
+                    current[(key.model, key.region, variant)] = n
         pool_current = {
             (pool.metadata.name, r.name): int(d["spec"].get("replicas") or 0)
             for _, pool in pools
@@ -275,13 +283,14 @@ class PlanPass:
             history.interactive,
             history.batch,
             current,
-            gpu_capacity(self.kube.nodes(), labels),
+            gpu_capacity(nodes, labels),
             batch_received=history.received or None,
             pools=[pool for _, pool in pools],
             pool_rates=history.pool_rates,
             pool_current=pool_current,
             batch_need=self.deadline_need(reader),
             capacity_tps=self.learned_capacity(reader, mds),
+            held_regions=held,
         )
         if pools:
             apply_pool_targets(
@@ -295,8 +304,26 @@ class PlanPass:
                 pods=self.kube.pods_of(self.namespace),
                 loads=self.pod_loads(reader),
             )
-        self.write(cycle, mds, current)
+        self.write(cycle, mds, current, clusters)
         return cycle
+
+    def fleet(
+        self, labels: NodeLabels
+    ) -> tuple[list[dict[str, Any]], frozenset[str], list[dict[str, Any]] | None]:
+        """The fleet's GPU nodes (this cluster's and every member's that answered), the
+        regions held because their cluster is silent or ambiguous, and `status.clusters`
+        (None when the fleet is this cluster alone). Sets the `Clusters` condition."""
+        nodes = self.kube.nodes()
+        members = members_of(self.kube, os.environ)
+        if members is None:
+            return nodes, frozenset(), None
+        readings, member_nodes = members.read(labels)
+        own = frozenset(n.region for n in parse_nodes(nodes, labels))
+        readings = [ClusterReading(hub_name(os.environ), own), *readings]
+        recorded = (self.body.get("status") or {}).get("clusters")
+        view = fleet_view(readings, last_home(recorded))
+        self.set("Clusters", *view.condition())
+        return nodes + member_nodes, view.held_regions, clusters_status(view, readings)
 
     def learned_capacity(
         self, reader: PrometheusReader, mds: Sequence[ModelDeployment]
@@ -382,6 +409,7 @@ class PlanPass:
         cycle: PlanCycle,
         mds: Sequence[ModelDeployment],
         current: Mapping[tuple[str, str, str], int],
+        clusters: list[dict[str, Any]] | None = None,
     ) -> None:
         """`status.plan` and the `PlanReady` condition that describes it in one write (a
         reader, a user's `kubectl get -o yaml` or a GitOps diff, never sees a plan without
@@ -415,7 +443,11 @@ class PlanPass:
             self.namespace,
             "scalingpolicies",
             self.policy.metadata.name,
-            {"plan": status, "conditions": self.conditions},
+            {
+                "plan": status,
+                "conditions": self.conditions,
+                **({"clusters": clusters} if clusters is not None else {}),
+            },
         )
         if event is not None:
             self.kube.event(self.body, *event)

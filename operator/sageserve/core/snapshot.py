@@ -188,6 +188,18 @@ class EndpointPlan:
 
 
 @dataclass(frozen=True)
+class PlanSolve:
+    """How a plan was solved: what a fleet's owner checks against the plan cycle's budget."""
+
+    status: str
+    seconds: float
+    #: relative MIP gap of the incumbent (0: proven optimal; None: not a MIP answer)
+    gap: float | None = None
+    #: regions left out of the solve and held at the plan in force (a silent cluster's)
+    held_regions: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Plan:
     """The plan in force (SageServe §5): targets per (endpoint, variant), the forecast
     tokens/s they were sized for, and θ, the tokens/s one planned instance serves."""
@@ -202,6 +214,8 @@ class Plan:
     #: The (endpoint, variant) targets an OServe layout sets (`plan.oserve_layouts.
     #: with_layouts`): the decision step moves each such variant to its own target.
     layout_variants: frozenset[tuple[EndpointKey, str]] = field(default_factory=frozenset)
+    #: how the solver got there (a plan read back from status, or not from a solve: None)
+    solve: PlanSolve | None = field(default=None, compare=False)
     #: Planned instances per endpoint over all its variants (derived).
     targets: Mapping[EndpointKey, int] = field(init=False, compare=False, repr=False)
 

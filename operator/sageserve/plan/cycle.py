@@ -37,7 +37,7 @@ import numpy as np
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.model_pool import ModelPool
 from sageserve.api.scaling_policy import ScalingPolicySpec
-from sageserve.core.snapshot import Plan
+from sageserve.core.snapshot import Plan, PlanSolve
 from sageserve.core.types import EndpointKey
 from sageserve.forecast.api import batch_buffer_tps, forecast_peak
 from sageserve.forecast.realised import (
@@ -84,6 +84,8 @@ class PlanCycle:
     #: each (model, region)'s share of its model's batch deadline need, tokens/s (0: none);
     #: the batch part of `demand_tps` is max(β, this) (`plan.batch_demand`)
     batch_need_tps: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: regions held out of this cycle because their cluster is silent (`plan.member_clusters`)
+    held_regions: frozenset[str] = frozenset()
 
     def in_force(self, computed_at: float) -> Plan:
         """This cycle as the plan the decision step follows (targets per variant)."""
@@ -93,6 +95,12 @@ class PlanCycle:
             self.forecast_tps,
             self.instance_tps,
             self.spill,
+            solve=PlanSolve(
+                self.result.status,
+                self.result.solve_seconds,
+                self.result.mip_gap,
+                self.held_regions,
+            ),
         )
 
     @property
@@ -316,6 +324,7 @@ def run_plan_cycle(
         spill=spill_shares(mds, targets, demand, capacity_tps),
         pools=tuple(pool_targets),
         batch_need_tps=needs,
+        held_regions=frozenset(held_regions),
     )
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sageserve.api.model_deployment import DEFAULT_DRAIN_SECONDS
-from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, Snapshot
+from sageserve.core.snapshot import Decision, EndpointSnapshot, Plan, PlanSolve, Snapshot
 from sageserve.core.types import ActionKind, EndpointKey, InstanceState, Request
 from sageserve.dispatch.anticipator import LoadAnticipator
 from sageserve.dispatch.deadlines import capacity_at_max
@@ -335,6 +335,8 @@ class RunResult:
     #: per (model, variant): the most tokens/s one instance served in a minute that kept the
     #: SLO (`sim.capacity_windows`); empty for a scenario without a ScalingPolicy
     peak_at_slo: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: how each plan of the run was solved, in order (`core.snapshot.PlanSolve`)
+    plan_solves: list[PlanSolve] = field(default_factory=list)
 
 
 class _Clock:
@@ -413,6 +415,8 @@ class Simulation(InstanceHooks):
         self._views: dict[Instance, _LiveLoad] = {}
         self.planner = planner if strategy.plan_cadence.plans else None
         self.plans = 0
+        #: how each plan of the run was solved (status, seconds, gap, held regions)
+        self.plan_solves: list[PlanSolve] = []
         #: when the next plan is due (`pace.cadence.plan_step`, as the operator's plan loop)
         self.plan_clock = PlanClock()
         #: the decision step's state (plan in force, cooldowns), as the operator keeps it
@@ -1283,6 +1287,8 @@ class Simulation(InstanceHooks):
         else:
             plan = self.planner(*args, capacity=theta) if theta else self.planner(*args)
         self.plans += 1
+        if plan.solve is not None:
+            self.plan_solves.append(plan.solve)
         self._planned = plan
         if self.layouts is not None:
             from sageserve.plan.oserve_layouts import with_layouts
@@ -1426,6 +1432,7 @@ class Simulation(InstanceHooks):
                 else None
             ),
             peak_at_slo=dict(self._capacity.peak_at_slo) if self._capacity is not None else {},
+            plan_solves=list(self.plan_solves),
         )
 
 

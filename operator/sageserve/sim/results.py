@@ -35,7 +35,10 @@ added, never renamed or removed, within v1):
                         "in_force_tps", "windows", "qualifying", "trusted"}],
           # a scenario with a ScalingPolicy: the most tokens/s per instance in a minute
           # that kept the SLO (`sim.capacity_windows`), for the capacity-at-SLO bound
-          "capacity_at_slo_tps": {"<model>": {"<variant>": float}}}}}
+          "capacity_at_slo_tps": {"<model>": {"<variant>": float}},
+          # a run that plans: how its plans were solved (`plans_summary`)
+          "plans": {"cycles", "max_solve_s", "mean_solve_s", "max_gap", "statuses",
+                    "cycles_holding_regions", "held_regions"}}}}
 
 `internal` GPU-hours exclude donated (spot) time, as the paper's instance-hours do;
 `provisioning` is the scaling waste (GPUs paid for while an instance comes up). They cover
@@ -72,7 +75,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sageserve.core.percentile import percentile, percentiles
+from sageserve.core.snapshot import PlanSolve
 from sageserve.core.types import InstanceState
 from sageserve.dispatch.hold import HOLD_S
 from sageserve.sim.deadlines import BatchAccount, account, totals
@@ -261,12 +265,31 @@ def policy_summary(r: RunResult, wall_s: float) -> dict[str, Any]:
         out["layouts"] = r.layouts
     if r.capacity is not None:
         out["capacity"] = capacity_summary(r.capacity)
+    if r.plan_solves:
+        out["plans"] = plans_summary(r.plan_solves)
     if r.peak_at_slo:
         peaks: dict[str, dict[str, float]] = {}
         for (model, variant), tps in sorted(r.peak_at_slo.items()):
             peaks.setdefault(model, {})[variant] = round(tps, 1)
         out["capacity_at_slo_tps"] = peaks
     return out
+
+
+def plans_summary(solves: Sequence[PlanSolve]) -> dict[str, Any]:
+    """How the run's plans were solved: the figures a fleet's owner holds against the plan
+    cycle's budget (the slowest solve, the widest gap) and the regions a silent cluster kept
+    out of a plan."""
+    gaps = [s.gap for s in solves if s.gap is not None]
+    held = sorted({r for s in solves for r in s.held_regions})
+    return {
+        "cycles": len(solves),
+        "max_solve_s": round(max(s.seconds for s in solves), 4),
+        "mean_solve_s": round(sum(s.seconds for s in solves) / len(solves), 4),
+        "max_gap": round(max(gaps), 6) if gaps else None,
+        "statuses": dict(sorted(Counter(s.status for s in solves).items())),
+        "cycles_holding_regions": sum(1 for s in solves if s.held_regions),
+        **({"held_regions": held} if held else {}),
+    }
 
 
 def capacity_summary(

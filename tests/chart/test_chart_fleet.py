@@ -1,0 +1,69 @@
+"""The chart's fleet roles (docs/regions.md): off by default; the hub may list the Secrets
+of its own namespace and reads its members; a member install runs no operator and grants
+the hub's reader nothing but listing Nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.chart.test_chart import CHART, by_kind, helm, render
+
+pytestmark = pytest.mark.integration
+
+
+def _env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [deployment] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "sageserve"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_by_default_the_fleet_is_this_cluster_and_no_secret_is_readable() -> None:
+    docs = render()
+    assert "SAGESERVE_MEMBER_CLUSTERS" not in _env(docs)
+    rules = [r for d in by_kind(docs, "Role") + by_kind(docs, "ClusterRole") for r in d["rules"]]
+    assert not [r for r in rules if "secrets" in r["resources"] and "list" in r["verbs"]]
+
+
+def test_the_hub_lists_secrets_of_its_own_namespace_only() -> None:
+    docs = render("fleet.hub.enabled=true", "fleet.hub.clusterName=eu-central")
+    env = _env(docs)
+    assert env["SAGESERVE_MEMBER_CLUSTERS"] == "on"
+    assert env["SAGESERVE_CLUSTER_NAME"] == "eu-central"
+    [role] = [d for d in by_kind(docs, "Role") if d["metadata"]["name"] == "sageserve-fleet-hub"]
+    assert role["metadata"]["namespace"] == "sageserve-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]
+    cluster_rules = [r for d in by_kind(docs, "ClusterRole") for r in d["rules"]]
+    assert not [r for r in cluster_rules if "secrets" in r["resources"]]
+
+
+def test_a_member_install_runs_no_operator_and_grants_only_listing_nodes() -> None:
+    docs = render("fleet.member.enabled=true")
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == [
+        ("ClusterRole", "sageserve-member"),
+        ("ClusterRoleBinding", "sageserve-member"),
+        ("Secret", "sageserve-member-token"),
+        ("ServiceAccount", "sageserve-member"),
+    ]
+    [role] = by_kind(docs, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+    [token] = by_kind(docs, "Secret")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "sageserve-member"
+    }
+
+
+def test_a_cluster_name_kubernetes_cannot_carry_is_refused_naming_the_value() -> None:
+    result = helm(
+        "template",
+        "sageserve",
+        str(CHART),
+        "--kube-version",
+        "1.36.0",
+        "--set",
+        "fleet.hub.clusterName=Bad_Name",
+    )
+    assert result.returncode != 0
+    assert "/fleet/hub/clusterName" in result.stderr
