@@ -20,6 +20,13 @@ from typing import Any
 
 import pytest
 
+# One BLAS thread per process: the suite runs as two pytest workers beside control planes,
+# operators and twins on a 2-core machine, where OpenBLAS's own threads spin waiting for a
+# core (a regression fit of 2 s alone took 81 s in a loaded full run). Set before any test
+# module imports numpy, and inherited by every process a test starts.
+for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_blas, "1")
+
 # pytest-xdist starts its workers with COLUMNS=80 and LINES=24; the CLI's console reads
 # them once, when `sageserve.cli` is imported, and a test that sets COLUMNS for one command
 # would still get 80-column tables. Without them the worker behaves as a plain run.
