@@ -32,7 +32,7 @@ from e2e import keda as keda_kit  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e is an e2e test. Under pytest-xdist (`-n 2 --dist
+    """Every test under tests/e2e is an e2e test. Under pytest-xdist (`-n 3 --dist
     loadgroup`, as `scripts/test` runs) each e2e module is one group: its tests run in
     order on one worker, and each worker starts the control plane once, when its first
     e2e test needs it. With `SAGESERVE_E2E_REUSE=1` every worker would share the one

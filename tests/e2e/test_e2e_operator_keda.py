@@ -385,8 +385,18 @@ def test_a_model_at_zero_wakes_through_keda_and_stays_at_the_plan_when_the_opera
             writers = replicas_writers(dep)
             # KEDA's activation (0 -> 1); its HPA agrees with the plan of 1 and writes nothing
             assert writers == [(KEDA_MANAGER, "Update", "scale")], writers
-            active = so_condition(get(kubeconfig, namespace, "scaledobject", pod_set), "Active")
-            assert active is not None and active["status"] == "True", active
+            # KEDA writes its Active condition after the scale it decided, on its own pass
+            eventually(
+                lambda: (
+                    (
+                        so_condition(get(kubeconfig, namespace, "scaledobject", pod_set), "Active")
+                        or {}
+                    ).get("status")
+                    == "True"
+                ),
+                STEP_S,
+                "KEDA reading the pod set active (a request held for it)",
+            )
             woke = [e["message"] for e in events(kubeconfig, namespace, "ScaledOut")]
             assert any("from zero: 1 request(s) waiting" in m for m in woke), woke
             waiting.join(timeout=STEP_S)

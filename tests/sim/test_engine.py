@@ -192,6 +192,25 @@ def test_a_scale_in_removes_a_pending_instance_first() -> None:
     assert ep.serving == 1 and ep.replicas() == {"a": 1} and not cl.pending
 
 
+def test_a_silent_clusters_idle_node_is_neither_donated_nor_its_spot_node_reclaimed() -> None:
+    """The operator can neither relabel nor evict in a cluster whose API server is silent:
+    the spot pass leaves a held region's nodes as they are, then acts once it answers."""
+    cl = Cluster(nodes(("r1",), serving=2, spot=1), NoHooks(), Delays(), seed=0)
+    key = EndpointKey("m", "r1")
+    ep = cl.add_endpoint(key, 0, 4, 1.0)
+    dep = cl.add_deployment(ep, "a", flat_perf(gpus=8))
+    cl.start_instances(dep, 2, 0.0)
+    idle = next(i for i in dep.instances if i.node is not None and i.node.name == "r1-s1")
+    cl.scale_in(key, 100.0, chosen_ones=[idle.id])
+    held = frozenset({"r1"})
+    assert cl.spot_pass(100.0, held) == ([], [])  # idle, but its cluster is silent
+    assert cl.scale_out(key, 150.0) is not None  # takes r1-s1's free GPUs again
+    assert cl.scale_out(key, 160.0) is None  # no free GPUs: a pending instance
+    assert cl.spot_pass(170.0, held) == ([], [])  # the spot node is not reclaimed for it
+    reclaimed, _ = cl.spot_pass(180.0)  # the cluster answers: reclaimed
+    assert reclaimed == ["r1-p0"]
+
+
 def test_free_serving_gpus_are_taken_before_a_donated_node_is_reclaimed() -> None:
     cl = Cluster(nodes(("r1",), serving=2, spot=0), NoHooks(), Delays(), seed=0)
     key = EndpointKey("m", "r1")

@@ -629,24 +629,30 @@ class Cluster:
         self.acct.events["pending_cancelled"] += 1
         return True
 
-    def spot_pass(self, now: float) -> tuple[list[str], list[str]]:
+    def spot_pass(
+        self, now: float, held: frozenset[str] = frozenset()
+    ) -> tuple[list[str], list[str]]:
         """The operator's spot pass at a pace tick (`pace.spot.plan_moves`): one spot node
         reclaimed per pending instance (a fresh instance started on it), whole idle serving
         nodes of pairs with nothing pending or coming up donated. Returns the node names
-        (reclaimed, donated)."""
+        (reclaimed, donated). Nodes of `held` regions (a silent cluster's, which the
+        operator can neither read nor relabel) are neither donated nor reclaimed."""
         if not self.spot_enabled:
             return [], []
         scope: set[tuple[str, str]] = set()
         busy: set[tuple[str, str]] = set()
         for ep in self.endpoints.values():
             region = ep.key.region
+            if region in held:
+                continue
             for d in ep.deployments:
                 scope.add((region, d.perf.gpu_type))
             for inst in ep.provisioning:
                 busy.add((region, inst.perf.gpu_type))
+        pending = [(i, d) for i, d in enumerate(self.pending) if d.endpoint.key.region not in held]
         wanted = [
             Pending(d.perf.model, d.endpoint.key.region, d.perf.gpu_type, d.perf.gpus)
-            for d in self.pending
+            for _, d in pending
         ]
         busy |= {(p.region, p.gpu_type) for p in wanted}
         if not wanted and not any(  # the usual tick: nothing to reclaim or donate
@@ -661,7 +667,7 @@ class Cluster:
             self._pool_nodes(), wanted, scope, DEFAULT_NODE_LABELS, busy
         )
         served: set[int] = set()
-        index = {id(p): i for i, p in enumerate(wanted)}
+        index = {id(p): i for p, (i, _) in zip(wanted, pending, strict=True)}
         for pool_node, p in reclaims:
             node = self._node[pool_node.name]
             same = node.last_model == p.model

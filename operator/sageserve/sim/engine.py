@@ -1127,7 +1127,8 @@ class Simulation(InstanceHooks):
         return jobs
 
     def _pace_tick(self, now: float) -> None:
-        self.cluster.spot_pass(now)  # before the decision, as the operator's pace pass
+        # before the decision, as the operator's pace pass; never in a silent cluster
+        self.cluster.spot_pass(now, self._fleet.held_at(now) if self._fleet else frozenset())
         if self.layouts is not None:
             self._layout_pass(now)
         # the deadline need the operator reads (the routers export it each signal round)
