@@ -139,6 +139,24 @@ def test_with_that_history_the_default_forecaster_sizes_the_window_not_its_fallb
     assert {f.method for f in fallback.forecasts.values()} == {"moving-average"}
 
 
+def test_a_held_region_keeps_its_instances_in_the_window_plan() -> None:
+    """A region whose cluster is silent keeps what it has whatever its history says; the
+    others are sized from their forecasts."""
+    md = ModelDeployment.model_validate(model_raw())
+    spec = ScalingPolicySpec()
+    minutes = window_history_minutes(spec)
+    prompt = {(MODEL, r): [300.0] * minutes for r in MIXES}
+    decode = {(MODEL, r): [900.0] * minutes for r in MIXES}
+    current = {(MODEL, r, "h100"): 7 for r in MIXES}
+    free = plan_window([md], spec, prompt, decode, {}, {}, current)
+    held = plan_window([md], spec, prompt, decode, {}, {}, current, None, frozenset({"rising"}))
+    assert free.targets[(MODEL, "rising", "h100")] != 7
+    assert held.targets[(MODEL, "rising", "h100")] == 7
+    assert held.forecasts[(MODEL, "rising")].method == "held"
+    for r in ("decode-heavy", "prompt-heavy"):
+        assert held.targets[(MODEL, r, "h100")] == free.targets[(MODEL, r, "h100")]
+
+
 def test_window_status_is_a_valid_crd_status_and_restores_the_window_plan() -> None:
     md = ModelDeployment.model_validate(model_raw())
     spec = ScalingPolicySpec.model_validate(policy_raw()["spec"])

@@ -260,12 +260,9 @@ class PlanPass:
             return None
         pod_sets = self.kube.deployments_by_owner(self.namespace)
         current = self.sizes(mds, pod_sets)
-        nodes, held, clusters = self.fleet(labels)
-        if held:  # a silent cluster's pod sets cannot be read: the plan in force stands
-            recorded = recorded_plan(self.body)
-            for (key, variant), n in (recorded.variant_targets if recorded else {}).items():
-                if key.region in held:
-                    current[(key.model, key.region, variant)] = n
+        nodes = self.kube.nodes()
+        member_nodes, held, clusters = self.fleet(labels, nodes)
+        current.update(self.held_sizes(held))
         pool_current = {
             (pool.metadata.name, r.name): int(d["spec"].get("replicas") or 0)
             for _, pool in pools
@@ -283,7 +280,7 @@ class PlanPass:
             history.interactive,
             history.batch,
             current,
-            gpu_capacity(nodes, labels),
+            gpu_capacity(nodes + member_nodes, labels),
             batch_received=history.received or None,
             pools=[pool for _, pool in pools],
             pool_rates=history.pool_rates,
@@ -308,22 +305,33 @@ class PlanPass:
         return cycle
 
     def fleet(
-        self, labels: NodeLabels
+        self, labels: NodeLabels, own_nodes: list[dict[str, Any]] | None = None
     ) -> tuple[list[dict[str, Any]], frozenset[str], list[dict[str, Any]] | None]:
-        """The fleet's GPU nodes (this cluster's and every member's that answered), the
-        regions held because their cluster is silent or ambiguous, and `status.clusters`
-        (None when the fleet is this cluster alone). Sets the `Clusters` condition."""
-        nodes = self.kube.nodes()
+        """The member clusters' GPU nodes (of those that answered), the regions held because
+        their cluster is silent or ambiguous, and `status.clusters`; nothing, and nothing
+        read, when the fleet is this cluster alone. `own_nodes` are this cluster's (read here
+        when not given). Sets the `Clusters` condition."""
         members = members_of(self.kube, os.environ)
         if members is None:
-            return nodes, frozenset(), None
+            return [], frozenset(), None
+        nodes = own_nodes if own_nodes is not None else self.kube.nodes()
         readings, member_nodes = members.read(labels)
         own = frozenset(n.region for n in parse_nodes(nodes, labels))
         readings = [ClusterReading(hub_name(os.environ), own), *readings]
         recorded = (self.body.get("status") or {}).get("clusters")
         view = fleet_view(readings, last_home(recorded))
         self.set("Clusters", *view.condition())
-        return nodes + member_nodes, view.held_regions, clusters_status(view, readings)
+        return member_nodes, view.held_regions, clusters_status(view, readings)
+
+    def held_sizes(self, held: frozenset[str]) -> dict[tuple[str, str, str], int]:
+        """The sizes of held regions' pod sets: a silent cluster's cannot be read, so the
+        plan in force (recorded in status) stands for them."""
+        recorded = recorded_plan(self.body) if held else None
+        return {
+            (key.model, key.region, variant): n
+            for (key, variant), n in (recorded.variant_targets if recorded else {}).items()
+            if key.region in held
+        }
 
     def learned_capacity(
         self, reader: PrometheusReader, mds: Sequence[ModelDeployment]

@@ -219,10 +219,12 @@ def plan_window(
     batch_decode_tps: PerEndpoint,
     current: Mapping[tuple[str, str, str], int],
     theta: ThetaTable | None = None,
+    held_regions: frozenset[str] = frozenset(),
 ) -> WindowPlan:
     """The window plan of `mds` from interactive prompt / decode tokens/s per minute (ending
     now) and the last hour's batch prompt / decode tokens/s per minute; `theta` the learned
-    θ in force per (md, variant, region), μ_t there."""
+    θ in force per (md, variant, region), μ_t there. An endpoint in `held_regions` (its
+    cluster is silent, `plan.member_clusters`) keeps `current`, every variant as it is."""
     spec = window_forecast_spec(policy)
     method, fallback = policy.forecast.method.value, policy.forecast.fallback.value
     fraction = policy.forecast.batch_buffer_fraction
@@ -236,6 +238,15 @@ def plan_window(
             key = (name, region.name)
             mu = service_rates(first, theta_of(name, first, region.name, theta))
             rates[key] = mu
+            if region.name in held_regions:
+                kept = {
+                    v.name: current.get((name, region.name, v.name), 0) for v in md.spec.variants
+                }
+                for vname, n in kept.items():
+                    targets[(name, region.name, vname)] = n
+                note = ("its cluster is silent: held at the plan in force",)
+                forecasts[key] = WindowForecast(0.0, 0.0, sum(kept.values()), "held", note)
+                continue
             p, how, p_notes, p_ok = _provisioned(prompt_tps.get(key, []), spec, method, fallback)
             d, _, d_notes, d_ok = _provisioned(decode_tps.get(key, []), spec, method, fallback)
             p += batch_buffer_tps(batch_prompt_tps.get(key, []), fraction)

@@ -375,6 +375,7 @@ class Scenario:
         pre_decode = before(series.iw_decode, series.niw_decode)
         pre_batch = before(series.niw_prompt, series.niw_decode)
         models = self.models
+        fleet = self.fleet.shifted(start)
 
         def joined(
             pre: dict[tuple[str, str], list[float]], run: Mapping[tuple[str, str], list[float]]
@@ -408,6 +409,7 @@ class Scenario:
                 ),
                 current,
                 capacity,
+                fleet.held_at(now),
             )
             return window.in_force(now)
 
