@@ -67,3 +67,31 @@ def test_a_cluster_name_kubernetes_cannot_carry_is_refused_naming_the_value() ->
     )
     assert result.returncode != 0
     assert "/fleet/hub/clusterName" in result.stderr
+
+
+def test_router_peers_become_peer_flags_and_a_bad_one_is_refused() -> None:
+    docs = render(
+        "router.enabled=true",
+        "router.peers.eu-west=https://router.eu-west.example.com",
+        "router.peers.ap-east=http://10.0.0.7:8080",
+    )
+    [router] = [
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "sageserve-router"
+    ]
+    [container] = router["spec"]["template"]["spec"]["containers"]
+    assert [a for a in container["args"] if a.startswith("--peer")] == [
+        "--peer=ap-east=http://10.0.0.7:8080",
+        "--peer=eu-west=https://router.eu-west.example.com",
+    ]
+    refused = helm(
+        "template",
+        "sageserve",
+        str(CHART),
+        "--kube-version",
+        "1.36.0",
+        "--set",
+        "router.enabled=true",
+        "--set",
+        "router.peers.eu-west=ftp://x",
+    )
+    assert refused.returncode != 0 and "/router/peers/eu-west" in refused.stderr

@@ -166,6 +166,16 @@ def router_command(
             "learning from the usage of the answers the router proxies."
         ),
     ] = "client-quantile",
+    peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="SAGESERVE_ROUTER_PEERS",
+            help="REGION=URL (repeatable, or comma-separated): the router or gateway of the "
+            "cluster serving REGION. A model's region with no pod here is reached through "
+            "it, within the plan's spill-over shares, with the caller's own key; what it "
+            "forwards is served there, never sent on (docs/regions.md).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI API in front of the pod sets: tiers, regions, scale from zero, and
     the Batch API on a durable queue released into the troughs."""
@@ -182,9 +192,14 @@ def router_command(
     from sageserve.router.fleet import Fleet, fleet_picker
     from sageserve.router.load import refresh_load
     from sageserve.router.metrics import RouterMetrics
+    from sageserve.router.peers import PeerConfigError, parse_peers
     from sageserve.router.pool_switcher import PoolSwitcher
     from sageserve.router.release import BatchReleaser, ReleaseConfig
 
+    try:
+        peers = parse_peers(peer or [])
+    except PeerConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         kube_config.load_incluster_config()
@@ -202,6 +217,7 @@ def router_command(
         body_timeout_seconds=body_timeout_seconds,
         stall_timeout_seconds=stall_timeout_seconds,
         upstream_timeout_seconds=upstream_timeout_seconds,
+        peers=peers,
     )
 
     if auth not in AUTH_MODES:

@@ -39,8 +39,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -66,6 +66,7 @@ from sageserve.router.ejection import Ejections
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.limits import TierLimits, add_rate_headers
 from sageserve.router.metrics import LIMIT_HELD_REQUESTS, LIMIT_INFLIGHT_BYTES, RouterMetrics
+from sageserve.router.peers import FORWARDED_HEADER, IDENTITY_HEADERS
 from sageserve.router.pool_switcher import Lease, PoolSwitcher, PoolSwitchFailed
 from sageserve.router.usage import TAIL_BYTES, answered_tokens, reported_completion
 
@@ -122,6 +123,9 @@ class RouterConfig:
     #: Batch API uploads included: `claim_bytes`); past it 429 before the body is read.
     #: A body of unknown length (chunked) counts as `max_body_bytes` until it has been read.
     max_inflight_bytes: int = 128 * 1024 * 1024
+    #: region -> base URL of the router (or gateway) of the cluster that serves it
+    #: (`router.peers`): a region of a model with no pod here is reached through it
+    peers: Mapping[str, str] = field(default_factory=dict)
 
 
 def openai_error(
@@ -479,7 +483,9 @@ class Router:
         limited = self.limits.check(request, model, tier, principal, tokens)
         if limited is not None:
             return limited
-        region = await self._region_or_hold(model, home, tokens)
+        # a request another cluster's router forwarded is served here, never sent on
+        peers = () if request.headers.get(FORWARDED_HEADER) else tuple(self.config.peers)
+        region = await self._region_or_hold(model, home, tokens, peers)
         if isinstance(region, web.Response):
             return region
         if region is None:
@@ -497,12 +503,49 @@ class Router:
                 status=503,
                 headers={"Retry-After": str(self.config.retry_after_seconds)},
             )
-        if self.fleet.is_batch(model, tier):
-            await self._until_trough(model, region, tier)
+        return await self._serve_in(
+            request, body, principal, model, home, region, tier, started, tokens, peers
+        )
+
+    async def _serve_in(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        principal: Principal,
+        model: ModelRoute,
+        home: str | None,
+        region: str,
+        tier: str,
+        started: float,
+        tokens: float,
+        peers: tuple[str, ...],
+    ) -> web.StreamResponse:
+        """Serve the request in `region`: through its cluster's router when it is a peer's
+        region with no pod here (here after all if the peer fails before answering), else
+        on a pod here (batch waiting for a trough first)."""
         user = body.get("user")
         client = client_id(principal.key_id or (str(user) if user else None))
+        if region in peers and not self.fleet.backends.get((model.namespace, model.name, region)):
+            peered = await self._to_peer(request, body, model, region, tier, started, client)
+            if peered is not None:
+                return peered
+            local = self.fleet.choose_region(model, home, tokens)
+            if local is None:
+                return self._peer_failed(model, region, tier)
+            region = local
+        if self.fleet.is_batch(model, tier):
+            await self._until_trough(model, region, tier)
         body = self._with_priority(body, model, tier)
         return await self._send(request, body, model, region, tier, started, tokens, client)
+
+    def _peer_failed(self, model: ModelRoute, region: str, tier: str) -> web.Response:
+        self.metrics.count(model, region, tier, 502)
+        return openai_error(
+            502,
+            f"the router of region {region} failed before answering, and no pod of "
+            f"{model.served_name} is ready in this cluster",
+            "server_error",
+        )
 
     def _with_priority(self, body: dict[str, Any], model: ModelRoute, tier: str) -> dict[str, Any]:
         """The body as the pod gets it: vLLM's `priority` set from the request's tier (its
@@ -559,11 +602,12 @@ class Router:
         return model.regions[0] if model.regions else ""
 
     async def _region_or_hold(
-        self, model: ModelRoute, home: str | None, tokens: float
+        self, model: ModelRoute, home: str | None, tokens: float, peers: tuple[str, ...] = ()
     ) -> str | web.Response | None:
-        """A region with a ready pod, waiting (bounded) while the model comes from zero;
-        429 when `max_held_requests` already wait (each holds its body and connection)."""
-        region = self.fleet.choose_region(model, home, tokens)
+        """A region with a ready pod (or one of `peers`, served by another cluster's
+        router), waiting (bounded) while the model comes from zero; 429 when
+        `max_held_requests` already wait (each holds its body and connection)."""
+        region = self.fleet.choose_region(model, home, tokens, peers=peers)
         if region is not None:
             return region
         if admit(self.held, self.config.max_held_requests) is Hold.BUSY:
@@ -588,7 +632,7 @@ class Router:
                         await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
                     except TimeoutError:
                         break
-                    region = self.fleet.choose_region(model, home, tokens)
+                    region = self.fleet.choose_region(model, home, tokens, peers=peers)
         finally:
             self.held -= 1
         return region
@@ -740,6 +784,41 @@ class Router:
                 return status, payload.decode(errors="replace")
         return None
 
+    async def _to_peer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        model: ModelRoute,
+        region: str,
+        tier: str,
+        started: float,
+        client: int,
+    ) -> web.StreamResponse | None:
+        """The request forwarded to the router of `region`'s cluster (`router.peers`) with
+        the caller's key and tier header, marked so it goes no further; the peer sets the
+        engine priority from the identity it sees. What is sent counts toward the region's
+        EMU estimate until Prometheus reads it, as for a pod. None when the peer failed
+        before the first byte (the caller serves it here if it can)."""
+        url = self.config.peers[region]
+        peer = Backend(model.namespace, f"peer/{region}", model.name, region, "", url)
+        headers = {h: v for h in (*IDENTITY_HEADERS, TIER_HEADER) if (v := request.headers.get(h))}
+        headers[FORWARDED_HEADER] = self.config.home_region or "1"
+        forwarded = {k: v for k, v in body.items() if k != "priority"}
+        prompt, tokens = estimated_tokens(body, self.config.max_output_tokens)
+        self.fleet.start(peer, tokens)
+        ticket = self.fleet.track(peer, model, client, self.fleet.arrival(model, client, prompt))
+        try:
+            with self.metrics.flying(model, region, tier):
+                return await self._proxy(
+                    request, forwarded, peer, model, tier, started, ticket, headers
+                )
+        except _BeforeFirstByte as exc:
+            log.warning("peer router of %s (%s) failed before the first byte: %s", region, url, exc)
+            return None
+        finally:
+            self.fleet.finish(peer, tokens)
+            self.fleet.anticipators.release(ticket)
+
     def _elsewhere(
         self, model: ModelRoute, tried: frozenset[str], arrival: Arrival | None = None
     ) -> Backend | None:
@@ -758,7 +837,10 @@ class Router:
         tier: str,
         started: float,
         ticket: Ticket,
+        headers: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
+        """The answer of `backend` (a pod, or a peer router with `headers`) streamed to the
+        client as it comes."""
         assert self.session is not None
         ants = self.fleet.anticipators
         url = backend.url.rstrip("/") + request.path
@@ -769,7 +851,7 @@ class Router:
             sock_read=self.config.stall_timeout_seconds if stream else None,
         )
         try:
-            upstream = await self.session.post(url, json=body, timeout=timeout)
+            upstream = await self.session.post(url, json=body, timeout=timeout, headers=headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _BeforeFirstByte(str(exc) or type(exc).__name__) from exc
         async with upstream:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sageserve.api.scaling_policy import LayoutWeights
@@ -319,11 +319,21 @@ class Fleet:
         )
 
     def choose_region(
-        self, model: ModelRoute, home: str | None, tokens: float = 0.0, now: float | None = None
+        self,
+        model: ModelRoute,
+        home: str | None,
+        tokens: float = 0.0,
+        now: float | None = None,
+        peers: Collection[str] = (),
     ) -> str | None:
-        """The region to serve a request of `tokens` from (None: no region has a ready pod)."""
+        """The region to serve a request of `tokens` from (None: no region has a ready pod).
+        A region of `peers` (served by another cluster's router, `router.peers`) is a
+        candidate without pods here, at the EMU Prometheus last reported for it, within the
+        plan's spill-over shares as any other."""
         order = preference(home, model.regions, str)
-        ready = [r for r in order if self.backends.get((model.namespace, model.name, r))]
+        ready = [
+            r for r in order if self.backends.get((model.namespace, model.name, r)) or r in peers
+        ]
         if not ready:
             return None
         candidates = [(r, self.estimated_emu((model.namespace, model.name, r))) for r in ready]
