@@ -99,13 +99,17 @@ def test_answers_are_recorded_by_the_flush_size_and_the_rest_when_it_stops(
         recorded = done(store)
 
         async def all_answered() -> bool:
-            return len(answered(worker)) == 6 and await recorded() == 4
+            return len(answered(worker)) == 6 and await recorded() >= 4
 
+        # the first flush takes every answer in by the time it runs (4, or more when answers
+        # came meanwhile); what is left is fewer than a flush and waits for four more
         await until(all_answered)
-        await asyncio.sleep(0.3)  # six signals more: the last two wait for four answers
-        assert await recorded() == 4 and len(worker.unrecorded) == 2
+        flushed = await recorded()
+        await asyncio.sleep(0.3)  # six signals more, no flush_s: nothing more is recorded
+        assert await recorded() == flushed
+        assert len(worker.unrecorded) == 6 - flushed < 4
         counts = await asyncio.to_thread(store.state_counts)
-        assert counts["running"] == 2 and counts["queued"] == 0
+        assert counts["running"] == 6 - flushed and counts["queued"] == 0
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert await recorded() == 6 and worker.unrecorded == {}

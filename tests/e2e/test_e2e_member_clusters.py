@@ -1,23 +1,43 @@
-"""A member cluster read the way a hub's operator reads it: the chart's member role
-installed into a real API server, its ServiceAccount token in a kubeconfig Secret labelled
-`sageserve.io/member-cluster` in the hub's namespace, and `controller.member_clusters`
-listing the member's GPU nodes over real HTTPS with that token alone. (The session's
-cluster plays the member and the hub: one API server, two identities.) A member whose API
-server does not answer is read as silent and named, beside one that answers."""
+"""Member clusters as a hub's operator reads them.
+
+1. The chart's member role installed into a real API server, its ServiceAccount token in a
+   kubeconfig Secret labelled `sageserve.io/member-cluster` in the hub's namespace, and
+   `controller.member_clusters` listing the member's GPU nodes over real HTTPS with that
+   token alone (the session's cluster plays member and hub: one API server, two
+   identities); a member whose API server does not answer is read as silent and named.
+2. A second real control plane as a member serving region eu-west: the operator's plan
+   covers it; its API server stopped, the next plan holds eu-west at the plan in force and
+   the `Clusters` condition names the member while the hub's region is still planned; back,
+   the member is read again."""
 
 from __future__ import annotations
 
 import base64
 import subprocess
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from e2e_helpers import eventually, kubectl
+from fault_kit import figure
+from kopf.testing import KopfRunner
 from kubernetes import client, config
+from operator_kit import (
+    apply,
+    model_deployment,
+    operator_args,
+    operator_env,
+    policy_status,
+    scaling_policy,
+)
 
-from e2e import versions
+from e2e import inventory, kwok_cluster, versions
 from sageserve.controller.kube import Kube
 from sageserve.controller.member_clusters import LABEL_MEMBER, Members
 from sageserve.core.labels import NodeLabels
@@ -144,3 +164,162 @@ def test_a_member_is_read_with_the_chart_member_roles_token_alone(
         assert not gone.reachable and gone.error, gone
     finally:
         kubectl(kubeconfig, ["delete", "-n", namespace, "-f", "-"], stdin=rendered, check=False)
+
+
+MEMBER_REGION = "eu-west"
+HUB_REGION = "us-central"
+
+
+@pytest.fixture
+def member(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A second control plane (its own etcd, API server, controller-manager, scheduler,
+    KWOK) with two 8-GPU A100 nodes in region eu-west: (workdir, admin kubeconfig)."""
+    from conftest import one_start_at_a_time
+
+    workdir, kubeconfig = tmp_path / "member-kwok", tmp_path / "member-kubeconfig.yaml"
+    nodes = tmp_path / "member-nodes.yaml"
+    docs = []
+    for i in range(2):
+        name = f"gpu-{MEMBER_REGION}-a100-serving-{i}"
+        gpus = {"cpu": "96", "memory": "1000Gi", "pods": "110", "nvidia.com/gpu": "8"}
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "type": "kwok",
+                        "topology.kubernetes.io/region": MEMBER_REGION,
+                        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                        "sageserve.io/pool": "serving",
+                    },
+                },
+                "status": {"allocatable": gpus, "capacity": gpus},
+            }
+        )
+    nodes.write_text(yaml.safe_dump_all(docs))
+    bin_dir = versions.bin_dir()
+    try:
+        with one_start_at_a_time(tmp_path_factory):
+            kwok_cluster.create(workdir, kubeconfig, bin_dir)
+        inventory.wait_ready(kubeconfig, inventory.create_nodes(kubeconfig, nodes))
+        yield workdir, kubeconfig
+    finally:
+        kwok_cluster.delete(workdir, bin_dir)
+
+
+def _clusters_condition(kubeconfig: Path, namespace: str, status: str) -> dict[str, Any] | None:
+    """The policy's `Clusters` condition when its status is `status`."""
+    conditions = policy_status(kubeconfig, namespace).get("conditions") or []
+    found = next((c for c in conditions if c["type"] == "Clusters"), None)
+    return found if found is not None and found["status"] == status else None
+
+
+def _plan_targets(kubeconfig: Path, namespace: str, region: str) -> list[int]:
+    plan = policy_status(kubeconfig, namespace).get("plan") or {}
+    return [t["target"] for t in plan.get("targets", []) if t["region"] == region]
+
+
+def _computed_at(kubeconfig: Path, namespace: str) -> float:
+    at = (policy_status(kubeconfig, namespace).get("plan") or {}).get("computedAt")
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() if at else 0.0
+
+
+@pytest.mark.usefixtures("restore_node_pools")
+def test_a_silent_member_is_held_at_the_plan_in_force_and_named_then_read_again(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    member: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    member_workdir, member_kubeconfig = member
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "eu-west-kubeconfig", "labels": {LABEL_MEMBER: "eu-west-1"}},
+        "data": {"kubeconfig": base64.b64encode(member_kubeconfig.read_bytes()).decode()},
+    }
+    kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(secret))
+    operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
+    monkeypatch.setenv("SAGESERVE_MEMBER_CLUSTERS", "on")
+    monkeypatch.setenv("SAGESERVE_LEASE_NAMESPACE", namespace)
+    monkeypatch.setenv("SAGESERVE_CLUSTER_NAME", "hub")
+    forecast = {"method": "persistence", "granularitySeconds": 30, "trainingWindowSeconds": 300}
+    here = model_deployment([HUB_REGION], lo=1, hi=2, name="here")
+    there = model_deployment([MEMBER_REGION], lo=1, hi=2, name="there")
+
+    def member_ready() -> bool:
+        out = kubectl(member_kubeconfig, ["get", "--raw", "/readyz"], check=False)
+        return out.returncode == 0
+
+    with KopfRunner(operator_args(namespace), timeout=600) as runner:
+        policy = scaling_policy(
+            "lt-immediate",
+            forecast=forecast,
+            intervals={"planSeconds": 60, "paceSeconds": 2, "cooldownSeconds": 2},
+            forecastGap={"windowSeconds": 20},
+            spot={"enabled": False},
+        )
+        apply(kubeconfig, namespace, policy, here, there)
+        read = eventually(
+            lambda: _clusters_condition(kubeconfig, namespace, "True"),
+            90,
+            "a first plan reading both clusters",
+        )
+        assert read["reason"] == "ClustersReachable"
+        clusters = policy_status(kubeconfig, namespace)["clusters"]
+        by_name = {c["name"]: c for c in clusters}
+        assert by_name["eu-west-1"] == {
+            "name": "eu-west-1",
+            "regions": [MEMBER_REGION],
+            "reachable": True,
+        }
+        assert HUB_REGION in by_name["hub"]["regions"] and by_name["hub"]["reachable"]
+        planned_there = eventually(
+            lambda: _plan_targets(kubeconfig, namespace, MEMBER_REGION), 30, "eu-west in the plan"
+        )
+        first_plan = _computed_at(kubeconfig, namespace)
+
+        # the member's API server goes away for longer than one plan interval (60 s)
+        stopped = threading.Thread(
+            target=kwok_cluster.restart_component,
+            args=(member_workdir, "kube-apiserver", 100.0, member_ready),
+            kwargs={"watch_s": 5.0},  # the member's other components are not needed here
+            daemon=True,
+        )
+        went = time.monotonic()
+        stopped.start()
+        held = eventually(
+            lambda: _clusters_condition(kubeconfig, namespace, "False"),
+            120,
+            "the next plan naming the silent member",
+        )
+        named = time.monotonic() - went
+        assert held["reason"] == "ClusterUnreachable"
+        assert "eu-west-1 (regions eu-west:" in held["message"], held
+        status = policy_status(kubeconfig, namespace)
+        silent = next(c for c in status["clusters"] if c["name"] == "eu-west-1")
+        assert silent["reachable"] is False and silent["regions"] == [MEMBER_REGION]
+        assert _computed_at(kubeconfig, namespace) > first_plan  # the hub's region planned on
+        assert _plan_targets(kubeconfig, namespace, MEMBER_REGION) == planned_there
+        forecasts = {f["region"] for f in status["plan"]["forecasts"]}
+        assert MEMBER_REGION not in forecasts and HUB_REGION in forecasts
+
+        stopped.join(timeout=180)
+        back = time.monotonic()
+        eventually(
+            lambda: _clusters_condition(kubeconfig, namespace, "True"),
+            120,
+            "the member read again at the next plan",
+        )
+        again = time.monotonic() - back
+    assert runner.exception is None, runner.output
+    figure(
+        "member cluster silent",
+        f"named by the plan {named:.0f} s after its API server stopped (plan every 60 s); "
+        f"read again {again:.0f} s after it was back",
+    )
