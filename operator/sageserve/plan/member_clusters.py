@@ -55,10 +55,6 @@ class FleetView:
         held = {r for regions, _ in self.silent.values() for r in regions}
         return frozenset(held | set(self.conflicts))
 
-    def cluster_of(self, region: str) -> str | None:
-        """The cluster that serves `region`, or None when it is in none or in several."""
-        return self.home.get(region)
-
     def condition(self) -> tuple[bool, str, str]:
         """(healthy, reason, message) for a `Clusters` condition: which clusters are silent
         and which regions are held, so a person at 3 a.m. reads the cluster's name."""
