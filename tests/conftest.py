@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 # One BLAS thread per process: the suite runs as two pytest workers beside control planes,
-# operators and twins on a 2-core machine, where OpenBLAS's own threads spin waiting for a
-# core (a regression fit of 2 s alone took 81 s in a loaded full run). Set before any test
-# module imports numpy, and inherited by every process a test starts.
+# operators and twins on a 2-core machine, where OpenBLAS's own threads can spin waiting for
+# a core (the likely reason a regression fit of 2 s alone took 81 s in a loaded CI run).
+# Set before any test module imports numpy, and inherited by every process a test starts.
 for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_blas, "1")
 

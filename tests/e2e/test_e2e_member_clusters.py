@@ -264,7 +264,8 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named_then_read_again(
             forecastGap={"windowSeconds": 20},
             spot={"enabled": False},
         )
-        apply(kubeconfig, namespace, policy, here, there)
+        apply(kubeconfig, namespace, here, there)  # both models before the first plan
+        apply(kubeconfig, namespace, policy)
         read = eventually(
             lambda: _clusters_condition(kubeconfig, namespace, "True"),
             90,
@@ -280,7 +281,7 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named_then_read_again(
         }
         assert HUB_REGION in by_name["hub"]["regions"] and by_name["hub"]["reachable"]
         planned_there = eventually(
-            lambda: _plan_targets(kubeconfig, namespace, MEMBER_REGION), 30, "eu-west in the plan"
+            lambda: _plan_targets(kubeconfig, namespace, MEMBER_REGION), 90, "eu-west in the plan"
         )
         first_plan = _computed_at(kubeconfig, namespace)
 
