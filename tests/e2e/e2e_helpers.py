@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -45,3 +46,13 @@ def eventually(
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+#: how the API server's refusal shows in an operator's log: the client's `(403)` and
+#: `Reason: Forbidden`, or an HTTP status line; never a log timestamp's milliseconds
+_REFUSED = re.compile(r"Forbidden|\(403\)|\b(?:HTTP|status:?) 403\b")
+
+
+def refused(log: str) -> bool:
+    """Whether an operator's log shows the API server refusing it (a 403)."""
+    return _REFUSED.search(log) is not None
