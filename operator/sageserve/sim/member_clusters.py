@@ -18,11 +18,12 @@ control plane's, not the data plane's, so requests still reach them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sageserve.plan.member_clusters import ClusterReading, FleetView, fleet_view
+from sageserve.plan.member_clusters import ClusterReading, fleet_view
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,9 @@ class SimCluster:
     #: [from, to) in seconds of the run's clock during which its API server does not answer
     silent: tuple[tuple[float, float], ...] = ()
 
-    def reading(self, now: float) -> ClusterReading:
-        """What the hub reads of this cluster at `now`."""
-        if any(start <= now < end for start, end in self.silent):
-            return ClusterReading(self.name, reachable=False, error="API server silent")
-        return ClusterReading(self.name, self.regions)
+    def silent_at(self, now: float) -> bool:
+        """Whether its API server is silent at `now`."""
+        return any(start <= now < end for start, end in self.silent)
 
 
 @dataclass(frozen=True)
@@ -48,16 +47,11 @@ class SimFleet:
 
     clusters: tuple[SimCluster, ...] = ()
 
-    def view(self, now: float) -> FleetView:
-        """The fleet as the hub reads it at `now` (`plan.member_clusters.fleet_view`)."""
-        home = {r: c.name for c in self.clusters for r in c.regions}
-        return fleet_view((c.reading(now) for c in self.clusters), home)
-
     def held_at(self, now: float) -> frozenset[str]:
-        """Regions held at `now`: those of a silent cluster."""
-        if not any(c.silent for c in self.clusters):
-            return frozenset()
-        return self.view(now).held_regions
+        """Regions held at `now`: those of a silent cluster. The engine asks at every
+        decision, so the view is built once per set of silent clusters."""
+        silent = frozenset(c.name for c in self.clusters if c.silent_at(now))
+        return _held_regions(self, silent) if silent else frozenset()
 
     def shifted(self, start_s: float) -> SimFleet:
         """The silent windows on the run's clock (they are written from the workload's
@@ -117,3 +111,16 @@ def parse_clusters(
             windows.append((start, end))
         out.append(SimCluster(name, regions, tuple(windows)))
     return SimFleet(tuple(out))
+
+
+@functools.cache
+def _held_regions(fleet: SimFleet, silent: frozenset[str]) -> frozenset[str]:
+    """The regions `plan.member_clusters.fleet_view` holds when `silent` do not answer."""
+    home = {r: c.name for c in fleet.clusters for r in c.regions}
+    readings = [
+        ClusterReading(c.name, reachable=False, error="API server silent")
+        if c.name in silent
+        else ClusterReading(c.name, c.regions)
+        for c in fleet.clusters
+    ]
+    return fleet_view(readings, home).held_regions
