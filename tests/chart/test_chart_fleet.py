@@ -1,6 +1,7 @@
 """The chart's fleet roles (docs/regions.md): off by default; the hub may list the Secrets
 of its own namespace and reads its members; a member install runs no operator and grants
-the hub's reader nothing but listing Nodes."""
+the hub what its plan and actuation need there: Nodes, pods and evictions cluster-wide, pod
+sets only in the namespaces it names."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_the_hub_lists_secrets_of_its_own_namespace_only() -> None:
     assert not [r for r in cluster_rules if "secrets" in r["resources"]]
 
 
-def test_a_member_install_runs_no_operator_and_grants_only_listing_nodes() -> None:
+def test_a_member_install_runs_no_operator_and_grants_only_what_actuation_needs() -> None:
     docs = render("fleet.member.enabled=true")
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == [
         ("ClusterRole", "sageserve-member"),
@@ -47,12 +48,38 @@ def test_a_member_install_runs_no_operator_and_grants_only_listing_nodes() -> No
         ("ServiceAccount", "sageserve-member"),
     ]
     [role] = by_kind(docs, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    ]
     [token] = by_kind(docs, "Secret")
     assert token["type"] == "kubernetes.io/service-account-token"
     assert token["metadata"]["annotations"] == {
         "kubernetes.io/service-account.name": "sageserve-member"
     }
+
+
+def test_a_member_lets_the_hub_write_pod_sets_only_in_the_namespaces_it_names() -> None:
+    docs = render("fleet.member.enabled=true", "fleet.member.namespaces={llm,batch}")
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["batch", "llm"]
+    assert not [b for b in by_kind(docs, "ClusterRoleBinding") if "podsets" in b["roleRef"]["name"]]
+    [podsets] = [
+        d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"].endswith("-podsets")
+    ]
+    assert {g for r in podsets["rules"] for g in r["resources"]} == {
+        "deployments",
+        "pods",
+        "horizontalpodautoscalers",
+    }
+    with_keda = render(
+        "fleet.member.enabled=true", "fleet.member.namespaces={llm}", "keda.enabled=true"
+    )
+    [podsets] = [
+        d for d in by_kind(with_keda, "ClusterRole") if d["metadata"]["name"].endswith("-podsets")
+    ]
+    assert "scaledobjects" in {g for r in podsets["rules"] for g in r["resources"]}
 
 
 def test_a_cluster_name_kubernetes_cannot_carry_is_refused_naming_the_value() -> None:

@@ -16,9 +16,11 @@ import pytest
 import yaml
 
 from sageserve.controller import plan_loop
+from sageserve.controller.fleet_kube import FleetKube
 from sageserve.controller.member_clusters import (
     LABEL_MEMBER,
     MemberConfigError,
+    MemberRead,
     Members,
     clusters_status,
     kubeconfig_of,
@@ -105,9 +107,9 @@ def test_a_member_that_does_not_answer_or_cannot_be_dialled_is_silent_not_a_cras
         ]
     )
     members = Members(hub, "sageserve-system", timeout_s=2.0)  # type: ignore[arg-type]
-    readings, nodes = members.read(NodeLabels())
-    assert nodes == []
-    by_name = {r.name: r for r in readings}
+    read = members.read(NodeLabels())
+    assert read.nodes == {} and read.clients == {}
+    by_name = {r.name: r for r in read.readings}
     assert not by_name["west"].reachable and by_name["west"].error
     assert not by_name["broken"].reachable
     assert "no kubeconfig" in by_name["broken"].error
@@ -142,17 +144,30 @@ def test_status_clusters_round_trips_the_regions_a_silent_member_held() -> None:
     assert last_home("junk") == {} and last_home([{"name": "x"}]) == {}
 
 
+class _WestKube(FakeKube):
+    """The member: us-west's nodes and pod sets."""
+
+    def nodes(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        return [n for n in node_docs() if _region(n) == "us-west"]
+
+
 class _FakeMembers:
     """Members whose answers the test sets: `west` serves us-west's nodes or is silent."""
 
-    def __init__(self) -> None:
+    namespace = "sageserve-system"
+
+    def __init__(self, west: FakeKube) -> None:
+        self.west = west
         self.west_answers = True
 
-    def read(self, labels: NodeLabels) -> tuple[list[ClusterReading], list[dict[str, Any]]]:
+    def read(self, labels: NodeLabels) -> MemberRead:
         if not self.west_answers:
-            return [ClusterReading("west", reachable=False, error="dial tcp: i/o timeout")], []
-        west = [n for n in node_docs() if _region(n) == "us-west"]
-        return [ClusterReading("west", frozenset({"us-west"}))], west
+            silent = ClusterReading("west", reachable=False, error="dial tcp: i/o timeout")
+            return MemberRead([silent])
+        west = self.west.nodes()
+        return MemberRead(
+            [ClusterReading("west", frozenset({"us-west"}))], {"west": west}, {"west": self.west}
+        )
 
 
 def _region(node: dict[str, Any]) -> str:
@@ -173,12 +188,11 @@ def _history(west_tps: float) -> dict[tuple[str, str], list[float]]:
     return out
 
 
-def test_a_silent_member_is_held_at_the_plan_in_force_and_named(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    members = _FakeMembers()
-    monkeypatch.setattr(plan_loop, "members_of", lambda hub, env: members)
-    kube = _HubKube(current={(MODEL, r, "h100"): 2 for r in REGIONS})
+def test_a_silent_member_is_held_at_the_plan_in_force_and_named() -> None:
+    west = _WestKube(current={(MODEL, "us-west", "h100"): 2})
+    members = _FakeMembers(west)
+    hub = _HubKube(current={(MODEL, r, "h100"): 2 for r in REGIONS if r != "us-west"})
+    kube = FleetKube(hub, members, "hub", NodeLabels())  # type: ignore[arg-type]
     body = policy_body()
     first = plan_loop.PlanPass(kube, body, [], LOG).run(  # type: ignore[arg-type]
         FakeReader(_history(3000.0)), NodeLabels()
@@ -186,7 +200,7 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named(
     assert first is not None
     west_target = {k: n for k, n in first.targets.items() if k[1] == "us-west"}
     assert sum(west_target.values()) > 0  # planned on the member's GPUs
-    written = next(p for p in reversed(kube.patches) if "clusters" in p)
+    written = next(p for p in reversed(hub.patches) if "clusters" in p)
     assert written["clusters"] == [
         {"name": "hub", "regions": ["us-central", "us-east"], "reachable": True},
         {"name": "west", "regions": ["us-west"], "reachable": True},
@@ -196,14 +210,15 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named(
     # west goes silent; its load would now ask for far more, but nobody can see or act there
     body["status"] = {"plan": written["plan"], "clusters": written["clusters"]}
     members.west_answers = False
-    kube.events.clear()
+    kube.refresh(force=True)
+    hub.events.clear()
     second = plan_loop.PlanPass(kube, body, [], LOG).run(  # type: ignore[arg-type]
         FakeReader(_history(30000.0)), NodeLabels()
     )
     assert second is not None
     assert {k: n for k, n in second.targets.items() if k[1] == "us-west"} == west_target
     assert (MODEL, "us-west") not in second.forecasts
-    written = next(p for p in reversed(kube.patches) if "clusters" in p)
+    written = next(p for p in reversed(hub.patches) if "clusters" in p)
     assert written["clusters"][1] == {
         "name": "west",
         "regions": ["us-west"],
@@ -213,7 +228,7 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named(
     condition = next(c for c in written["conditions"] if c["type"] == "Clusters")
     assert (condition["status"], condition["reason"]) == ("False", "ClusterUnreachable")
     assert "west (regions us-west: dial tcp: i/o timeout)" in condition["message"]
-    assert any(reason == "ClusterUnreachable" for reason, _ in kube.events)
+    assert any(reason == "ClusterUnreachable" for reason, _ in hub.events)
     # the other regions are planned as before
     assert all(
         not math.isnan(f.peak_tps) for (m, r), f in second.forecasts.items() if r != "us-west"

@@ -287,9 +287,15 @@ class TwinProcess:
     """
 
     def __init__(
-        self, kubeconfig: Path, namespace: str, targets_dir: Path, *args: str, timeout: float = 180
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        targets_dir: Path,
+        *args: str,
+        timeout: float = 180,
+        name: str = "twin",
     ) -> None:
-        self.targets_file = targets_dir / f"twin-{namespace}.json"
+        self.targets_file = targets_dir / f"{name}-{namespace}.json"
         args_ = ["twin", "--namespace", namespace, "--kubeconfig", str(kubeconfig)]
         self.command = CommandProcess(
             [*args_, "--targets-file", str(self.targets_file), *args],
@@ -467,6 +473,7 @@ class RouterProcess:
         *args: str,
         timeout: float = 60,
         batch_db: str | None = None,
+        name: str = "router",
     ) -> None:
         import os
         import tempfile
@@ -502,7 +509,7 @@ class RouterProcess:
         )
         self.command, self.proc = command, command.proc
         self.url = "http://" + command.address
-        self.targets_file = targets_dir / f"router-{namespace}.json"
+        self.targets_file = targets_dir / f"{name}-{namespace}.json"
         target = self.url.removeprefix("http://")
         self.targets_file.write_text(json.dumps([{"targets": [target], "labels": {}}]))
 

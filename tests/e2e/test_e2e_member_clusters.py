@@ -59,6 +59,8 @@ def _helm_template(release: str, namespace: str) -> str:
             "1.36.0",
             "--set",
             "fleet.member.enabled=true",
+            "--set",
+            f"fleet.member.namespaces={{{namespace}}}",
         ],
         capture_output=True,
         text=True,
@@ -122,15 +124,20 @@ def test_a_member_is_read_with_the_chart_member_roles_token_alone(
             return base64.b64decode(out.stdout).decode() if out.stdout.strip() else None
 
         member_token = eventually(token, 60, "the member ServiceAccount's token")
-        # what the member role allows: listing Nodes, and nothing else a hub could misuse
+        # what the member role allows: the inventory and spot donation cluster-wide, pod
+        # sets only in the namespaces it names, and nothing else a hub could misuse
         account = f"system:serviceaccount:{namespace}:{release}-sageserve-member"
-        assert _can(kubeconfig, account, "list", "nodes")
+        for verb, what in [("list", "nodes"), ("patch", "nodes"), ("list", "pods")]:
+            assert _can(kubeconfig, account, verb, what, "-A"), (verb, what)
+        for verb, what in [("create", "deployments"), ("patch", "deployments"), ("patch", "pods")]:
+            assert _can(kubeconfig, account, verb, what, "-n", namespace), (verb, what)
+            assert not _can(kubeconfig, account, verb, what, "-n", "default"), (verb, what)
         for verb, what in [
-            ("patch", "nodes"),
-            ("list", "pods"),
             ("list", "secrets"),
+            ("get", "secrets"),
+            ("create", "pods"),
+            ("delete", "nodes"),
             ("create", "deployments"),
-            ("get", "nodes"),
         ]:
             assert not _can(kubeconfig, account, verb, what, "-A"), (verb, what)
 
@@ -150,9 +157,9 @@ def test_a_member_is_read_with_the_chart_member_roles_token_alone(
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
         hub = Kube(client.ApiClient(configuration))
-        readings, nodes = Members(hub, namespace, timeout_s=5.0).read(NodeLabels())
-
-        by_name = {r.name: r for r in readings}
+        read = Members(hub, namespace, timeout_s=5.0).read(NodeLabels())
+        nodes = read.nodes.get("member-east", [])
+        by_name = {r.name: r for r in read.readings}
         assert set(by_name) == {"member-east", "member-gone"}
         east = by_name["member-east"]
         assert east.reachable, east.error
@@ -244,6 +251,7 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named_then_read_again(
         "data": {"kubeconfig": base64.b64encode(member_kubeconfig.read_bytes()).decode()},
     }
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(secret))
+    kubectl(member_kubeconfig, ["create", "namespace", namespace])  # where its pod sets go
     operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
     monkeypatch.setenv("SAGESERVE_MEMBER_CLUSTERS", "on")
     monkeypatch.setenv("SAGESERVE_LEASE_NAMESPACE", namespace)

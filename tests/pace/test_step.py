@@ -63,6 +63,15 @@ def test_emu_weighs_each_instance_by_its_kv_capacity() -> None:
         (endpoint(serving=0, replicas={"h100": 0}, lo=0), None, 0),
         # below the floor: back to it, whatever the load
         (endpoint(inst("a", 10), lo=3), ActionKind.SCALE_OUT, 2),
+        # a scale-in written (replicas 1) whose pod still serves: not taken again below
+        # the floor (a slow controller-manager, a cooldown shorter than pod deletion)
+        (endpoint(inst("a", 5), inst("b", 5), replicas={"h100": 1}), None, 0),
+        # ... while an endpoint with room above its floor may still go on down
+        (
+            endpoint(inst("a", 5), inst("b", 5), inst("c", 5), replicas={"h100": 2}),
+            ActionKind.SCALE_IN,
+            1,
+        ),
     ],
 )
 def test_one_step_per_endpoint(ep: EndpointSnapshot, kind: ActionKind | None, count: int) -> None:

@@ -11,13 +11,33 @@ import contextlib
 import logging
 import os
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from sageserve.dispatch.instance_picker import DEFAULT_PICKER
 
 log = logging.getLogger("sageserve.router")
+
+
+def kube_clients(hub_kubeconfig: str | None) -> tuple[Any, Any]:
+    """(catalogue client, pods client): the default credentials (in-cluster, else the
+    kubeconfig) for both, or with `--hub-kubeconfig` the hub's for the catalogue and the
+    default ones for this cluster's pods; (None, None) means the default for both."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()
+    if not hub_kubeconfig:
+        return None, None
+    try:
+        hub = kube_config.new_client_from_config(config_file=hub_kubeconfig)
+    except (OSError, kube_config.ConfigException) as exc:
+        raise typer.BadParameter(f"--hub-kubeconfig {hub_kubeconfig!r}: {exc}") from None
+    return hub, client.ApiClient()
 
 
 def router_command(
@@ -176,10 +196,19 @@ def router_command(
             "forwards is served there, never sent on (docs/regions.md).",
         ),
     ] = None,
+    hub_kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SAGESERVE_ROUTER_HUB_KUBECONFIG",
+            help="A member cluster's router: read the models, tiers, their key Secrets and "
+            "the plans from the hub cluster at this kubeconfig (the fleet's one source, so "
+            "tenancy and spill-over shares are the hub's), and only the pods from this "
+            "cluster (docs/regions.md).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI API in front of the pod sets: tiers, regions, scale from zero, and
     the Batch API on a durable queue released into the troughs."""
-    from kubernetes import config as kube_config
 
     from sageserve.batch.api import BatchApi
     from sageserve.batch.store import BatchStore
@@ -201,10 +230,7 @@ def router_command(
     except PeerConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        kube_config.load_incluster_config()
-    except kube_config.ConfigException:
-        kube_config.load_kube_config()
+    hub_api, pods_api = kube_clients(hub_kubeconfig)
     url = prometheus_url or os.environ.get("SAGESERVE_PROMETHEUS_URL", "http://127.0.0.1:9090")
     config = RouterConfig(
         max_body_bytes=max_body_bytes,
@@ -248,8 +274,10 @@ def router_command(
             asyncio.get_running_loop(),
             namespace,
             backend_url,
+            api=hub_api,
             pools=pools,
             key_resync_seconds=key_resync_seconds,
+            pods_api=pods_api,
         )
         discovery.start()
         reader = PrometheusReader(url, timeout_s=max(1.0, load_refresh_seconds))

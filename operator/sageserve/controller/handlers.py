@@ -24,6 +24,7 @@ from prometheus_client import start_http_server
 
 from sageserve.api.common import GROUP, VERSION
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
+from sageserve.controller.fleet_kube import FleetWriteError, fleet_of
 from sageserve.controller.inference_pool import gateway_status, reconcile_gateway
 from sageserve.controller.kube import Kube, kube
 from sageserve.controller.pace_loop import Loops
@@ -34,12 +35,13 @@ from sageserve.controller.pool_podsets import (
 )
 from sageserve.controller.semantics import (
     NodeShape,
+    SemanticProblem,
     model_deployment_problems,
     node_shapes,
     shape_counts,
 )
 from sageserve.controller.status import covers, model_deployment_status
-from sageserve.core.labels import NodeLabels
+from sageserve.core.labels import LABEL_REGION, NodeLabels
 from sageserve.keda.scaledobject import fallback_replicas
 from sageserve.keda.server import ExternalScaler, serve
 from sageserve.metrics.exporter import OPERATOR_METRICS
@@ -89,14 +91,17 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
     """One level-triggered pass over a ModelDeployment; returns its new status."""
     raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")}
     md = ModelDeployment.model_validate(raw)
-    k = kube()
+    k = fleet_of(kube(), os.environ)  # pod sets live where their region does
     labels = NodeLabels.from_env(os.environ)
     policies = k.objects(namespace, "scalingpolicies")
+    # a silent member's pod sets are neither checked, written nor deleted until it answers
+    held = k.held_regions()
     problems = model_deployment_problems(
         md,
         policies=[p["metadata"]["name"] for p in policies],
         tiers=k.names(namespace, "workloadtiers"),
         nodes=cluster_node_shapes(k, labels),
+        held=held,
     )
     existing = k.deployments_of(namespace, md.metadata.name)
     applied: list[dict[str, Any]] = []
@@ -110,8 +115,17 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
         # the engine's scheduler follows the policy's instance order: a policy changed
         # later reaches the pod sets on the next resync (a rolling restart)
         scheduling = policy_scheduling(policies, md.spec.policy_ref.name)
-        desired = render_pod_sets(md, current, namespace, uid, labels, scheduling)
-        wanted = {d["metadata"]["name"] for d in desired}
+        desired = [
+            k.placed(d)
+            for d in render_pod_sets(md, current, namespace, uid, labels, scheduling)
+            if d["metadata"]["labels"].get(LABEL_REGION) not in held
+        ]
+        wanted = {d["metadata"]["name"] for d in desired} | {
+            pod_set_name(md.metadata.name, r.name, v.name)
+            for r in md.spec.regions
+            if r.name in held
+            for v in md.spec.variants
+        }
         for deployment in desired:
             have = existing.get(deployment["metadata"]["name"])
             # Applying an unchanged pod set is a no-op for the API server but still a
@@ -120,8 +134,11 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
             mine = {"metadata": deployment["metadata"], "spec": deployment["spec"]}
             if have is not None and covers(have, mine):
                 applied.append(have)
-            else:
+                continue
+            try:
                 applied.append(k.apply(deployment))
+            except FleetWriteError as exc:  # a member's: the others are still applied
+                problems.append(SemanticProblem("MemberClusterRefused", str(exc)))
         for name in sorted(set(existing) - wanted):
             logger.info("deleting pod set %s: its region or variant left the spec", name)
             k.delete_deployment(namespace, name)
@@ -208,7 +225,7 @@ def scaler_lookup(namespace: str, pod_set: str) -> int | None:
     """What the scaler answers for a pod set with no decision recorded in this process
     (just started, or not the leader): the plan the leader last wrote into its
     ScaledObject (`fallback.replicas`), else the pod set's current replicas."""
-    k = kube()
+    k = fleet_of(kube(), os.environ)
     found = k.scaled_object(namespace, pod_set)
     recorded = fallback_replicas(found) if found is not None else None
     return recorded if recorded is not None else k.deployment_replicas(namespace, pod_set)

@@ -84,6 +84,15 @@ class Kube:
         self.apps = client.AppsV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
 
+    def held_regions(self) -> frozenset[str]:
+        """Regions whose pod sets may not be written now: none in one cluster (a fleet of
+        clusters holds a silent member's, `controller.fleet_kube`)."""
+        return frozenset()
+
+    def placed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A pod set as it is written where it lives (here: as it is)."""
+        return body
+
     def names(self, namespace: str, plural: str) -> list[str]:
         """Names of the sageserve objects of one kind in a namespace."""
         return [item["metadata"]["name"] for item in self.objects(namespace, plural)]

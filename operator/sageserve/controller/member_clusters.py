@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -111,26 +111,39 @@ class Members:
         self._members = seen
         return sorted(seen.values(), key=lambda m: m.name)
 
-    def read(self, labels: NodeLabels) -> tuple[list[ClusterReading], list[dict[str, Any]]]:
-        """Each member as this pass reads it, and the GPU nodes of those that answered."""
-        readings: list[ClusterReading] = []
-        nodes: list[dict[str, Any]] = []
+    def read(self, labels: NodeLabels) -> MemberRead:
+        """Each member as this pass reads it: its GPU nodes and client when it answered."""
+        out = MemberRead()
         for member in self.refresh():
             if member.kube is None:
-                readings.append(ClusterReading(member.name, reachable=False, error=member.error))
+                out.readings.append(
+                    ClusterReading(member.name, reachable=False, error=member.error)
+                )
                 continue
             try:
                 listed = member.kube.nodes(timeout_s=self.timeout_s)
             except Exception as exc:  # any failure to read is silence, never a crash
-                readings.append(ClusterReading(member.name, reachable=False, error=_short(exc)))
+                out.readings.append(ClusterReading(member.name, reachable=False, error=short(exc)))
                 continue
             regions = frozenset(n.region for n in parse_nodes(listed, labels))
-            readings.append(ClusterReading(member.name, regions))
-            nodes += listed
-        return readings, nodes
+            out.readings.append(ClusterReading(member.name, regions))
+            out.nodes[member.name] = listed
+            out.clients[member.name] = member.kube
+        return out
 
 
-def _short(exc: BaseException) -> str:
+@dataclass
+class MemberRead:
+    """What one read of the members found."""
+
+    readings: list[ClusterReading] = field(default_factory=list)
+    #: the Nodes of each member that answered
+    nodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: the client of each member that answered
+    clients: dict[str, Kube] = field(default_factory=dict)
+
+
+def short(exc: BaseException) -> str:
     """An API or connection error in one line a condition can carry."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}"[:300]

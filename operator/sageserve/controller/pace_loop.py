@@ -53,10 +53,12 @@ from sageserve.controller.actuation import (
     desired_pod_sets,
 )
 from sageserve.controller.faults import lost_pods
+from sageserve.controller.fleet_kube import FleetKube, fleet_of
 from sageserve.controller.guard import FaultReport, Guard, dry_run, report_after_s
 from sageserve.controller.kube import Kube, ReplicasMoved, kube
 from sageserve.controller.layout_loop import LayoutPass, LayoutState
 from sageserve.controller.leader import LeaderElection, identity
+from sageserve.controller.member_clusters import clusters_status, last_home
 from sageserve.controller.observe import endpoint_snapshots, interactive_ttft_slo, pod_set_changes
 from sageserve.controller.plan_loop import PlanPass, prometheus_reader, recorded_plan
 from sageserve.controller.semantics import SemanticProblem, node_shapes, policy_problems
@@ -267,6 +269,7 @@ class PacePass:
         """Observe → `decide` → apply, for every endpoint of the policy's fleet."""
         if not self.ready():
             return
+        self.report_clusters()
         actuator = Actuator(
             self.kube,
             self.policy,
@@ -322,6 +325,22 @@ class PacePass:
             self.report_deadlines(fleet, samples.deadline_needs)
         except Exception:  # a status write refused: reported again next pass
             self.logger.exception("reporting batch deadlines at risk failed")
+
+    def report_clusters(self) -> None:
+        """With member clusters (`fleet_kube`): the `Clusters` condition and
+        `status.clusters` every pass, so a silent member is named within one pace interval
+        whatever the plan's cadence (its pod sets are then neither listed nor sized)."""
+        if not isinstance(self.kube, FleetKube):
+            return
+        status = self.body.get("status") or {}
+        self.kube.refresh(last_home=last_home(status.get("clusters")))
+        view = self.kube.view
+        self.condition("Clusters", *view.condition())
+        clusters = clusters_status(view, self.kube.readings)
+        if clusters != status.get("clusters"):
+            self.kube.patch_status(
+                self.namespace, "scalingpolicies", self.policy.metadata.name, {"clusters": clusters}
+            )
 
     def ready(self) -> bool:
         """`Ready`: False (and nothing paced) for a simulation-only strategy or a policy
@@ -897,14 +916,24 @@ class Loops(threading.Thread):
                 self.resync(obj)
             except Exception:
                 self.logger.exception("resync of %s failed", obj["metadata"]["name"])
+        if isinstance(k, FleetKube):
+            owners: dict[str, set[str]] = {}
+            for obj in objs:
+                owners.setdefault(obj["metadata"]["namespace"], set()).add(obj["metadata"]["name"])
+            try:
+                for gone in k.collect_orphans(owners):
+                    self.logger.info("deleted pod set %s: its ModelDeployment is gone", gone)
+            except Exception:
+                self.logger.exception("resync: collecting member clusters' orphans failed")
         OPERATOR_METRICS.round_seconds.labels(
             ",".join(self.namespaces or []), "", "resync"
         ).observe(time.monotonic() - started)
 
     def tick(self, now: float) -> None:
-        k = kube()
-        if not self.leading(k, now):
+        hub = kube()
+        if not self.leading(hub, now):
             return
+        k = fleet_of(hub, os.environ)  # the hub alone, or with its member clusters
         if now >= self.next_resync and not (self.sweep and self.sweep.is_alive()):
             # A sweep over every ModelDeployment takes seconds at fleet size: it runs on its
             # own thread so that plan and pace passes keep their cadence meanwhile.

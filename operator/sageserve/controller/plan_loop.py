@@ -27,9 +27,10 @@ from sageserve.api.model_pool import ModelPool, parse_pool
 from sageserve.api.scaling_policy import ScalingPolicy, spill_from_status
 from sageserve.api.workload_tier import TierType
 from sageserve.controller.capacity_observe import capacity_status, interactive_slos, read_windows
+from sageserve.controller.fleet_kube import FleetKube
 from sageserve.controller.guard import dry_run
 from sageserve.controller.kube import Kube
-from sageserve.controller.member_clusters import clusters_status, hub_name, last_home, members_of
+from sageserve.controller.member_clusters import clusters_status, last_home
 from sageserve.controller.pool_podsets import apply_pool_targets
 from sageserve.controller.status import essence, set_condition
 from sageserve.core.labels import NodeLabels
@@ -48,7 +49,6 @@ from sageserve.plan.learned_capacity import (
     planned_theta,
     settings_for,
 )
-from sageserve.plan.member_clusters import ClusterReading, fleet_view
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -260,8 +260,8 @@ class PlanPass:
             return None
         pod_sets = self.kube.deployments_by_owner(self.namespace)
         current = self.sizes(mds, pod_sets)
-        nodes = self.kube.nodes()
-        member_nodes, held, clusters = self.fleet(labels, nodes)
+        held, clusters = self.fleet()
+        nodes = self.kube.nodes()  # every answering cluster's
         current.update(self.held_sizes(held))
         pool_current = {
             (pool.metadata.name, r.name): int(d["spec"].get("replicas") or 0)
@@ -280,7 +280,7 @@ class PlanPass:
             history.interactive,
             history.batch,
             current,
-            gpu_capacity(nodes + member_nodes, labels),
+            gpu_capacity(nodes, labels),
             batch_received=history.received or None,
             pools=[pool for _, pool in pools],
             pool_rates=history.pool_rates,
@@ -304,24 +304,17 @@ class PlanPass:
         self.write(cycle, mds, current, clusters)
         return cycle
 
-    def fleet(
-        self, labels: NodeLabels, own_nodes: list[dict[str, Any]] | None = None
-    ) -> tuple[list[dict[str, Any]], frozenset[str], list[dict[str, Any]] | None]:
-        """The member clusters' GPU nodes (of those that answered), the regions held because
-        their cluster is silent or ambiguous, and `status.clusters`; nothing, and nothing
-        read, when the fleet is this cluster alone. `own_nodes` are this cluster's (read here
-        when not given). Sets the `Clusters` condition."""
-        members = members_of(self.kube, os.environ)
-        if members is None:
-            return [], frozenset(), None
-        nodes = own_nodes if own_nodes is not None else self.kube.nodes()
-        readings, member_nodes = members.read(labels)
-        own = frozenset(n.region for n in parse_nodes(nodes, labels))
-        readings = [ClusterReading(hub_name(os.environ), own), *readings]
+    def fleet(self) -> tuple[frozenset[str], list[dict[str, Any]] | None]:
+        """The regions held because their cluster is silent or ambiguous, and
+        `status.clusters`; nothing when the fleet is this cluster alone (`fleet_kube`).
+        Sets the `Clusters` condition."""
+        if not isinstance(self.kube, FleetKube):
+            return frozenset(), None
         recorded = (self.body.get("status") or {}).get("clusters")
-        view = fleet_view(readings, last_home(recorded))
+        self.kube.refresh(last_home=last_home(recorded))
+        view = self.kube.view
         self.set("Clusters", *view.condition())
-        return member_nodes, view.held_regions, clusters_status(view, readings)
+        return view.held_regions, clusters_status(view, self.kube.readings)
 
     def held_sizes(self, held: frozenset[str]) -> dict[tuple[str, str, str], int]:
         """The sizes of held regions' pod sets: a silent cluster's cannot be read, so the

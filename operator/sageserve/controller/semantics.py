@@ -76,9 +76,12 @@ def model_deployment_problems(
     tiers: Iterable[str],
     nodes: Iterable[NodeShape],
     catalog: PerfCatalog | None = None,
+    held: frozenset[str] = frozenset(),
 ) -> list[SemanticProblem]:
     """Problems of `md` given the policies, tiers and nodes of its cluster/namespace, and
-    the perf profiles (`catalog`, default the bundled ones) for the layout rules."""
+    the perf profiles (`catalog`, default the bundled ones) for the layout rules. The
+    regions in `held` live in a cluster that does not answer now: their nodes are not
+    checked (unread is not absent)."""
     problems: list[SemanticProblem] = []
     spec = md.spec
     if spec.policy_ref.name not in set(policies):
@@ -112,7 +115,7 @@ def model_deployment_problems(
         key = (node.region, node.gpu_type)
         largest[key] = max(largest.get(key, 0), node.gpus)
     for region in spec.regions:
-        if region.max_instances == 0:
+        if region.max_instances == 0 or region.name in held:
             continue
         fits = [
             v

@@ -27,7 +27,6 @@ counts, `sim.window_tokens`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -35,7 +34,6 @@ from typing import Any
 
 from sageserve.api.model_deployment import ModelDeployment
 from sageserve.controller.plan_loop import PlanPass, router_batch_queries, target_entries
-from sageserve.core.labels import NodeLabels
 from sageserve.metrics.exporter import OPERATOR_METRICS
 from sageserve.metrics.prometheus import MetricsUnavailable, PrometheusReader
 from sageserve.plan.preserve import (
@@ -110,7 +108,7 @@ class WindowPass(PlanPass):
             self.set("PlanReady", False, "PrometheusUnreachable", f"no window plan: {exc}")
             return None
         current = self.sizes(mds, self.kube.deployments_by_owner(self.namespace))
-        _, held, clusters = self.fleet(NodeLabels.from_env(os.environ))
+        held, clusters = self.fleet()
         current.update(self.held_sizes(held))
         theta = self.learned_capacity(reader, mds)
         window = plan_window(mds, spec, *window_inputs(prompt, decode, batch), current, theta, held)

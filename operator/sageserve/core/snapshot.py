@@ -146,15 +146,25 @@ class EndpointSnapshot:
     def partial_data(self) -> bool:
         return 0 < self.reporting < self.serving
 
+    @property
+    def leaving(self) -> int:
+        """Ready instances beyond the replicas asked for: a scale-in written but not yet
+        carried out (the ReplicaSet has not deleted the pod yet). A strategy counts them as
+        draining, never as serving, or a second scale-in would take the same pod again and
+        go below minInstances (a world whose scale-in is immediate has none)."""
+        if not self.replicas:
+            return 0
+        return max(0, self.serving - sum(self.replicas.values()))
+
     def observation(self, now: float) -> EndpointObservation:
         """The signals a pacing strategy reads."""
         return EndpointObservation(
             time=now,
             key=self.key,
             emu=self.emu,
-            serving=self.serving,
+            serving=self.serving - self.leaving,
             provisioning=self.provisioning,
-            draining=self.draining,
+            draining=self.draining + self.leaving,
             min_instances=self.min_instances,
             max_instances=self.max_instances,
             tokens_per_s=self.tokens_per_s,

@@ -204,7 +204,11 @@ class Discovery:
         api: client.ApiClient | None = None,
         pools: PoolSwitcher | None = None,
         key_resync_seconds: float = DEFAULT_KEY_RESYNC_SECONDS,
+        pods_api: client.ApiClient | None = None,
     ) -> None:
+        """`api` reads the models, tiers, key Secrets and policies; `pods_api` the pods,
+        when they live in another cluster (a member's router reads its own cluster's pods
+        and the hub's catalogue, docs/regions.md); by default `api` reads both."""
         self.fleet = fleet
         self.pools = pools
         #: routes per namespace and source (ModelDeployments, ModelPools), merged into fleet
@@ -215,6 +219,7 @@ class Discovery:
         self.namespaces = namespaces
         self.url_template = url_template
         self.core = client.CoreV1Api(api)
+        self.pods_core = client.CoreV1Api(pods_api) if pods_api is not None else self.core
         self.custom = client.CustomObjectsApi(api)
         self.stopped = threading.Event()
         #: watches whose first list has not reached the fleet yet
@@ -251,7 +256,7 @@ class Discovery:
 
     def _pods_call(self, ns: str) -> Callable[..., Any]:
         def call(**kw: Any) -> Any:
-            return self.core.list_namespaced_pod(ns, label_selector=LABEL_DEPLOYMENT, **kw)
+            return self.pods_core.list_namespaced_pod(ns, label_selector=LABEL_DEPLOYMENT, **kw)
 
         return call
 

@@ -1,0 +1,398 @@
+"""One plan and one pacing over three real control planes.
+
+The session's cluster is the hub (region us-east, its operator in process); two more
+control planes (their own etcd, API server, controller-manager, scheduler and KWOK GPU
+nodes) are members serving eu-west and ap-south, each with the chart's member role
+installed and read by the hub with that role's token alone. One Prometheus scrapes every
+cluster's pods (the twins register them), as a federated one would.
+
+What a platform team would check:
+1. the hub writes each member's pod sets there (no owner reference a member could
+   garbage-collect), and the members' pods serve;
+2. a model's load in us-east spills over HTTP to another cluster's router, which serves it
+   from its own pods with the hub's catalogue;
+3. a member's API server stopped: the `Clusters` condition names it, its pod sets keep the
+   replicas they had (the load there fell, but nothing is scaled in), the other member keeps
+   pacing (scales out); back, pacing resumes there (the scale-in comes then).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_helpers import eventually, kubectl
+from fault_kit import figure
+from kopf.testing import KopfRunner
+from operator_kit import (
+    A100,
+    REPO,
+    RouterProcess,
+    TwinProcess,
+    apply,
+    model_deployment,
+    operator_args,
+    operator_env,
+    policy_status,
+    scaling_policy,
+)
+
+from e2e import inventory, kwok_cluster, versions
+from sageserve.api.model_deployment import pod_set_name
+from sageserve.controller.member_clusters import LABEL_MEMBER
+from sageserve.metrics.prometheus import PrometheusReader
+
+TRACE = REPO / "data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"
+MODEL = "bloom"
+SERVED = "bigscience/bloom"
+#: bloom-176b on 8 A100s: at 0.05× of the conversation trace an instance idles, at 0.5× it
+#: is saturated (test_e2e_twin.py)
+LOW, HIGH = 0.05, 0.5
+HOME, EU, AP = "us-east", "eu-west", "ap-south"
+
+
+def _nodes(region: str, count: int) -> list[dict[str, Any]]:
+    gpus = {"cpu": "96", "memory": "1000Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": f"gpu-{region}-a100-serving-{i}",
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {
+                    "kubernetes.io/hostname": f"gpu-{region}-a100-serving-{i}",
+                    "type": "kwok",
+                    "topology.kubernetes.io/region": region,
+                    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                    "sageserve.io/pool": "serving",
+                },
+            },
+            "status": {"allocatable": gpus, "capacity": gpus},
+        }
+        for i in range(count)
+    ]
+
+
+@contextmanager
+def _control_plane(
+    tmp_path: Path, factory: pytest.TempPathFactory, region: str
+) -> Iterator[tuple[Path, Path]]:
+    """A member control plane with two 8-GPU A100 nodes in `region`: (workdir, admin
+    kubeconfig)."""
+    from conftest import one_start_at_a_time
+
+    workdir, kubeconfig = tmp_path / f"{region}-kwok", tmp_path / f"{region}-kubeconfig.yaml"
+    nodes = tmp_path / f"{region}-nodes.yaml"
+    nodes.write_text(yaml.safe_dump_all(_nodes(region, 2)))
+    bin_dir = versions.bin_dir()
+    try:
+        with one_start_at_a_time(factory):
+            kwok_cluster.create(workdir, kubeconfig, bin_dir)
+        inventory.wait_ready(kubeconfig, inventory.create_nodes(kubeconfig, nodes))
+        yield workdir, kubeconfig
+    finally:
+        kwok_cluster.delete(workdir, bin_dir)
+
+
+def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
+    """The chart's member role installed in the member (pod sets granted in `namespace`
+    only); a kubeconfig with its ServiceAccount's token and the member's server and CA."""
+    kubectl(admin, ["create", "namespace", namespace])
+    release = f"m{uuid.uuid4().hex[:6]}"
+    rendered = subprocess.run(
+        [
+            str(versions.bin_dir() / "helm"),
+            "template",
+            release,
+            str(REPO / "charts" / "sageserve"),
+            "-n",
+            namespace,
+            "--kube-version",
+            "1.36.0",
+            "--set",
+            "fleet.member.enabled=true",
+            "--set",
+            f"fleet.member.namespaces={{{namespace}}}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    kubectl(admin, ["apply", "-n", namespace, "-f", "-"], stdin=rendered)
+    secret = f"{release}-sageserve-member-token"
+
+    def token() -> str | None:
+        out = kubectl(
+            admin,
+            ["get", "secret", secret, "-n", namespace, "-o", "jsonpath={.data.token}"],
+            check=False,
+        )
+        return base64.b64decode(out.stdout).decode() if out.stdout.strip() else None
+
+    member_token = eventually(token, 60, "the member ServiceAccount's token")
+    doc = yaml.safe_load(admin.read_text())
+    cluster = dict(doc["clusters"][0]["cluster"])
+    if "certificate-authority" in cluster:
+        cluster["certificate-authority-data"] = base64.b64encode(
+            Path(cluster.pop("certificate-authority")).read_bytes()
+        ).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "member", "cluster": cluster}],
+        "users": [{"name": "member", "user": {"token": member_token}}],
+        "contexts": [{"name": "member", "context": {"cluster": "member", "user": "member"}}],
+        "current-context": "member",
+    }
+
+
+def _pod_set(kubeconfig: Path, namespace: str, region: str) -> dict[str, Any] | None:
+    out = kubectl(
+        kubeconfig,
+        ["get", "deployment", pod_set_name(MODEL, region, "a100"), "-n", namespace, "-o", "json"],
+        check=False,
+    )
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def _replicas(kubeconfig: Path, namespace: str, region: str) -> int | None:
+    found = _pod_set(kubeconfig, namespace, region)
+    return None if found is None else int(found["spec"].get("replicas") or 0)
+
+
+def _ready(kubeconfig: Path, namespace: str, region: str) -> int:
+    found = _pod_set(kubeconfig, namespace, region)
+    return 0 if found is None else int((found.get("status") or {}).get("readyReplicas") or 0)
+
+
+def _clusters(kubeconfig: Path, namespace: str, status: str) -> dict[str, Any] | None:
+    conditions = policy_status(kubeconfig, namespace).get("conditions") or []
+    found = next((c for c in conditions if c["type"] == "Clusters"), None)
+    return found if found is not None and found["status"] == status else None
+
+
+def _scaled_in_at(kubeconfig: Path, namespace: str, region: str) -> list[tuple[float, str]]:
+    """When and how the operator scaled `region` in (its Events in the hub)."""
+    out = kubectl(kubeconfig, ["get", "events", "-n", namespace, "-o", "json"])
+    times = []
+    for event in json.loads(out.stdout)["items"]:
+        if event.get("reason") == "ScaledIn" and f"{region}/" in event.get("message", ""):
+            at = event.get("lastTimestamp") or event.get("eventTime")
+            when = datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+            times.append((when, str(event["message"])))
+    return times
+
+
+def bloom() -> dict[str, Any]:
+    md = model_deployment([HOME, EU, AP], A100, gpus=8, theta=114, lo=1, hi=2, name=MODEL)
+    md["metadata"]["annotations"] = {"sageserve.io/perf-profile": "bloom-176b"}
+    md["spec"]["model"] = {"name": SERVED}
+    for region in md["spec"]["regions"]:
+        region["initialInstances"] = 1
+        if region["name"] == HOME:
+            region["maxInstances"] = 1  # its excess must go elsewhere
+    return md
+
+
+@pytest.mark.usefixtures("restore_node_pools")
+def test_one_fleet_over_three_control_planes(
+    kubeconfig: Path,
+    namespace: str,
+    prometheus_url: str,
+    prometheus_targets_dir: Path,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with ExitStack() as stack:
+        members = {
+            region: stack.enter_context(_control_plane(tmp_path, tmp_path_factory, region))
+            for region in (EU, AP)
+        }
+        for region, (_, admin) in members.items():
+            secret = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": f"{region}-kubeconfig", "labels": {LABEL_MEMBER: region}},
+                "data": {
+                    "kubeconfig": base64.b64encode(
+                        yaml.safe_dump(_member_role(admin, namespace)).encode()
+                    ).decode()
+                },
+            }
+            kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(secret))
+        operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
+        monkeypatch.setenv("SAGESERVE_MEMBER_CLUSTERS", "on")
+        monkeypatch.setenv("SAGESERVE_LEASE_NAMESPACE", namespace)
+        monkeypatch.setenv("SAGESERVE_CLUSTER_NAME", "hub")
+        trace = ("--trace", str(TRACE), "--scale", str(LOW))
+        twins = {
+            HOME: stack.enter_context(
+                _closing(TwinProcess(kubeconfig, namespace, prometheus_targets_dir, *trace))
+            )
+        }
+        for region, (_, admin) in members.items():
+            twins[region] = stack.enter_context(
+                _closing(
+                    TwinProcess(
+                        admin,
+                        namespace,
+                        prometheus_targets_dir,
+                        *trace,
+                        "--profile",
+                        f"{MODEL}=bloom-176b",
+                        name=f"twin-{region}",
+                    )
+                )
+            )
+        runner = stack.enter_context(KopfRunner(operator_args(namespace), timeout=900))
+        policy = scaling_policy("reactive", spot={"enabled": False})
+        applied = time.monotonic()
+        apply(kubeconfig, namespace, policy, bloom())
+
+        # 1. each member's pod set written there, without an owner it does not have
+        for region, (_, admin) in members.items():
+            eventually(
+                lambda a=admin, r=region: _ready(a, namespace, r) == 1, 120, f"{region} serving"
+            )
+            found = _pod_set(admin, namespace, region)
+            assert found is not None and "ownerReferences" not in found["metadata"]
+        eventually(lambda: _ready(kubeconfig, namespace, HOME) == 1, 120, "us-east serving")
+        serving = time.monotonic() - applied
+        assert _pod_set(kubeconfig, namespace, EU) is None  # nothing of a member's in the hub
+        read = eventually(lambda: _clusters(kubeconfig, namespace, "True"), 60, "Clusters=True")
+        assert read["reason"] == "ClustersReachable"
+
+        # 2. us-east's excess crosses to another cluster's router
+        peers = {
+            region: stack.enter_context(
+                _closing(
+                    RouterProcess(
+                        admin,
+                        namespace,
+                        twins[region].url,
+                        prometheus_url,
+                        prometheus_targets_dir,
+                        "--hub-kubeconfig",
+                        str(kubeconfig),
+                        name=f"router-{region}",
+                    )
+                )
+            )
+            for region, (_, admin) in members.items()
+        }
+        router = stack.enter_context(
+            _closing(
+                RouterProcess(
+                    kubeconfig,
+                    namespace,
+                    twins[HOME].url,
+                    prometheus_url,
+                    prometheus_targets_dir,
+                    *(a for r, p in peers.items() for a in ("--peer", f"{r}={p.url}")),
+                )
+            )
+        )
+        home = {"x-sageserve-region": HOME}
+        body = {"model": SERVED, "prompt": "Say hello.", "max_tokens": 8}
+        for _ in range(3):
+            status, answer = router.post("/v1/completions", body, home)
+            assert status == 200, answer
+        assert _served(router, EU) + _served(router, AP) == 0  # below 70 %: home
+        twins[HOME].load(HIGH / LOW, f"{namespace}/{MODEL}/{HOME}")
+        reader = PrometheusReader(prometheus_url)
+
+        def home_emu() -> float:
+            loads = reader.pod_loads(namespace)
+            return max((p.kv_usage for n, p in loads.items() if HOME in n), default=0.0)
+
+        eventually(lambda: home_emu() > 0.75, 120, "us-east above 70 % KV usage")
+        hot = time.monotonic()
+
+        def spilled() -> bool:
+            status, _ = router.post("/v1/completions", body, home)
+            return status == 200 and _served(router, EU) + _served(router, AP) > 0
+
+        eventually(spilled, 60, "a us-east request served in another cluster")
+        spill_s = time.monotonic() - hot
+        served_there = {r: _served(p, r) for r, p in peers.items()}
+        assert sum(served_there.values()) >= 1, served_there  # the peer served it itself
+        twins[HOME].load(1.0, f"{namespace}/{MODEL}/{HOME}")
+
+        # 3. ap-south at two instances, then its API server stops as its load falls
+        ap_workdir, ap_admin = members[AP]
+        eu_admin = members[EU][1]
+        twins[AP].load(HIGH / LOW, f"{namespace}/{MODEL}/{AP}")
+        eventually(lambda: _replicas(ap_admin, namespace, AP) == 2, 180, "ap-south scaled out")
+
+        def ap_ready() -> bool:
+            return kubectl(ap_admin, ["get", "--raw", "/readyz"], check=False).returncode == 0
+
+        stopped = threading.Thread(
+            target=kwok_cluster.restart_component,
+            args=(ap_workdir, "kube-apiserver", 90.0, ap_ready),
+            kwargs={"watch_s": 60.0},  # its scheduler and controller-manager come back too
+            daemon=True,
+        )
+        went, went_wall = time.monotonic(), time.time()
+        stopped.start()
+        twins[AP].load(1.0, f"{namespace}/{MODEL}/{AP}")  # idle there now: scale-in is due
+        twins[EU].load(HIGH / LOW, f"{namespace}/{MODEL}/{EU}")
+        held = eventually(lambda: _clusters(kubeconfig, namespace, "False"), 60, "ap-south named")
+        named_s = time.monotonic() - went
+        assert held["reason"] == "ClusterUnreachable" and f"{AP} (regions {AP}:" in held["message"]
+        eventually(lambda: _replicas(eu_admin, namespace, EU) == 2, 120, "eu-west paced meanwhile")
+        assert stopped.is_alive(), "the silence ended before eu-west was paced; lengthen it"
+
+        # back when its API server answers (the thread goes on minding its other components)
+        eventually(lambda: not stopped.is_alive() or ap_ready(), 200, "ap-south's API server")
+        back, back_wall = time.monotonic(), time.time()
+        eventually(lambda: _clusters(kubeconfig, namespace, "True"), 60, "ap-south read again")
+        read_again_s = time.monotonic() - back
+        eventually(lambda: _replicas(ap_admin, namespace, AP) == 1, 180, "ap-south paced again")
+        resumed_s = time.monotonic() - back
+        scaled_in = _scaled_in_at(kubeconfig, namespace, AP)
+        # nothing scaled in while it was silent, and never below its floor once back
+        assert scaled_in and all(t >= back_wall - 2 for t, _ in scaled_in), (
+            went_wall,
+            back_wall,
+            scaled_in,
+        )
+        assert not [m for _, m in scaled_in if f"{AP}/a100=0" in m], scaled_in
+        stopped.join(timeout=120)
+    assert runner.exception is None, runner.output
+    figure(
+        "fleet of three control planes",
+        f"pod sets serving in all three {serving:.0f} s after the ModelDeployment was applied; "
+        f"us-east's excess served in another cluster {spill_s:.0f} s after it passed 70 % KV; "
+        f"a silent member named {named_s:.0f} s after its API server stopped, held at 2 "
+        f"replicas while its load fell, read again {read_again_s:.0f} s and scaled in "
+        f"{resumed_s:.0f} s after it was back",
+    )
+
+
+def _served(router: RouterProcess, region: str) -> float:
+    return router.metric(
+        "sageserve_router_requests_total", model_deployment=MODEL, region=region, code="200"
+    )
+
+
+@contextmanager
+def _closing(process: TwinProcess | RouterProcess) -> Iterator[Any]:
+    try:
+        yield process
+    finally:
+        process.close()
