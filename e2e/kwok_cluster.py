@@ -316,11 +316,15 @@ def restart_component(
 
     def restart_the_fallen() -> None:
         deadline = time.monotonic() + watch_s
-        while time.monotonic() < deadline:
-            alive = _running_components(workdir)
-            for other, how in components.items():
-                if other not in alive:
-                    _start_component(workdir, other, how)
+        # a cluster deleted meanwhile (its test is over) is not brought back
+        while time.monotonic() < deadline and (cluster_dir(workdir) / "pids").is_dir():
+            try:
+                alive = _running_components(workdir)
+                for other, how in components.items():
+                    if other not in alive:
+                        _start_component(workdir, other, how)
+            except OSError:  # deleted between the check and the start
+                return
             time.sleep(1.0)
 
     threading.Thread(target=restart_the_fallen, name="restart-watch", daemon=True).start()

@@ -78,6 +78,8 @@ class FakeKube:
         self.current = dict(current or {})
         self.patches: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
+        #: the type (Normal, Warning) of the last Event of each reason
+        self.event_types: dict[str, str] = {}
 
     def objects(self, namespace: str, plural: str) -> list[dict[str, Any]]:
         return {"modeldeployments": self.mds, "workloadtiers": tier_docs()}.get(plural, [])
@@ -96,6 +98,7 @@ class FakeKube:
 
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
+        self.event_types[reason] = type_
 
     def plan(self) -> dict[str, Any]:
         """The last `status.plan` written."""

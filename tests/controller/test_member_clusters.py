@@ -206,6 +206,7 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named() -> None:
         {"name": "west", "regions": ["us-west"], "reachable": True},
     ]
     assert any(c["type"] == "Clusters" and c["status"] == "True" for c in written["conditions"])
+    assert hub.event_types["ClustersReachable"] == "Normal"
 
     # west goes silent; its load would now ask for far more, but nobody can see or act there
     body["status"] = {"plan": written["plan"], "clusters": written["clusters"]}
@@ -229,6 +230,7 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named() -> None:
     assert (condition["status"], condition["reason"]) == ("False", "ClusterUnreachable")
     assert "west (regions us-west: dial tcp: i/o timeout)" in condition["message"]
     assert any(reason == "ClusterUnreachable" for reason, _ in hub.events)
+    assert hub.event_types["ClusterUnreachable"] == "Warning"
     # the other regions are planned as before
     assert all(
         not math.isnan(f.peak_tps) for (m, r), f in second.forecasts.items() if r != "us-west"

@@ -508,7 +508,8 @@ class PlanPass:
         )
         if before.get(type_) == ("True" if ok else "False", reason):
             return None
-        return ("Normal" if ok and reason == "Planned" else "Warning", reason, message)
+        # a plan with a shortfall is made (True) but asks for attention
+        return ("Normal" if ok and reason != "Shortfall" else "Warning", reason, message)
 
     def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
         """Set a condition, and write it and post an Event when it changes."""
