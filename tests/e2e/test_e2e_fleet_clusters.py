@@ -407,8 +407,8 @@ def test_one_fleet_over_three_control_planes(
         f"pod sets serving in all three {serving:.0f} s after the ModelDeployment was applied; "
         f"a spill-over share of us-east planned {planned_s:.0f} s after its load rose "
         f"({', '.join(f'{r} {v:.2f}' for r, v in sorted(shares.items()))}), "
-        f"{served[EU] + served[AP]} of {sent} requests then served in other clusters "
-        f"({served[EU]} eu-west, {served[AP]} ap-south); "
+        f"{served[EU] + served[AP]:.0f} of {sent} requests then served in other clusters "
+        f"({served[EU]:.0f} eu-west, {served[AP]:.0f} ap-south); "
         f"a silent member named {named_s:.0f} s after its API server stopped, held at 2 "
         f"replicas while its load fell, read again {read_again_s:.1f} s and scaled in "
         f"{resumed_s:.1f} s after it was back",
