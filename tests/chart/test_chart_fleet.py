@@ -80,6 +80,16 @@ def test_a_member_lets_the_hub_write_pod_sets_only_in_the_namespaces_it_names() 
         d for d in by_kind(with_keda, "ClusterRole") if d["metadata"]["name"].endswith("-podsets")
     ]
     assert "scaledobjects" in {g for r in podsets["rules"] for g in r["resources"]}
+    with_pools = render(
+        "fleet.member.enabled=true",
+        "fleet.member.namespaces={llm}",
+        "gateway.inferencePool.enabled=true",
+    )
+    [podsets] = [
+        d for d in by_kind(with_pools, "ClusterRole") if d["metadata"]["name"].endswith("-podsets")
+    ]
+    granted = {g for r in podsets["rules"] for g in r["resources"]}
+    assert {"inferencepools", "inferenceobjectives"} <= granted
 
 
 def test_a_cluster_name_kubernetes_cannot_carry_is_refused_naming_the_value() -> None:

@@ -378,11 +378,33 @@ class _Custom:
 
 
 class _Kube:
+    spans_clusters = False
+
     def __init__(self, custom: _Custom) -> None:
         self.custom = custom
 
     def objects(self, namespace: str, plural: str) -> list[dict[str, Any]]:
         return list(self.custom.list_namespaced_custom_object("", "", namespace, plural)["items"])
+
+    def by_cluster(self, regions: Any) -> list[tuple[Any, frozenset[str], bool]]:
+        return [(self, frozenset(regions), False)]
+
+
+class _Fleet(_Kube):
+    """A hub with us-east and us-central, a member serving us-west."""
+
+    spans_clusters = True
+
+    def __init__(self, custom: _Custom, member: _Custom) -> None:
+        super().__init__(custom)
+        self.member = _Kube(member)
+
+    def by_cluster(self, regions: Any) -> list[tuple[Any, frozenset[str], bool]]:
+        regions = set(regions)
+        return [
+            (self, frozenset(regions - {"us-west"}), False),
+            (self.member, frozenset(regions & {"us-west"}), True),
+        ]
 
 
 FULL = {
@@ -506,3 +528,35 @@ def test_a_picker_name_too_long_for_some_pool_is_a_condition_naming_the_fix() ->
 def test_the_placeholder_is_the_only_brace_allowed_in_a_picker_name() -> None:
     with pytest.raises(ip.GatewayConfigError, match="name: String should match pattern"):
         ip.parse_endpoint_picker("{region}-epp:9002")
+
+
+def test_in_a_fleet_each_regions_pools_live_with_its_pods_exported_to_the_cluster_set() -> None:
+    hub, member = _Custom(FULL), _Custom(FULL)
+    ip.forget_discovery()
+    md = _llama()
+    outcome = ip.reconcile_gateway(_Fleet(hub, member), md, "llm", "uid-1", [], ENV)  # type: ignore[arg-type]
+    assert (outcome.ok, outcome.reason) == (True, "PoolsApplied")
+    assert len(outcome.pools) == 3 and len(outcome.objectives) == 9
+    in_hub = {k[4]: o for k, o in hub.store.items() if k[3] == "inferencepools"}
+    in_member = {k[4]: o for k, o in member.store.items() if k[3] == "inferencepools"}
+    assert sorted(in_hub) == ["llama-2-70b-us-central", "llama-2-70b-us-east"]
+    assert sorted(in_member) == ["llama-2-70b-us-west"]
+    west = in_member["llama-2-70b-us-west"]["metadata"]
+    assert "ownerReferences" not in west  # a member's GC would delete it otherwise
+    assert in_hub["llama-2-70b-us-east"]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    for pool in [*in_hub.values(), *in_member.values()]:
+        assert pool["metadata"]["annotations"] == {ip.EXPORT_ANNOTATION: "ClusterSet"}
+    assert sorted(k[4] for k in member.store if k[3] == "inferenceobjectives") == [
+        "llama-2-70b-us-west-iw-f",
+        "llama-2-70b-us-west-iw-n",
+        "llama-2-70b-us-west-niw",
+    ]
+
+
+def test_a_member_without_the_inference_pool_api_is_named_and_the_others_applied() -> None:
+    hub, member = _Custom(FULL), _Custom({})
+    ip.forget_discovery()
+    outcome = ip.reconcile_gateway(_Fleet(hub, member), _llama(), "llm", "uid-1", [], ENV)  # type: ignore[arg-type]
+    assert (outcome.ok, outcome.reason) == (False, "InferencePoolApiAbsent")
+    assert "region(s) us-west do not serve" in outcome.message
+    assert outcome.pools == ["llama-2-70b-us-central", "llama-2-70b-us-east"]

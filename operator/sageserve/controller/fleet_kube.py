@@ -154,6 +154,23 @@ class FleetKube(Kube):
         meta = {k: v for k, v in body["metadata"].items() if k != "ownerReferences"}
         return {**body, "metadata": meta}
 
+    def by_cluster(self, regions: Iterable[str]) -> list[tuple[Kube, frozenset[str], bool]]:
+        """`regions` by home cluster, for the clusters that answer (a held region is in
+        none: nothing of it is written or deleted)."""
+        self.refresh()
+        grouped: dict[str, set[str]] = {}
+        for region in regions:
+            cluster = self.cluster_of_region(region)
+            if cluster is not None and cluster in self.clients:
+                grouped.setdefault(cluster, set()).add(region)
+        return [
+            (self.clients[c], frozenset(rs), c != self.name) for c, rs in sorted(grouped.items())
+        ]
+
+    @property
+    def spans_clusters(self) -> bool:
+        return True
+
     # ---- listings: every answering cluster --------------------------------------------
 
     def _each(self, fn: Callable[[Kube], T]) -> dict[str, T]:

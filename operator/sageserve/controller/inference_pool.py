@@ -71,6 +71,10 @@ OBJECTIVE_PLURAL = "inferenceobjectives"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 #: Label naming the WorkloadTier an InferenceObjective stands for.
 LABEL_TIER = "sageserve.io/tier"
+#: GAIE's multi-cluster export (proposal 1374): the pool is mirrored into every cluster of
+#: the ClusterSet as an InferencePoolImport
+EXPORT_ANNOTATION = "inference.networking.x-k8s.io/export"
+EXPORT_TO = "ClusterSet"
 
 #: Environment the operator reads (set by `sageserve operator` and the Helm chart).
 ENV_POOLS = "SAGESERVE_INFERENCE_POOLS"
@@ -462,17 +466,34 @@ def _owned(k: Kube, api: tuple[str, str], plural: str, namespace: str, md: str) 
     return {o["metadata"]["name"]: o for o in listed.get("items") or []}
 
 
+def _region(body: Mapping[str, Any]) -> str:
+    return str(body["metadata"]["labels"][LABEL_REGION])
+
+
+def exported(pool: dict[str, Any], fleet: bool) -> dict[str, Any]:
+    """A pool as written in a fleet of clusters: annotated for export to the ClusterSet
+    (GAIE's multi-cluster InferencePools: a multi-cluster controller mirrors it into the
+    other clusters as an InferencePoolImport of the same name, which their HTTPRoutes can
+    name as a backend); as it is in one cluster."""
+    if not fleet:
+        return pool
+    meta = dict(pool["metadata"])
+    meta["annotations"] = {**(meta.get("annotations") or {}), EXPORT_ANNOTATION: EXPORT_TO}
+    return {**pool, "metadata": meta}
+
+
 def _sync(
     k: Kube,
     api: tuple[str, str],
     plural: str,
     namespace: str,
-    md: str,
+    md: ModelDeployment,
     desired: Sequence[dict[str, Any]],
 ) -> list[str]:
     """Apply `desired` (server-side, skipping what already matches) and delete the owned
-    objects no longer desired; returns the names now owned."""
-    existing = _owned(k, api, plural, namespace, md)
+    objects no longer desired; returns the names now owned. In a member, the objects carry
+    no owner reference (the ModelDeployment is the hub's)."""
+    existing = _owned(k, api, plural, namespace, md.metadata.name)
     for body in desired:
         name = body["metadata"]["name"]
         have = existing.get(name)
@@ -501,6 +522,41 @@ def _sync(
 
 def _refused(exc: ApiException) -> str:
     return f"{exc.status} {exc.reason}: {str(exc.body or '')[:300]}"
+
+
+def _sync_where_served(
+    k: Kube,
+    md: ModelDeployment,
+    scope: PoolScope,
+    picker: EndpointPicker,
+    tiers: Mapping[str, TierPriority],
+    apis: ServedApis,
+    namespace: str,
+    uid: str | None,
+) -> tuple[list[str], list[str], list[str]]:
+    """Each region's pools and objectives where its pods are (a member region's in the
+    member, `Kube.by_cluster`): (pools, objectives, regions whose cluster serves no
+    InferencePool API)."""
+    pool_names: list[str] = []
+    objective_names: list[str] = []
+    absent: list[str] = []
+    for client, regions, remote in k.by_cluster(r.name for r in md.spec.regions):
+        served = served_apis(client) if remote else apis
+        if not served.pools:
+            absent += sorted(regions)
+            continue
+        pools, objectives = render_gateway(
+            md, scope, picker, tiers, served.objective, namespace, None if remote else uid
+        )
+        pools = [exported(p, k.spans_clusters) for p in pools if _region(p) in regions]
+        pool_api = (POOL_GROUP, POOL_VERSION)
+        pool_names += _sync(client, pool_api, POOL_PLURAL, namespace, md, pools)
+        if served.objective is not None:
+            objectives = [o for o in objectives if _region(o) in regions]
+            objective_names += _sync(
+                client, served.objective, OBJECTIVE_PLURAL, namespace, md, objectives
+            )
+    return pool_names, objective_names, absent
 
 
 def reconcile_gateway(
@@ -550,18 +606,23 @@ def reconcile_gateway(
     if problem is not None:
         return GatewayOutcome(False, "InvalidEndpointPicker", problem)
     tiers = tier_priorities(k.objects(namespace, "workloadtiers"))
-    pools, objectives = render_gateway(md, scope, picker, tiers, apis.objective, namespace, uid)
-    name = md.metadata.name
     try:
-        pool_names = _sync(k, (POOL_GROUP, POOL_VERSION), POOL_PLURAL, namespace, name, pools)
-        objective_names = (
-            _sync(k, apis.objective, OBJECTIVE_PLURAL, namespace, name, objectives)
-            if apis.objective is not None
-            else []
+        pool_names, objective_names, absent = _sync_where_served(
+            k, md, scope, picker, tiers, apis, namespace, uid
         )
     except ApiException as exc:
         forget_discovery()  # a CRD removed meanwhile answers 404: look again next pass
         return GatewayOutcome(False, "ApplyFailed", f"InferencePools: {_refused(exc)}")
+    if absent:
+        return GatewayOutcome(
+            False,
+            "InferencePoolApiAbsent",
+            f"the member cluster(s) of region(s) {', '.join(absent)} do not serve "
+            f"{POOL_GROUP}/{POOL_VERSION} {POOL_KIND}: install the Gateway API Inference "
+            "Extension CRDs there; the other regions' pools are applied",
+            sorted(pool_names),
+            sorted(objective_names),
+        )
     api = f"{apis.objective[0]}/{apis.objective[1]}" if apis.objective else None
     where = "per (region, variant)" if scope is PoolScope.VARIANT else "per region"
     message = (

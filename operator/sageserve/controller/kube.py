@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -92,6 +93,16 @@ class Kube:
     def placed(self, body: dict[str, Any]) -> dict[str, Any]:
         """A pod set as it is written where it lives (here: as it is)."""
         return body
+
+    def by_cluster(self, regions: Iterable[str]) -> list[tuple[Kube, frozenset[str], bool]]:
+        """`regions` grouped by the cluster that serves them: (its client, its regions,
+        whether it is a member rather than this cluster). One cluster: this one, all."""
+        return [(self, frozenset(regions), False)]
+
+    @property
+    def spans_clusters(self) -> bool:
+        """Whether the fleet is several clusters (`controller.fleet_kube`)."""
+        return False
 
     def names(self, namespace: str, plural: str) -> list[str]:
         """Names of the sageserve objects of one kind in a namespace."""
