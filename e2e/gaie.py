@@ -15,6 +15,7 @@ from e2e import gobuild, versions
 
 POOL_CRD = "inference.networking.k8s.io_inferencepools.yaml"
 OBJECTIVE_CRD = "inference.networking.x-k8s.io_inferenceobjectives.yaml"
+IMPORT_CRD = "inference.networking.x-k8s.io_inferencepoolimports.yaml"
 
 
 def module_dir(version: str, module: str = versions.GAIE_MODULE) -> Path:
@@ -43,6 +44,11 @@ def pool_crd() -> Path:
 def objective_crd() -> Path:
     """InferenceObjective (inference.networking.x-k8s.io/v1alpha2)."""
     return _crd(versions.GAIE_OBJECTIVE_VERSION, OBJECTIVE_CRD)
+
+
+def import_crd() -> Path:
+    """InferencePoolImport (inference.networking.x-k8s.io/v1alpha1, multi-cluster)."""
+    return _crd(versions.GAIE_VERSION, IMPORT_CRD)
 
 
 def gateway_api_crds() -> list[Path]:

@@ -314,6 +314,7 @@ def test_status_names_pools_and_sets_the_condition() -> None:
     assert status["gateway"] == {
         "inferencePools": ["a", "b"],
         "inferenceObjectives": ["x", "y"],
+        "routes": [],
         "objectiveApi": "llm-d.ai/v1alpha2",
     }
     assert [c["type"] for c in status["conditions"]] == ["InferencePools", "Ready"]
@@ -324,7 +325,7 @@ def test_status_names_pools_and_sets_the_condition() -> None:
         3,
     )
     off = ip.gateway_status([], ip.GatewayOutcome(False, "InferencePoolApiAbsent", "m"), NOW, 1)
-    assert off["gateway"] == {"inferencePools": [], "inferenceObjectives": []}
+    assert off["gateway"] == {"inferencePools": [], "inferenceObjectives": [], "routes": []}
     assert off["conditions"][0]["status"] == "False"
 
 
@@ -560,3 +561,107 @@ def test_a_member_without_the_inference_pool_api_is_named_and_the_others_applied
     assert (outcome.ok, outcome.reason) == (False, "InferencePoolApiAbsent")
     assert "region(s) us-west do not serve" in outcome.message
     assert outcome.pools == ["llama-2-70b-us-central", "llama-2-70b-us-east"]
+
+
+# --- the plan's spill-over shares as HTTPRoute weights ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shares", "home", "away"),
+    [
+        ({}, 1000, {}),
+        ({"b": 0.19}, 810, {"b": 190}),
+        ({"b": 0.2, "c": 0.05}, 750, {"b": 200, "c": 50}),
+        # more than all of it planned away (rounding in the plan): scaled to all of it
+        ({"b": 0.6, "c": 0.6}, 0, {"b": 500, "c": 500}),
+        # a share too small for a weight, or none, names no backend
+        ({"b": 0.0004, "c": 0.0, "d": -0.1}, 1000, {}),
+    ],
+)
+def test_route_weights_follow_the_planned_shares(
+    shares: dict[str, float], home: int, away: dict[str, int]
+) -> None:
+    assert ip.route_weights(shares) == (home, away)
+
+
+ROUTED = {
+    **FULL,
+    ("gateway.networking.k8s.io", "v1"): ["httproutes"],
+    ("inference.networking.x-k8s.io", "v1alpha1"): ["inferencepoolimports"],
+}
+
+
+def _policy_with_spill(home: str, to: str, share: float) -> dict[str, Any]:
+    return {
+        "metadata": {"name": _llama().spec.policy_ref.name},
+        "status": {
+            "plan": {
+                "spillover": [{"model": "llama-2-70b", "from": home, "to": to, "share": share}]
+            }
+        },
+    }
+
+
+def test_a_region_alone_in_its_cluster_gets_a_route_weighted_by_the_plan() -> None:
+    hub, member = _Custom(ROUTED), _Custom(ROUTED)
+    ip.forget_discovery()
+    md = _llama(gateway={"route": {"parentRefs": [{"name": "inference-gw"}]}})
+    policies = [_policy_with_spill("us-west", "us-east", 0.25)]
+    outcome = ip.reconcile_gateway(_Fleet(hub, member), md, "llm", "uid-1", policies, ENV)  # type: ignore[arg-type]
+    assert outcome.routes == ["llama-2-70b-us-west"]
+    [route] = [o for k, o in member.store.items() if k[3] == "httproutes"]
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gw"}
+    ]
+    [rule] = route["spec"]["rules"]
+    assert rule["matches"][0]["headers"][0]["name"] == "X-Gateway-Model-Name"
+    assert rule["backendRefs"] == [
+        {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": "llama-2-70b-us-west",
+            "weight": 750,
+        },
+        {
+            "group": "inference.networking.x-k8s.io",
+            "kind": "InferencePoolImport",
+            "name": "llama-2-70b-us-east",
+            "weight": 250,
+        },
+    ]
+    assert "ownerReferences" not in route["metadata"]
+    # the hub holds two of the model's regions: its gateway cannot tell whose share a
+    # request is, so no route there, and the condition says so
+    assert not [k for k in hub.store if k[3] == "httproutes"]
+    assert (outcome.ok, outcome.reason) == (False, "RouteNotWritten")
+    assert "us-east: it shares its cluster with another of the model's regions" in outcome.message
+
+    # the plan moves: the weights follow; the route asked for no more: it goes
+    policies = [_policy_with_spill("us-west", "us-east", 0.1)]
+    ip.reconcile_gateway(_Fleet(hub, member), md, "llm", "uid-1", policies, ENV)  # type: ignore[arg-type]
+    [route] = [o for k, o in member.store.items() if k[3] == "httproutes"]
+    assert [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]] == [900, 100]
+    ip.reconcile_gateway(_Fleet(hub, member), _llama(), "llm", "uid-1", policies, ENV)  # type: ignore[arg-type]
+    assert not [k for k in member.store if k[3] == "httproutes"]
+
+
+def test_without_inference_pool_imports_a_route_keeps_its_regions_requests_home() -> None:
+    hub, member = (
+        _Custom(ROUTED),
+        _Custom({**FULL, ("gateway.networking.k8s.io", "v1"): ["httproutes"]}),
+    )
+    ip.forget_discovery()
+    md = _llama(gateway={"route": {"parentRefs": [{"name": "inference-gw"}]}})
+    policies = [_policy_with_spill("us-west", "us-east", 0.25)]
+    ip.reconcile_gateway(_Fleet(hub, member), md, "llm", "uid-1", policies, ENV)  # type: ignore[arg-type]
+    [route] = [o for k, o in member.store.items() if k[3] == "httproutes"]
+    assert [b["name"] for b in route["spec"]["rules"][0]["backendRefs"]] == ["llama-2-70b-us-west"]
+
+
+def test_a_route_in_one_cluster_is_refused_naming_why() -> None:
+    custom = _Custom(ROUTED)
+    md = _llama(gateway={"route": {"parentRefs": [{"name": "inference-gw"}]}})
+    outcome = _pass(custom, md)
+    assert (outcome.ok, outcome.reason) == (False, "RouteNotWritten")
+    assert "routes carry shares between clusters; this fleet is one cluster" in outcome.message
+    assert outcome.pools and not [k for k in custom.store if k[3] == "httproutes"]

@@ -50,8 +50,9 @@ from operator_kit import (
     scaling_policy,
 )
 
-from e2e import inventory, kwok_cluster, versions
+from e2e import gaie, inventory, kwok_cluster, versions
 from sageserve.api.model_deployment import pod_set_name
+from sageserve.controller import inference_pool
 from sageserve.controller.member_clusters import LABEL_MEMBER
 from sageserve.metrics.prometheus import PrometheusReader
 
@@ -127,6 +128,8 @@ def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
             "fleet.member.enabled=true",
             "--set",
             f"fleet.member.namespaces={{{namespace}}}",
+            "--set",
+            "gateway.inferencePool.enabled=true",
         ],
         capture_output=True,
         text=True,
@@ -159,6 +162,49 @@ def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
         "contexts": [{"name": "member", "context": {"cluster": "member", "user": "member"}}],
         "current-context": "member",
     }
+
+
+#: the Gateway API Inference Extension's CRDs (multi-cluster import included) and the
+#: Gateway API's, in every cluster
+CRDS = (
+    "inferencepools.inference.networking.k8s.io",
+    "inferenceobjectives.inference.networking.x-k8s.io",
+    "inferencepoolimports.inference.networking.x-k8s.io",
+    "gatewayclasses.gateway.networking.k8s.io",
+    "gateways.gateway.networking.k8s.io",
+    "httproutes.gateway.networking.k8s.io",
+)
+
+
+@contextmanager
+def _gateway_crds(*kubeconfigs: Path) -> Iterator[None]:
+    """The CRDs installed in each cluster, removed afterwards (the session's cluster serves
+    later tests that expect none)."""
+    paths = [*gaie.crd_paths(), gaie.import_crd(), *gaie.gateway_api_crds()]
+    try:
+        for kc in kubeconfigs:
+            for path in paths:
+                kubectl(kc, ["apply", "--server-side", "--force-conflicts", "-f", str(path)])
+            kubectl(kc, ["wait", "--for=condition=Established", "crd", *CRDS, "--timeout=60s"])
+        inference_pool.forget_discovery()
+        yield
+    finally:
+        kubectl(kubeconfigs[0], ["delete", "crd", *CRDS, "--ignore-not-found", "--wait=true"])
+        inference_pool.forget_discovery()
+
+
+def _custom(kubeconfig: Path, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+    out = kubectl(kubeconfig, ["get", kind, name, "-n", namespace, "-o", "json"], check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def _weights(kubeconfig: Path, namespace: str, name: str) -> dict[str, int] | None:
+    """An HTTPRoute's backends: `<kind>/<name>` → weight."""
+    route = _custom(kubeconfig, namespace, "httproutes.gateway.networking.k8s.io", name)
+    if route is None:
+        return None
+    [rule] = route["spec"]["rules"]
+    return {f"{b['kind']}/{b['name']}": int(b["weight"]) for b in rule["backendRefs"]}
 
 
 def _pod_set(kubeconfig: Path, namespace: str, region: str) -> dict[str, Any] | None:
@@ -204,6 +250,8 @@ def bloom() -> dict[str, Any]:
     md = model_deployment([HOME, EU, AP], A100, gpus=8, theta=600, lo=1, hi=2, name=MODEL)
     md["metadata"]["annotations"] = {"sageserve.io/perf-profile": "bloom-176b"}
     md["spec"]["model"] = {"name": SERVED}
+    # through a gateway too: each region's HTTPRoute carries the plan's shares as weights
+    md["spec"]["gateway"] = {"route": {"parentRefs": [{"name": "inference-gateway"}]}}
     for region in md["spec"]["regions"]:
         region["initialInstances"] = 1
         if region["name"] == HOME:
@@ -238,7 +286,9 @@ def test_one_fleet_over_three_control_planes(
                 },
             }
             kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(secret))
+        stack.enter_context(_gateway_crds(kubeconfig, *(a for _, a in members.values())))
         operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)
+        monkeypatch.setenv("SAGESERVE_ENDPOINT_PICKER", "{pool}-epp:9002")
         monkeypatch.setenv("SAGESERVE_MEMBER_CLUSTERS", "on")
         monkeypatch.setenv("SAGESERVE_LEASE_NAMESPACE", namespace)
         monkeypatch.setenv("SAGESERVE_CLUSTER_NAME", "hub")
@@ -320,6 +370,7 @@ def test_one_fleet_over_three_control_planes(
                 )
             )
         )
+        ap_workdir, ap_admin = members[AP]
         home = {"x-sageserve-region": HOME}
         body = {"model": SERVED, "prompt": "Say hello.", "max_tokens": 4}
         status, answer = router.post("/v1/completions", body, home)
@@ -353,6 +404,30 @@ def test_one_fleet_over_three_control_planes(
             assert served[region] / sent <= shares.get(region, 0.0) + 1.5 / sent, (served, shares)
         served_there = {r: _served(p, r) for r, p in peers.items()}
         assert served_there[EU] >= served[EU] and served_there[AP] >= served[AP], served_there
+        # the same shares reach a gateway: us-east's HTTPRoute in the hub weighs its own
+        # pool against the members' pools imported (InferencePoolImport), within a resync
+        home_pool, ap_pool = f"{MODEL}-{HOME}", f"{MODEL}-{AP}"
+
+        def routed() -> dict[str, int] | None:
+            plan = _shares(kubeconfig, namespace) or {}
+            weights = _weights(kubeconfig, namespace, home_pool)
+            expected = {
+                f"InferencePoolImport/{MODEL}-{r}": round(1000 * v) for r, v in plan.items()
+            }
+            if weights is None or any(weights.get(k) != w for k, w in expected.items()):
+                return None
+            return weights
+
+        weights = eventually(routed, 90, "us-east's HTTPRoute weighted by the plan")
+        assert weights[f"InferencePool/{home_pool}"] == 1000 - sum(
+            w for k, w in weights.items() if k.startswith("InferencePoolImport/")
+        )
+        pool = _custom(ap_admin, namespace, "inferencepools.inference.networking.k8s.io", ap_pool)
+        assert pool is not None and "ownerReferences" not in pool["metadata"]
+        assert pool["metadata"]["annotations"]["inference.networking.x-k8s.io/export"] == (
+            "ClusterSet"
+        )
+        assert _weights(ap_admin, namespace, ap_pool) == {f"InferencePool/{ap_pool}": 1000}
         twins[HOME].load(1.0, f"{namespace}/{MODEL}/{HOME}")
         # pacing on the engines' signals from here (the strategy a policy may change to)
         apply(kubeconfig, namespace, scaling_policy("reactive", spot={"enabled": False}))
@@ -363,7 +438,6 @@ def test_one_fleet_over_three_control_planes(
         )
 
         # 3. ap-south at two instances, then its API server stops as its load falls
-        ap_workdir, ap_admin = members[AP]
         eu_admin = members[EU][1]
         twins[AP].load(HIGH / LOW, f"{namespace}/{MODEL}/{AP}")
         eventually(lambda: _replicas(ap_admin, namespace, AP) == 2, 180, "ap-south scaled out")
@@ -408,7 +482,8 @@ def test_one_fleet_over_three_control_planes(
         f"a spill-over share of us-east planned {planned_s:.0f} s after its load rose "
         f"({', '.join(f'{r} {v:.2f}' for r, v in sorted(shares.items()))}), "
         f"{served[EU] + served[AP]:.0f} of {sent} requests then served in other clusters "
-        f"({served[EU]:.0f} eu-west, {served[AP]:.0f} ap-south); "
+        f"({served[EU]:.0f} eu-west, {served[AP]:.0f} ap-south), and us-east's HTTPRoute "
+        f"weighted {weights}; "
         f"a silent member named {named_s:.0f} s after its API server stopped, held at 2 "
         f"replicas while its load fell, read again {read_again_s:.1f} s and scaled in "
         f"{resumed_s:.1f} s after it was back",

@@ -131,7 +131,11 @@ def test_without_the_crds_the_operator_serves_and_says_the_pools_are_off(
         )
         assert ready
         status = _json(kubeconfig, ns, "modeldeployment", "plain")["status"]
-        assert status["gateway"] == {"inferencePools": [], "inferenceObjectives": []}
+        assert status["gateway"] == {
+            "inferencePools": [],
+            "inferenceObjectives": [],
+            "routes": [],
+        }
     assert runner.exception is None, runner.output
     _clean(runner.output)
 

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field
 
 from sageserve.api.common import (
     DNS_LABEL,
+    DNS_SUBDOMAIN,
     LABEL_VALUE,
     ApiModel,
     Condition,
@@ -303,6 +304,36 @@ class EndpointPicker(ApiModel):
     )
 
 
+class GatewayParent(ApiModel):
+    """A Gateway an HTTPRoute attaches to (Gateway API's ParentReference to a Gateway)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description="The Gateway's namespace; defaults to the ModelDeployment's.",
+    )
+    section_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="One listener of the Gateway; all of them when absent.",
+    )
+
+
+class SpillRoute(ApiModel):
+    """An HTTPRoute per region, owned by the operator, whose backends carry the plan's
+    spill-over shares as weights (SageServe §5's C2 across clusters, through a gateway)."""
+
+    parent_refs: list[GatewayParent] = Field(
+        min_length=1,
+        max_length=32,
+        description="The Gateways each region's route attaches to, in that region's "
+        "cluster (one Gateway per cluster serving the region's clients).",
+    )
+
+
 class GatewaySettings(ApiModel):
     """How the model is offered to a Gateway API Inference Extension gateway: the
     InferencePools (inference.networking.k8s.io/v1) the operator owns for it, when the
@@ -320,6 +351,14 @@ class GatewaySettings(ApiModel):
         "variant there; Variant: one per (region, variant), so an HTTPRoute can send to one "
         "parallelism layout. Defaults to Variant when the ScalingPolicy declares "
         "spec.layouts (the router dispatches each layout apart), else Region.",
+    )
+    route: SpillRoute | None = Field(
+        default=None,
+        description="With regions in several clusters: one HTTPRoute per region, named as "
+        "its InferencePool and written in its cluster, matching the model's name in the "
+        "X-Gateway-Model-Name header, sending each request to the region's own pool or, by "
+        "the plan's spill-over shares, to another cluster's pool imported as an "
+        "InferencePoolImport. Absent: HTTPRoutes are yours.",
     )
 
 
@@ -406,6 +445,13 @@ class GatewayStatus(ApiModel):
         json_schema_extra=list_set(),
         description="Names of its InferenceObjectives, one per (pool, tier), carrying the "
         "tier's priority; a request names one in the x-gateway-inference-objective header.",
+    )
+    routes: list[str] = Field(
+        default_factory=list,
+        max_length=1024,
+        json_schema_extra=list_set(),
+        description="Names of the HTTPRoutes carrying the plan's spill-over shares "
+        "(spec.gateway.route), one per region alone in its cluster.",
     )
     objective_api: str | None = Field(
         default=None,

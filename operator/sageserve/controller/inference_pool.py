@@ -35,11 +35,14 @@ from sageserve.api.model_deployment import (
     POOL_PLACEHOLDER,
     EndpointPicker,
     FailureMode,
+    GatewayParent,
     ModelDeployment,
     PoolScope,
+    RegionPlacement,
     inference_pool_name,
     pod_set_name,
 )
+from sageserve.api.scaling_policy import spill_from_status
 from sageserve.api.workload_tier import TierType
 from sageserve.controller.kube import FIELD_MANAGER, Kube
 from sageserve.controller.podset import pod_set_metadata
@@ -75,6 +78,17 @@ LABEL_TIER = "sageserve.io/tier"
 #: the ClusterSet as an InferencePoolImport
 EXPORT_ANNOTATION = "inference.networking.x-k8s.io/export"
 EXPORT_TO = "ClusterSet"
+IMPORT_GROUP = "inference.networking.x-k8s.io"
+IMPORT_VERSION = "v1alpha1"
+IMPORT_KIND = "InferencePoolImport"
+IMPORT_PLURAL = "inferencepoolimports"
+ROUTE_GROUP = "gateway.networking.k8s.io"
+ROUTE_VERSION = "v1"
+ROUTE_PLURAL = "httproutes"
+#: The header GAIE's body-based router sets to the request's model: a route matches on it
+MODEL_HEADER = "X-Gateway-Model-Name"
+#: A route's weights add up to this (Gateway API weights are relative integers)
+WEIGHT_TOTAL = 1000
 
 #: Environment the operator reads (set by `sageserve operator` and the Helm chart).
 ENV_POOLS = "SAGESERVE_INFERENCE_POOLS"
@@ -374,6 +388,70 @@ def render_gateway(
     return pools, objectives
 
 
+def route_weights(shares: Mapping[str, float]) -> tuple[int, dict[str, int]]:
+    """(the home pool's weight, {imported pool: weight}) out of WEIGHT_TOTAL: each planned
+    share rounded (shares adding up past 1 scaled down to 1), home the rest. Table-tested."""
+    positive = {k: v for k, v in shares.items() if v > 0}
+    total = sum(positive.values())
+    scale = 1.0 / total if total > 1.0 else 1.0
+    weights = {k: round(WEIGHT_TOTAL * v * scale) for k, v in sorted(positive.items())}
+    weights = {k: w for k, w in weights.items() if w > 0}
+    return max(0, WEIGHT_TOTAL - sum(weights.values())), weights
+
+
+def render_route(
+    md: ModelDeployment,
+    pool: PoolTarget,
+    parents: Sequence[GatewayParent],
+    shares: Mapping[str, float],
+    namespace: str,
+    owner_uid: str | None,
+) -> dict[str, Any]:
+    """The HTTPRoute of one region: the model's requests (by GAIE's model header) to the
+    region's own pool and, by the plan's spill-over `shares` (imported pool name →
+    share), to other clusters' pools as InferencePoolImports."""
+    home, imported = route_weights(shares)
+    backends: list[dict[str, Any]] = [
+        {"group": POOL_GROUP, "kind": POOL_KIND, "name": pool.name, "weight": home}
+    ]
+    backends += [
+        {"group": IMPORT_GROUP, "kind": IMPORT_KIND, "name": name, "weight": weight}
+        for name, weight in imported.items()
+    ]
+    parent_refs = []
+    for p in parents:
+        ref: dict[str, Any] = {"group": ROUTE_GROUP, "kind": "Gateway", "name": p.name}
+        if p.namespace is not None:
+            ref["namespace"] = p.namespace
+        if p.section_name is not None:
+            ref["sectionName"] = p.section_name
+        parent_refs.append(ref)
+    served = md.spec.model.served_name or md.spec.model.name
+    match = {"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": served}]}
+    return {
+        "apiVersion": f"{ROUTE_GROUP}/{ROUTE_VERSION}",
+        "kind": "HTTPRoute",
+        "metadata": pod_set_metadata(
+            pool.name, namespace, _labels(md.metadata.name, pool), md, owner_uid
+        ),
+        "spec": {
+            "parentRefs": parent_refs,
+            "rules": [{"matches": [match], "backendRefs": backends}],
+        },
+    }
+
+
+def planned_shares(
+    policies: Sequence[Mapping[str, Any]], md: ModelDeployment
+) -> dict[str, dict[str, float]]:
+    """home region → {region: share} of `md` in its ScalingPolicy's plan in force."""
+    for raw in policies:
+        if (raw.get("metadata") or {}).get("name") == md.spec.policy_ref.name:
+            plan = (raw.get("status") or {}).get("plan") or {}
+            return spill_from_status(plan).get(md.metadata.name, {})
+    return {}
+
+
 @dataclass
 class GatewayOutcome:
     """What one pass did: the pools and objectives now owned, and the condition."""
@@ -384,6 +462,7 @@ class GatewayOutcome:
     pools: list[str] = field(default_factory=list)
     objectives: list[str] = field(default_factory=list)
     objective_api: str | None = None
+    routes: list[str] = field(default_factory=list)
 
 
 def gateway_status(
@@ -396,6 +475,7 @@ def gateway_status(
     gateway: dict[str, Any] = {
         "inferencePools": sorted(outcome.pools),
         "inferenceObjectives": sorted(outcome.objectives),
+        "routes": sorted(outcome.routes),
     }
     if outcome.objective_api is not None:
         gateway["objectiveApi"] = outcome.objective_api
@@ -416,6 +496,10 @@ class ServedApis:
 
     pools: bool
     objective: tuple[str, str] | None
+    #: Gateway API HTTPRoute
+    routes: bool = False
+    #: GAIE's multi-cluster InferencePoolImport
+    imports: bool = False
 
 
 _discovery_lock = threading.Lock()
@@ -440,7 +524,9 @@ def served_apis(k: Kube) -> ServedApis:
             return found
     pools = _serves(k, POOL_GROUP, POOL_VERSION, POOL_PLURAL)
     objective = next((api for api in OBJECTIVE_APIS if _serves(k, *api, OBJECTIVE_PLURAL)), None)
-    found = ServedApis(pools, objective)
+    routes = _serves(k, ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL)
+    imports = _serves(k, IMPORT_GROUP, IMPORT_VERSION, IMPORT_PLURAL)
+    found = ServedApis(pools, objective, routes, imports)
     with _discovery_lock:
         _discovered[id(k)] = (time.monotonic(), found)
     return found
@@ -524,6 +610,19 @@ def _refused(exc: ApiException) -> str:
     return f"{exc.status} {exc.reason}: {str(exc.body or '')[:300]}"
 
 
+@dataclass
+class Synced:
+    """What `_sync_where_served` left in the clusters."""
+
+    pools: list[str] = field(default_factory=list)
+    objectives: list[str] = field(default_factory=list)
+    routes: list[str] = field(default_factory=list)
+    #: regions whose cluster serves no InferencePool API
+    absent: list[str] = field(default_factory=list)
+    #: why a route asked for was not written, per region
+    unrouted: list[str] = field(default_factory=list)
+
+
 def _sync_where_served(
     k: Kube,
     md: ModelDeployment,
@@ -533,30 +632,89 @@ def _sync_where_served(
     apis: ServedApis,
     namespace: str,
     uid: str | None,
-) -> tuple[list[str], list[str], list[str]]:
+    policies: Sequence[Mapping[str, Any]],
+) -> Synced:
     """Each region's pools and objectives where its pods are (a member region's in the
-    member, `Kube.by_cluster`): (pools, objectives, regions whose cluster serves no
-    InferencePool API)."""
-    pool_names: list[str] = []
-    objective_names: list[str] = []
-    absent: list[str] = []
-    for client, regions, remote in k.by_cluster(r.name for r in md.spec.regions):
+    member, `Kube.by_cluster`), and with `spec.gateway.route` its HTTPRoute there."""
+    out = Synced()
+    placement = {r.name: r for r in md.spec.regions}
+    clusters = k.by_cluster(placement)
+    home_of = {region: i for i, (_, regions, _) in enumerate(clusters) for region in regions}
+    shares = planned_shares(policies, md)
+    for i, (client, regions, remote) in enumerate(clusters):
         served = served_apis(client) if remote else apis
         if not served.pools:
-            absent += sorted(regions)
+            out.absent += sorted(regions)
             continue
+        owner = None if remote else uid
         pools, objectives = render_gateway(
-            md, scope, picker, tiers, served.objective, namespace, None if remote else uid
+            md, scope, picker, tiers, served.objective, namespace, owner
         )
         pools = [exported(p, k.spans_clusters) for p in pools if _region(p) in regions]
-        pool_api = (POOL_GROUP, POOL_VERSION)
-        pool_names += _sync(client, pool_api, POOL_PLURAL, namespace, md, pools)
+        out.pools += _sync(client, (POOL_GROUP, POOL_VERSION), POOL_PLURAL, namespace, md, pools)
         if served.objective is not None:
             objectives = [o for o in objectives if _region(o) in regions]
-            objective_names += _sync(
+            out.objectives += _sync(
                 client, served.objective, OBJECTIVE_PLURAL, namespace, md, objectives
             )
-    return pool_names, objective_names, absent
+        routes, unrouted = _routes_for(
+            k, md, scope, served, regions, placement, shares, i, home_of, namespace, owner
+        )
+        out.unrouted += unrouted
+        if served.routes:
+            route_api = (ROUTE_GROUP, ROUTE_VERSION)
+            try:  # none asked for: the ones written before go (where they may be listed)
+                out.routes += _sync(client, route_api, ROUTE_PLURAL, namespace, md, routes)
+            except ApiException as exc:
+                if routes or exc.status != 403:
+                    raise
+    return out
+
+
+def _routes_for(
+    k: Kube,
+    md: ModelDeployment,
+    scope: PoolScope,
+    served: ServedApis,
+    regions: frozenset[str],
+    placement: Mapping[str, RegionPlacement],
+    shares: Mapping[str, Mapping[str, float]],
+    cluster: int,
+    home_of: Mapping[str, int],
+    namespace: str,
+    owner: str | None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The HTTPRoute of one cluster's region when `spec.gateway.route` asks for it: the
+    region's pool, and the planned shares to regions of other clusters as their imported
+    pools (where this cluster serves InferencePoolImport); else why there is none."""
+    route = md.spec.gateway.route if md.spec.gateway is not None else None
+    if route is None:
+        return [], []
+    why = "its cluster serves no HTTPRoute" if not served.routes else ""
+    why = why or _unroutable(k, scope, regions)
+    if why:
+        return [], [f"{r}: {why}" for r in sorted(regions)]
+    [region] = regions
+    target = PoolTarget(inference_pool_name(md, placement[region]), region, None)
+    away = {
+        inference_pool_name(md, placement[to]): share
+        for to, share in shares.get(region, {}).items()
+        if to in placement and home_of.get(to, cluster) != cluster and served.imports
+    }
+    return [render_route(md, target, route.parent_refs, away, namespace, owner)], []
+
+
+def _unroutable(k: Kube, scope: PoolScope, regions: frozenset[str]) -> str:
+    """Why a cluster's regions get no route, or "" (one region, one pool, several
+    clusters): a Gateway sees every client of its cluster, so a cluster holding two of the
+    model's regions cannot tell whose share a request is."""
+    if not k.spans_clusters:
+        return "routes carry shares between clusters; this fleet is one cluster"
+    if scope is not PoolScope.REGION:
+        return "routes need spec.gateway.poolScope Region (one pool per region)"
+    if len(regions) > 1:
+        return "it shares its cluster with another of the model's regions"
+    return ""
 
 
 def reconcile_gateway(
@@ -607,33 +765,37 @@ def reconcile_gateway(
         return GatewayOutcome(False, "InvalidEndpointPicker", problem)
     tiers = tier_priorities(k.objects(namespace, "workloadtiers"))
     try:
-        pool_names, objective_names, absent = _sync_where_served(
-            k, md, scope, picker, tiers, apis, namespace, uid
-        )
+        synced = _sync_where_served(k, md, scope, picker, tiers, apis, namespace, uid, policies)
     except ApiException as exc:
         forget_discovery()  # a CRD removed meanwhile answers 404: look again next pass
         return GatewayOutcome(False, "ApplyFailed", f"InferencePools: {_refused(exc)}")
-    if absent:
+    pools, objectives, routes = sorted(synced.pools), sorted(synced.objectives), synced.routes
+    api = f"{apis.objective[0]}/{apis.objective[1]}" if apis.objective else None
+    if synced.absent:
         return GatewayOutcome(
             False,
             "InferencePoolApiAbsent",
-            f"the member cluster(s) of region(s) {', '.join(absent)} do not serve "
+            f"the member cluster(s) of region(s) {', '.join(synced.absent)} do not serve "
             f"{POOL_GROUP}/{POOL_VERSION} {POOL_KIND}: install the Gateway API Inference "
             "Extension CRDs there; the other regions' pools are applied",
-            sorted(pool_names),
-            sorted(objective_names),
+            pools,
+            objectives,
+            api,
+            routes,
         )
-    api = f"{apis.objective[0]}/{apis.objective[1]}" if apis.objective else None
     where = "per (region, variant)" if scope is PoolScope.VARIANT else "per region"
-    message = (
-        f"{len(pool_names)} InferencePool(s) {where}, endpoint picker {picker.name}:{picker.port}"
-    )
+    message = f"{len(pools)} InferencePool(s) {where}, endpoint picker {picker.name}:{picker.port}"
     if api is not None:
-        message += f"; {len(objective_names)} InferenceObjective(s) ({api})"
+        message += f"; {len(objectives)} InferenceObjective(s) ({api})"
     else:
         message += (
             "; no InferenceObjective API served (llm-d.ai/v1alpha2 or "
             "inference.networking.x-k8s.io/v1alpha2): the gateway does not see the tiers' "
             "priorities"
         )
-    return GatewayOutcome(True, "PoolsApplied", message, pool_names, objective_names, api)
+    if routes:
+        message += f"; {len(routes)} HTTPRoute(s) with the plan's spill-over weights"
+    if synced.unrouted:
+        message = f"{message}; no HTTPRoute for {'; '.join(synced.unrouted)}"
+        return GatewayOutcome(False, "RouteNotWritten", message, pools, objectives, api, routes)
+    return GatewayOutcome(True, "PoolsApplied", message, pools, objectives, api, routes)
