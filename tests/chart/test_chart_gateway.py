@@ -82,6 +82,11 @@ def test_on_gives_exactly_the_rbac_the_operator_calls_need(tmp_path: Path) -> No
             "resources": ["inferenceobjectives"],
             "verbs": ["list", "create", "patch", "delete"],
         },
+        {
+            "apiGroups": ["gateway.networking.k8s.io"],
+            "resources": ["httproutes"],
+            "verbs": ["list", "create", "patch", "delete"],
+        },
     ]
     # the operator's main role is unchanged: the gateway's rules live in their own role
     assert not [r for r in roles["sageserve"]["rules"] if "inferencepools" in r["resources"]]
