@@ -132,3 +132,44 @@ def test_router_peers_become_peer_flags_and_a_bad_one_is_refused() -> None:
         "router.peers.eu-west=ftp://x",
     )
     assert refused.returncode != 0 and "/router/peers/eu-west" in refused.stderr
+
+
+def test_a_member_runs_a_router_reading_the_hubs_catalogue_given_the_hubs_kubeconfig() -> None:
+    docs = render(
+        "fleet.member.enabled=true",
+        "fleet.member.namespaces={llm}",
+        "fleet.member.hubKubeconfigSecret=hub-kubeconfig",
+    )
+    [router] = [
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "sageserve-router"
+    ]
+    spec = router["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SAGESERVE_ROUTER_HUB_KUBECONFIG"] == "/etc/sageserve/hub/kubeconfig"
+    [hub] = [v for v in spec["volumes"] if v["name"] == "hub"]
+    assert hub["secret"]["secretName"] == "hub-kubeconfig"
+    # in the member it reads pods only, in the namespaces the hub writes pod sets in
+    [role] = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "sageserve-router"]
+    assert role["metadata"]["namespace"] == "llm"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    assert not [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "sageserve"]
+
+
+def test_the_hub_gives_member_routers_an_identity_that_only_reads_the_catalogue() -> None:
+    assert not [
+        d
+        for d in render("fleet.hub.enabled=true")
+        if d["metadata"]["name"].endswith("member-router")
+    ]
+    docs = render(
+        "fleet.hub.enabled=true", "fleet.hub.memberRouters=true", "router.namespaces={llm,batch}"
+    )
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("ServiceAccount", "sageserve-member-router") in names
+    assert ("Secret", "sageserve-member-router-token") in names
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "sageserve-member-router"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["batch", "llm"]
+    verbs = {(g, v) for r in roles[0]["rules"] for g in r["resources"] for v in r["verbs"]}
+    assert ("secrets", "get") in verbs and ("secrets", "list") not in verbs
+    assert not [v for g, v in verbs if v not in ("list", "watch", "get")]

@@ -11,7 +11,9 @@ What a platform team would check:
    garbage-collect), and the members' pods serve;
 2. a model's load in us-east outgrows its one instance: the plan gives a share of it to
    the other clusters, and the us-east router sends that share (no more) over HTTP to their
-   routers, which serve it from their own pods with the hub's catalogue;
+   routers, which serve it from their own pods with the hub's catalogue (read with the
+   chart's member-router identity alone); each region's HTTPRoute carries the same shares
+   as weights, and the members' InferencePools are theirs, exported to the ClusterSet;
 3. a member's API server stopped: the `Clusters` condition names it, its pod sets keep the
    replicas they had (the load there fell, but nothing is scaled in), the other member keeps
    pacing (scales out); back, pacing resumes there (the scale-in comes then).
@@ -109,12 +111,9 @@ def _control_plane(
         kwok_cluster.delete(workdir, bin_dir)
 
 
-def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
-    """The chart's member role installed in the member (pod sets granted in `namespace`
-    only); a kubeconfig with its ServiceAccount's token and the member's server and CA."""
-    kubectl(admin, ["create", "namespace", namespace])
-    release = f"m{uuid.uuid4().hex[:6]}"
-    rendered = subprocess.run(
+def _chart(release: str, namespace: str, *values: str) -> str:
+    args = [a for v in values for a in ("--set", v)]
+    return subprocess.run(
         [
             str(versions.bin_dir() / "helm"),
             "template",
@@ -124,20 +123,18 @@ def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
             namespace,
             "--kube-version",
             "1.36.0",
-            "--set",
-            "fleet.member.enabled=true",
-            "--set",
-            f"fleet.member.namespaces={{{namespace}}}",
-            "--set",
-            "gateway.inferencePool.enabled=true",
+            *args,
         ],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
-    kubectl(admin, ["apply", "-n", namespace, "-f", "-"], stdin=rendered)
-    secret = f"{release}-sageserve-member-token"
+
+
+def _token_kubeconfig(admin: Path, namespace: str, secret: str) -> dict[str, Any]:
+    """A kubeconfig with the token of the ServiceAccount token Secret `secret` alone (the
+    admin kubeconfig's server and CA)."""
 
     def token() -> str | None:
         out = kubectl(
@@ -147,7 +144,7 @@ def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
         )
         return base64.b64decode(out.stdout).decode() if out.stdout.strip() else None
 
-    member_token = eventually(token, 60, "the member ServiceAccount's token")
+    found = eventually(token, 60, f"the token in {secret}")
     doc = yaml.safe_load(admin.read_text())
     cluster = dict(doc["clusters"][0]["cluster"])
     if "certificate-authority" in cluster:
@@ -157,11 +154,50 @@ def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "member", "cluster": cluster}],
-        "users": [{"name": "member", "user": {"token": member_token}}],
-        "contexts": [{"name": "member", "context": {"cluster": "member", "user": "member"}}],
-        "current-context": "member",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": found}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
     }
+
+
+def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
+    """The chart's member role installed in the member (pod sets granted in `namespace`
+    only); a kubeconfig with its ServiceAccount's token alone."""
+    kubectl(admin, ["create", "namespace", namespace])
+    release = f"m{uuid.uuid4().hex[:6]}"
+    rendered = _chart(
+        release,
+        namespace,
+        "fleet.member.enabled=true",
+        f"fleet.member.namespaces={{{namespace}}}",
+        "gateway.inferencePool.enabled=true",
+    )
+    kubectl(admin, ["apply", "-n", namespace, "-f", "-"], stdin=rendered)
+    return _token_kubeconfig(admin, namespace, f"{release}-sageserve-member-token")
+
+
+def _member_router_identity(hub: Path, namespace: str, into: Path) -> Path:
+    """The hub chart's identity for member routers (`fleet.hub.memberRouters`), installed
+    in the hub alone (no second operator); the path of a kubeconfig with its token alone."""
+    release = f"h{uuid.uuid4().hex[:6]}"
+    rendered = _chart(
+        release,
+        namespace,
+        "fleet.hub.enabled=true",
+        "fleet.hub.memberRouters=true",
+        f"router.namespaces={{{namespace}}}",
+    )
+    mine = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["metadata"]["name"].startswith(f"{release}-sageserve-member-router")
+    ]
+    assert {d["kind"] for d in mine} == {"ServiceAccount", "Secret", "Role", "RoleBinding"}
+    kubectl(hub, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump_all(mine))
+    doc = _token_kubeconfig(hub, namespace, f"{release}-sageserve-member-router-token")
+    into.write_text(yaml.safe_dump(doc))
+    return into
 
 
 #: the Gateway API Inference Extension's CRDs (multi-cluster import included) and the
@@ -341,6 +377,8 @@ def test_one_fleet_over_three_control_planes(
         assert read["reason"] == "ClustersReachable"
 
         # 2. us-east's excess crosses to another cluster's router
+        # the members' routers read the hub's catalogue with the chart's identity for them
+        catalogue = _member_router_identity(kubeconfig, namespace, tmp_path / "hub-reader.yaml")
         peers = {
             region: stack.enter_context(
                 _closing(
@@ -351,7 +389,7 @@ def test_one_fleet_over_three_control_planes(
                         prometheus_url,
                         prometheus_targets_dir,
                         "--hub-kubeconfig",
-                        str(kubeconfig),
+                        str(catalogue),
                         name=f"router-{region}",
                     )
                 )

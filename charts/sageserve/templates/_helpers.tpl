@@ -58,6 +58,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The namespaces the router serves, as a JSON list: router.namespaces, else
      watchNamespaces, else the release namespace (the router watches named namespaces only). */}}
 {{- define "sageserve.router.namespaces" -}}
-{{- $ns := .Values.router.namespaces | default .Values.watchNamespaces | default (list .Release.Namespace) -}}
+{{- $member := ternary .Values.fleet.member.namespaces list .Values.fleet.member.enabled -}}
+{{- $ns := .Values.router.namespaces | default $member | default .Values.watchNamespaces | default (list .Release.Namespace) -}}
 {{- $ns | uniq | toJson -}}
+{{- end -}}
+
+{{/* Whether this install runs a router: always outside a member cluster; in a member
+     (fleet.member.enabled) only with fleet.member.hubKubeconfigSecret, the hub's catalogue. */}}
+{{- define "sageserve.router.here" -}}
+{{- if or (not .Values.fleet.member.enabled) .Values.fleet.member.hubKubeconfigSecret -}}true{{- end -}}
 {{- end -}}
