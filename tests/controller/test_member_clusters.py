@@ -235,3 +235,28 @@ def test_a_silent_member_is_held_at_the_plan_in_force_and_named() -> None:
     assert all(
         not math.isnan(f.peak_tps) for (m, r), f in second.forecasts.items() if r != "us-west"
     )
+
+
+def test_a_silent_member_is_dialled_again_only_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member whose API server hangs costs a read its timeout; dialled at every pass, it
+    would slow every pass of every loop. It stays silent, with its last error, until
+    SILENT_RETRY_S have passed."""
+    from sageserve.controller import member_clusters
+
+    clock = [1000.0]
+    hub = _Hub([_secret("west", {"kubeconfig": _b64(_kubeconfig("http://127.0.0.1:1"))})])
+    members = Members(hub, "sageserve-system", 2.0, lambda: clock[0])  # type: ignore[arg-type]
+    first = members.read(NodeLabels()).readings[0]
+    assert not first.reachable and first.error
+    dialled: list[float] = []
+    west = members.refresh()[0].kube
+    assert west is not None
+    monkeypatch.setattr(west, "nodes", lambda timeout_s=None: dialled.append(clock[0]) or [])
+    clock[0] += member_clusters.SILENT_RETRY_S - 1
+    again = members.read(NodeLabels()).readings[0]
+    assert dialled == [] and (again.reachable, again.error) == (False, first.error)
+    clock[0] += 1
+    back = members.read(NodeLabels()).readings[0]
+    assert dialled == [clock[0]] and back.reachable

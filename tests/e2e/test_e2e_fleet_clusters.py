@@ -21,9 +21,7 @@ What a platform team would check:
 
 from __future__ import annotations
 
-import base64
 import json
-import subprocess
 import threading
 import time
 import uuid
@@ -38,6 +36,7 @@ import pytest
 import yaml
 from e2e_helpers import eventually, kubectl
 from fault_kit import figure
+from fleet_kit import chart, control_plane, member_secret, token_kubeconfig, token_of
 from kopf.testing import KopfRunner
 from operator_kit import (
     A100,
@@ -52,10 +51,9 @@ from operator_kit import (
     scaling_policy,
 )
 
-from e2e import gaie, inventory, kwok_cluster, versions
+from e2e import gaie, kwok_cluster
 from sageserve.api.model_deployment import pod_set_name
 from sageserve.controller import inference_pool
-from sageserve.controller.member_clusters import LABEL_MEMBER
 from sageserve.metrics.prometheus import PrometheusReader
 
 TRACE = REPO / "data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv.gz"
@@ -67,106 +65,12 @@ LOW, HIGH = 0.05, 0.5
 HOME, EU, AP = "us-east", "eu-west", "ap-south"
 
 
-def _nodes(region: str, count: int) -> list[dict[str, Any]]:
-    gpus = {"cpu": "96", "memory": "1000Gi", "pods": "110", "nvidia.com/gpu": "8"}
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": f"gpu-{region}-a100-serving-{i}",
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {
-                    "kubernetes.io/hostname": f"gpu-{region}-a100-serving-{i}",
-                    "type": "kwok",
-                    "topology.kubernetes.io/region": region,
-                    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-                    "sageserve.io/pool": "serving",
-                },
-            },
-            "status": {"allocatable": gpus, "capacity": gpus},
-        }
-        for i in range(count)
-    ]
-
-
-@contextmanager
-def _control_plane(
-    tmp_path: Path, factory: pytest.TempPathFactory, region: str
-) -> Iterator[tuple[Path, Path]]:
-    """A member control plane with two 8-GPU A100 nodes in `region`: (workdir, admin
-    kubeconfig)."""
-    from conftest import one_start_at_a_time
-
-    workdir, kubeconfig = tmp_path / f"{region}-kwok", tmp_path / f"{region}-kubeconfig.yaml"
-    nodes = tmp_path / f"{region}-nodes.yaml"
-    nodes.write_text(yaml.safe_dump_all(_nodes(region, 2)))
-    bin_dir = versions.bin_dir()
-    try:
-        with one_start_at_a_time(factory):
-            kwok_cluster.create(workdir, kubeconfig, bin_dir)
-        inventory.wait_ready(kubeconfig, inventory.create_nodes(kubeconfig, nodes))
-        yield workdir, kubeconfig
-    finally:
-        kwok_cluster.delete(workdir, bin_dir)
-
-
-def _chart(release: str, namespace: str, *values: str) -> str:
-    args = [a for v in values for a in ("--set", v)]
-    return subprocess.run(
-        [
-            str(versions.bin_dir() / "helm"),
-            "template",
-            release,
-            str(REPO / "charts" / "sageserve"),
-            "-n",
-            namespace,
-            "--kube-version",
-            "1.36.0",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-
-
-def _token_kubeconfig(admin: Path, namespace: str, secret: str) -> dict[str, Any]:
-    """A kubeconfig with the token of the ServiceAccount token Secret `secret` alone (the
-    admin kubeconfig's server and CA)."""
-
-    def token() -> str | None:
-        out = kubectl(
-            admin,
-            ["get", "secret", secret, "-n", namespace, "-o", "jsonpath={.data.token}"],
-            check=False,
-        )
-        return base64.b64decode(out.stdout).decode() if out.stdout.strip() else None
-
-    found = eventually(token, 60, f"the token in {secret}")
-    doc = yaml.safe_load(admin.read_text())
-    cluster = dict(doc["clusters"][0]["cluster"])
-    if "certificate-authority" in cluster:
-        cluster["certificate-authority-data"] = base64.b64encode(
-            Path(cluster.pop("certificate-authority")).read_bytes()
-        ).decode()
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": "u", "user": {"token": found}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-
-
 def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
     """The chart's member role installed in the member (pod sets granted in `namespace`
     only); a kubeconfig with its ServiceAccount's token alone."""
     kubectl(admin, ["create", "namespace", namespace])
     release = f"m{uuid.uuid4().hex[:6]}"
-    rendered = _chart(
+    rendered = chart(
         release,
         namespace,
         "fleet.member.enabled=true",
@@ -174,14 +78,14 @@ def _member_role(admin: Path, namespace: str) -> dict[str, Any]:
         "gateway.inferencePool.enabled=true",
     )
     kubectl(admin, ["apply", "-n", namespace, "-f", "-"], stdin=rendered)
-    return _token_kubeconfig(admin, namespace, f"{release}-sageserve-member-token")
+    return token_kubeconfig(admin, token_of(admin, namespace, f"{release}-sageserve-member-token"))
 
 
 def _member_router_identity(hub: Path, namespace: str, into: Path) -> Path:
     """The hub chart's identity for member routers (`fleet.hub.memberRouters`), installed
     in the hub alone (no second operator); the path of a kubeconfig with its token alone."""
     release = f"h{uuid.uuid4().hex[:6]}"
-    rendered = _chart(
+    rendered = chart(
         release,
         namespace,
         "fleet.hub.enabled=true",
@@ -195,8 +99,8 @@ def _member_router_identity(hub: Path, namespace: str, into: Path) -> Path:
     ]
     assert {d["kind"] for d in mine} == {"ServiceAccount", "Secret", "Role", "RoleBinding"}
     kubectl(hub, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump_all(mine))
-    doc = _token_kubeconfig(hub, namespace, f"{release}-sageserve-member-router-token")
-    into.write_text(yaml.safe_dump(doc))
+    token = token_of(hub, namespace, f"{release}-sageserve-member-router-token")
+    into.write_text(yaml.safe_dump(token_kubeconfig(hub, token)))
     return into
 
 
@@ -307,20 +211,11 @@ def test_one_fleet_over_three_control_planes(
 ) -> None:
     with ExitStack() as stack:
         members = {
-            region: stack.enter_context(_control_plane(tmp_path, tmp_path_factory, region))
+            region: stack.enter_context(control_plane(tmp_path, tmp_path_factory, region))
             for region in (EU, AP)
         }
         for region, (_, admin) in members.items():
-            secret = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": f"{region}-kubeconfig", "labels": {LABEL_MEMBER: region}},
-                "data": {
-                    "kubeconfig": base64.b64encode(
-                        yaml.safe_dump(_member_role(admin, namespace)).encode()
-                    ).decode()
-                },
-            }
+            secret = member_secret(f"{region}-kubeconfig", region, _member_role(admin, namespace))
             kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=yaml.safe_dump(secret))
         stack.enter_context(_gateway_crds(kubeconfig, *(a for _, a in members.values())))
         operator_env(monkeypatch, kubeconfig, namespace, prometheus_url, 0)

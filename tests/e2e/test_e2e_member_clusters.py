@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import base64
-import subprocess
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from e2e_helpers import eventually, kubectl
 from fault_kit import figure
+from fleet_kit import chart, control_plane, member_secret, token_kubeconfig, token_of
 from kopf.testing import KopfRunner
 from kubernetes import client, config
 from operator_kit import (
@@ -37,68 +37,13 @@ from operator_kit import (
     scaling_policy,
 )
 
-from e2e import inventory, kwok_cluster, versions
+from e2e import kwok_cluster
 from sageserve.controller.kube import Kube
 from sageserve.controller.member_clusters import LABEL_MEMBER, Members
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _helm_template(release: str, namespace: str) -> str:
-    out = subprocess.run(
-        [
-            str(versions.bin_dir() / "helm"),
-            "template",
-            release,
-            str(REPO / "charts" / "sageserve"),
-            "-n",
-            namespace,
-            "--kube-version",
-            "1.36.0",
-            "--set",
-            "fleet.member.enabled=true",
-            "--set",
-            f"fleet.member.namespaces={{{namespace}}}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return out.stdout
-
-
-def _member_kubeconfig(admin: Path, token: str, server: str | None = None) -> dict[str, Any]:
-    """The admin kubeconfig's cluster entry (server, CA) with the member's token as user."""
-    doc = yaml.safe_load(admin.read_text())
-    cluster = dict(doc["clusters"][0]["cluster"])
-    for key in ("certificate-authority",):  # a file on this machine: inline it
-        if key in cluster:
-            cluster["certificate-authority-data"] = base64.b64encode(
-                Path(cluster.pop(key)).read_bytes()
-            ).decode()
-    if server is not None:
-        cluster = {"server": server, "insecure-skip-tls-verify": True}
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "member", "cluster": cluster}],
-        "users": [{"name": "member", "user": {"token": token}}],
-        "contexts": [{"name": "member", "context": {"cluster": "member", "user": "member"}}],
-        "current-context": "member",
-    }
-
-
-def _member_secret(name: str, cluster: str, kubeconfig: dict[str, Any]) -> dict[str, Any]:
-    data = base64.b64encode(yaml.safe_dump(kubeconfig).encode()).decode()
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "labels": {LABEL_MEMBER: cluster}},
-        "data": {"kubeconfig": data},
-    }
 
 
 def _can(kubeconfig: Path, account: str, *args: str) -> bool:
@@ -110,20 +55,15 @@ def test_a_member_is_read_with_the_chart_member_roles_token_alone(
     kubeconfig: Path, namespace: str
 ) -> None:
     release = f"m{uuid.uuid4().hex[:6]}"
-    rendered = _helm_template(release, namespace)
+    rendered = chart(
+        release,
+        namespace,
+        "fleet.member.enabled=true",
+        f"fleet.member.namespaces={{{namespace}}}",
+    )
     kubectl(kubeconfig, ["apply", "-n", namespace, "-f", "-"], stdin=rendered)
     try:
-        secret = f"{release}-sageserve-member-token"
-
-        def token() -> str | None:
-            out = kubectl(
-                kubeconfig,
-                ["get", "secret", secret, "-n", namespace, "-o", "jsonpath={.data.token}"],
-                check=False,
-            )
-            return base64.b64decode(out.stdout).decode() if out.stdout.strip() else None
-
-        member_token = eventually(token, 60, "the member ServiceAccount's token")
+        member_token = token_of(kubeconfig, namespace, f"{release}-sageserve-member-token")
         # what the member role allows: the inventory and spot donation cluster-wide, pod
         # sets only in the namespaces it names, and nothing else a hub could misuse
         account = f"system:serviceaccount:{namespace}:{release}-sageserve-member"
@@ -143,13 +83,13 @@ def test_a_member_is_read_with_the_chart_member_roles_token_alone(
 
         # the hub: a kubeconfig Secret per member in its namespace, one silent
         docs = [
-            _member_secret(
-                "east-kubeconfig", "member-east", _member_kubeconfig(kubeconfig, member_token)
+            member_secret(
+                "east-kubeconfig", "member-east", token_kubeconfig(kubeconfig, member_token)
             ),
-            _member_secret(
+            member_secret(
                 "gone-kubeconfig",
                 "member-gone",
-                _member_kubeconfig(kubeconfig, member_token, server="https://127.0.0.1:1"),
+                token_kubeconfig(kubeconfig, member_token, server="https://127.0.0.1:1"),
             ),
         ]
         for doc in docs:
@@ -179,43 +119,10 @@ HUB_REGION = "us-central"
 
 @pytest.fixture
 def member(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """A second control plane (its own etcd, API server, controller-manager, scheduler,
-    KWOK) with two 8-GPU A100 nodes in region eu-west: (workdir, admin kubeconfig)."""
-    from conftest import one_start_at_a_time
-
-    workdir, kubeconfig = tmp_path / "member-kwok", tmp_path / "member-kubeconfig.yaml"
-    nodes = tmp_path / "member-nodes.yaml"
-    docs = []
-    for i in range(2):
-        name = f"gpu-{MEMBER_REGION}-a100-serving-{i}"
-        gpus = {"cpu": "96", "memory": "1000Gi", "pods": "110", "nvidia.com/gpu": "8"}
-        docs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "annotations": {"kwok.x-k8s.io/node": "fake"},
-                    "labels": {
-                        "kubernetes.io/hostname": name,
-                        "type": "kwok",
-                        "topology.kubernetes.io/region": MEMBER_REGION,
-                        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-                        "sageserve.io/pool": "serving",
-                    },
-                },
-                "status": {"allocatable": gpus, "capacity": gpus},
-            }
-        )
-    nodes.write_text(yaml.safe_dump_all(docs))
-    bin_dir = versions.bin_dir()
-    try:
-        with one_start_at_a_time(tmp_path_factory):
-            kwok_cluster.create(workdir, kubeconfig, bin_dir)
-        inventory.wait_ready(kubeconfig, inventory.create_nodes(kubeconfig, nodes))
-        yield workdir, kubeconfig
-    finally:
-        kwok_cluster.delete(workdir, bin_dir)
+    """A second control plane with two 8-GPU A100 nodes in region eu-west: (workdir, admin
+    kubeconfig)."""
+    with control_plane(tmp_path, tmp_path_factory, MEMBER_REGION) as made:
+        yield made
 
 
 def _clusters_condition(kubeconfig: Path, namespace: str, status: str) -> dict[str, Any] | None:

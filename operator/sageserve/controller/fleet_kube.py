@@ -46,8 +46,9 @@ from sageserve.core.labels import (
 from sageserve.core.nodes import parse_nodes
 from sageserve.plan.member_clusters import ClusterReading, FleetView, fleet_view
 
-#: A fleet is read again (every member's Nodes listed) at most this often: one pace pass
-#: and the reconciles around it share one reading.
+#: A fleet is read again (every member's Nodes listed) at most this often: each pass reads
+#: it at its start (`refresh`: the pace pass, the plan, each reconcile) and lists and writes
+#: on that reading; the passes and reconciles of the same two seconds share one.
 REFRESH_S = 2.0
 
 T = TypeVar("T")
@@ -140,7 +141,7 @@ class FleetKube(Kube):
     def cluster_of_region(self, region: str) -> str | None:
         """The cluster a region's pod sets are written in (None: no cluster serves it; the
         hub's own, as for one cluster, when no cluster's nodes carry it yet)."""
-        self.refresh()
+        self._ensure_read()
         if region in self.view.held_regions:
             return None
         return self.view.home.get(region, self.name)
@@ -157,7 +158,7 @@ class FleetKube(Kube):
     def by_cluster(self, regions: Iterable[str]) -> list[tuple[Kube, frozenset[str], bool]]:
         """`regions` by home cluster, for the clusters that answer (a held region is in
         none: nothing of it is written or deleted)."""
-        self.refresh()
+        self._ensure_read()
         grouped: dict[str, set[str]] = {}
         for region in regions:
             cluster = self.cluster_of_region(region)
@@ -173,10 +174,16 @@ class FleetKube(Kube):
 
     # ---- listings: every answering cluster --------------------------------------------
 
+    def _ensure_read(self) -> None:
+        """Listings and writes use the fleet as last read (each pass reads it once at its
+        start, `refresh`); read it only if it never was."""
+        if self._read_at == float("-inf"):
+            self.refresh()
+
     def _each(self, fn: Callable[[Kube], T]) -> dict[str, T]:
         """`fn` on every answering cluster; a member that fails is silenced for the pass (the
         hub's failure is the pass's, as for one cluster)."""
-        self.refresh()
+        self._ensure_read()
         out: dict[str, T] = {}
         for cluster, k in list(self.clients.items()):
             try:
@@ -245,7 +252,7 @@ class FleetKube(Kube):
         return self.hub
 
     def nodes(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        self.refresh()
+        self._ensure_read()
         return [n for cluster in self.clients for n in self._nodes.get(cluster, [])]
 
     def pods(self) -> list[dict[str, Any]]:
@@ -353,7 +360,7 @@ class FleetKube(Kube):
         """Delete the member pod sets whose ModelDeployment or ModelPool is gone from the hub
         (`owners`: namespace → the names that exist there); returns what was deleted. Only
         sageserve's pod sets, in members that answer."""
-        self.refresh()
+        self._ensure_read()
         gone = []
         for namespace in sorted(self._namespaces | set(owners)):
             for cluster, k in list(self.clients.items()):

@@ -18,7 +18,9 @@ answer is silent: `plan.member_clusters.fleet_view` holds its regions (the ones 
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,8 @@ from sageserve.plan.member_clusters import ClusterReading, FleetView
 LABEL_MEMBER = "sageserve.io/member-cluster"
 #: seconds one member's Node list may take before it counts as silent
 READ_TIMEOUT_S = 5.0
+#: a member that did not answer is dialled again this many seconds later, not before
+SILENT_RETRY_S = 10.0
 
 
 #: `on`: read the member clusters (the chart's `fleet.hub.enabled`); anything else: the fleet
@@ -82,11 +86,21 @@ class Member:
 class Members:
     """The member clusters of one operator, cached across passes by Secret version."""
 
-    def __init__(self, hub: Kube, namespace: str, timeout_s: float = READ_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        hub: Kube,
+        namespace: str,
+        timeout_s: float = READ_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.hub = hub
+        self.clock = clock
         self.namespace = namespace
         self.timeout_s = timeout_s
         self._members: dict[str, Member] = {}
+        #: when a member that did not answer is dialled again
+        self._retry_at: dict[str, float] = {}
+        self._errors: dict[str, str] = {}
 
     def refresh(self) -> list[Member]:
         """The members the Secrets name now (a client per member, built once per version)."""
@@ -112,24 +126,46 @@ class Members:
         return sorted(seen.values(), key=lambda m: m.name)
 
     def read(self, labels: NodeLabels) -> MemberRead:
-        """Each member as this pass reads it: its GPU nodes and client when it answered."""
+        """Each member as this pass reads it: its GPU nodes and client when it answered.
+        Members are dialled at once (one that hangs costs the read READ_TIMEOUT_S, not
+        that times the number of members), and one that did not answer is dialled again
+        only SILENT_RETRY_S later (until then it stays silent with its last error), so a
+        member whose API server hangs does not slow every pass of the loops."""
+        members = self.refresh()
+        now = self.clock()
+        due = [m for m in members if m.kube is not None and now >= self._retry_at.get(m.name, 0)]
+        with ThreadPoolExecutor(max(1, min(8, len(due)))) as pool:
+            answers = dict(zip([m.name for m in due], pool.map(self._nodes_of, due), strict=True))
+        names = {m.name for m in members}
+        self._retry_at = {n: t for n, t in self._retry_at.items() if n in names}
+        self._errors = {n: e for n, e in self._errors.items() if n in names}
         out = MemberRead()
-        for member in self.refresh():
+        for member in members:
+            answer = answers.get(member.name)
             if member.kube is None:
-                out.readings.append(
-                    ClusterReading(member.name, reachable=False, error=member.error)
-                )
+                answer = member.error
+            elif answer is None:  # not dialled: silent since its last failure
+                answer = self._errors.get(member.name, "not reachable")
+            if isinstance(answer, str):
+                self._errors[member.name] = answer
+                if member.name in answers:
+                    self._retry_at[member.name] = now + SILENT_RETRY_S
+                out.readings.append(ClusterReading(member.name, reachable=False, error=answer))
                 continue
-            try:
-                listed = member.kube.nodes(timeout_s=self.timeout_s)
-            except Exception as exc:  # any failure to read is silence, never a crash
-                out.readings.append(ClusterReading(member.name, reachable=False, error=short(exc)))
-                continue
-            regions = frozenset(n.region for n in parse_nodes(listed, labels))
+            self._retry_at.pop(member.name, None)
+            regions = frozenset(n.region for n in parse_nodes(answer, labels))
             out.readings.append(ClusterReading(member.name, regions))
-            out.nodes[member.name] = listed
-            out.clients[member.name] = member.kube
+            out.nodes[member.name] = answer
+            out.clients[member.name] = member.kube  # type: ignore[assignment]
         return out
+
+    def _nodes_of(self, member: Member) -> list[dict[str, Any]] | str:
+        """A member's Nodes, or why they could not be read."""
+        assert member.kube is not None
+        try:
+            return member.kube.nodes(timeout_s=self.timeout_s)
+        except Exception as exc:  # any failure to read is silence, never a crash
+            return short(exc)
 
 
 @dataclass
