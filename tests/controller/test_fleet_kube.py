@@ -13,6 +13,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from sageserve.controller.fleet_kube import ClusterSilent, FleetKube, FleetWriteError
+from sageserve.controller.kube import KedaUnavailable
 from sageserve.controller.member_clusters import MemberRead
 from sageserve.core.labels import (
     LABEL_DEPLOYMENT,
@@ -246,3 +247,19 @@ def test_a_member_refusing_a_pod_set_is_named_with_the_fix(
         kube.apply(_pod_set("n", "eu-west"))
     with pytest.raises(FleetWriteError, match="create namespace llm there"):
         kube.apply(_pod_set("n", "eu-west"))
+
+
+def test_a_member_without_keda_is_named_not_taken_for_silent(
+    fleet: tuple[FleetKube, _Cluster, _Cluster],
+) -> None:
+    kube, hub, west = fleet
+
+    def absent(namespace: str) -> dict[str, Any]:
+        raise KedaUnavailable("KedaNotInstalled", "the CustomResourceDefinition is not installed")
+
+    hub.scaled_objects = lambda namespace: {}  # type: ignore[attr-defined]
+    west.scaled_objects = absent  # type: ignore[attr-defined]
+    with pytest.raises(KedaUnavailable, match="member cluster west: the Custom") as raised:
+        kube.scaled_objects(NS)
+    assert raised.value.reason == "KedaNotInstalled"
+    assert kube.held_regions() == frozenset()  # still read, still paced otherwise

@@ -188,8 +188,10 @@ class FleetKube(Kube):
         for cluster, k in list(self.clients.items()):
             try:
                 out[cluster] = fn(k)
-            except KedaUnavailable:
-                raise
+            except KedaUnavailable as exc:  # a member without KEDA: named, not silenced
+                if cluster == self.name:
+                    raise
+                raise KedaUnavailable(exc.reason, f"member cluster {cluster}: {exc}") from exc
             except Exception as exc:
                 if cluster == self.name:
                     raise
