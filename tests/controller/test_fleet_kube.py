@@ -263,3 +263,35 @@ def test_a_member_without_keda_is_named_not_taken_for_silent(
         kube.scaled_objects(NS)
     assert raised.value.reason == "KedaNotInstalled"
     assert kube.held_regions() == frozenset()  # still read, still paced otherwise
+
+
+def test_a_refused_member_pod_set_is_its_own_condition_not_the_models_readiness() -> None:
+    from datetime import UTC, datetime
+
+    from sageserve.controller.handlers import member_clusters_condition
+
+    events: list[tuple[str, str]] = []
+
+    class _Hub:
+        def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+            events.append((type_, reason))
+
+    ready = [{"type": "Ready", "status": "True", "reason": "PodSetsApplied", "message": "m"}]
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+    refused = ["member cluster west refused pod set llm/m-eu-west-a100 (404 Not Found): ..."]
+    conditions = member_clusters_condition(_Hub(), {}, {}, ready, refused, now, 1)  # type: ignore[arg-type]
+    by_type = {c["type"]: c for c in conditions}
+    assert by_type["Ready"]["status"] == "True"  # the other regions are paced on
+    assert (by_type["MemberClusters"]["status"], by_type["MemberClusters"]["reason"]) == (
+        "False",
+        "MemberClusterRefused",
+    )
+    assert "member cluster west refused" in by_type["MemberClusters"]["message"]
+    assert events == [("Warning", "MemberClusterRefused")]
+    # reported once per transition, then cleared when every member takes its own
+    again = member_clusters_condition(
+        _Hub(), {}, {"conditions": conditions}, conditions, refused, now, 1
+    )  # type: ignore[arg-type]
+    assert len(events) == 1
+    cleared = member_clusters_condition(_Hub(), {}, {}, again, [], now, 1)  # type: ignore[arg-type]
+    assert {c["type"]: c["status"] for c in cleared}["MemberClusters"] == "True"

@@ -35,12 +35,11 @@ from sageserve.controller.pool_podsets import (
 )
 from sageserve.controller.semantics import (
     NodeShape,
-    SemanticProblem,
     model_deployment_problems,
     node_shapes,
     shape_counts,
 )
-from sageserve.controller.status import covers, model_deployment_status
+from sageserve.controller.status import covers, model_deployment_status, set_condition
 from sageserve.core.labels import LABEL_REGION, NodeLabels
 from sageserve.keda.scaledobject import fallback_replicas
 from sageserve.keda.server import ExternalScaler, serve
@@ -105,6 +104,8 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
     )
     existing = k.deployments_of(namespace, md.metadata.name)
     applied: list[dict[str, Any]] = []
+    #: pod sets a member cluster refused (`MemberClusters`; `Ready` follows the rest)
+    refused: list[str] = []
     if not problems:
         current = {
             (r.name, v.name): int(existing[name]["spec"]["replicas"] or 0)
@@ -137,8 +138,8 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
                 continue
             try:
                 applied.append(k.apply(deployment))
-            except FleetWriteError as exc:  # a member's: the others are still applied
-                problems.append(SemanticProblem("MemberClusterRefused", str(exc)))
+            except FleetWriteError as exc:  # a member's: the others are applied and paced
+                refused.append(str(exc))
         for name in sorted(set(existing) - wanted):
             logger.info("deleting pod set %s: its region or variant left the spec", name)
             k.delete_deployment(namespace, name)
@@ -155,7 +156,36 @@ def reconcile(body: Mapping[str, Any], namespace: str, uid: str, logger: Logger)
         if not outcome.ok and not _already_reported(previous, outcome.reason, "InferencePools"):
             logger.warning("InferencePools of %s: %s", md.metadata.name, outcome.message)
         status.update(gateway_status(status["conditions"], outcome, now, generation))
+    if k.spans_clusters:
+        status["conditions"] = member_clusters_condition(
+            k, dict(body), previous, status["conditions"], refused, now, generation
+        )
     return status
+
+
+def member_clusters_condition(
+    k: Kube,
+    body: dict[str, Any],
+    previous: Mapping[str, Any],
+    conditions: list[dict[str, Any]],
+    refused: list[str],
+    now: datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """`MemberClusters`: False naming each pod set a member refused and the fix (one
+    Event per transition), True once every member took its own. Separate from `Ready` so
+    one misconfigured member does not stop the pacing of the model's other regions."""
+    if refused:
+        message = "; ".join(refused)
+        if not _already_reported(dict(previous), "MemberClusterRefused", "MemberClusters"):
+            k.event(body, "Warning", "MemberClusterRefused", message)
+        return set_condition(
+            conditions, "MemberClusters", False, "MemberClusterRefused", message, now, generation
+        )
+    message = "every member cluster took the pod sets of its regions"
+    return set_condition(
+        conditions, "MemberClusters", True, "PodSetsApplied", message, now, generation
+    )
 
 
 def _already_reported(status: dict[str, Any], reason: str, type_: str = "Ready") -> bool:
