@@ -270,6 +270,8 @@ def test_one_fleet_over_three_control_planes(
         assert _pod_set(kubeconfig, namespace, EU) is None  # nothing of a member's in the hub
         read = eventually(lambda: _clusters(kubeconfig, namespace, "True"), 60, "Clusters=True")
         assert read["reason"] == "ClustersReachable"
+        took = eventually(lambda: _members_took_theirs(kubeconfig, namespace), 60, "MemberClusters")
+        assert took["reason"] == "PodSetsApplied"
 
         # 2. us-east's excess crosses to another cluster's router
         # the members' routers read the hub's catalogue with the chart's identity for them
@@ -442,6 +444,14 @@ def _shares(kubeconfig: Path, namespace: str) -> dict[str, float] | None:
         if e.get("model") == MODEL and e.get("from") == HOME and float(e["share"]) > 0
     }
     return out or None
+
+
+def _members_took_theirs(kubeconfig: Path, namespace: str) -> dict[str, Any] | None:
+    """The ModelDeployment's `MemberClusters` condition once True."""
+    md = _custom(kubeconfig, namespace, "modeldeployments.sageserve.io", MODEL) or {}
+    conditions = (md.get("status") or {}).get("conditions") or []
+    found = next((c for c in conditions if c["type"] == "MemberClusters"), None)
+    return found if found is not None and found["status"] == "True" else None
 
 
 def _computed_at(kubeconfig: Path, namespace: str) -> str:
