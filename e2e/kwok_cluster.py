@@ -287,11 +287,18 @@ def _held_port(port: int | None) -> Iterator[None]:
 
 
 def restart_component(
-    workdir: Path, name: str, down_s: float, ready: Callable[[], bool], watch_s: float = 20.0
+    workdir: Path,
+    name: str,
+    down_s: float,
+    ready: Callable[[], bool],
+    watch_s: float = 20.0,
+    resume: threading.Event | None = None,
 ) -> float:
-    """Stop one component (e.g. `kube-apiserver`), leave it down `down_s`, start it again
-    with the same command line, as a kubelet restarts a static pod; the seconds it was
-    unavailable (until `ready()`).
+    """Stop one component (e.g. `kube-apiserver`), leave it down `down_s` (or, with
+    `resume`, until that event is set, `down_s` at most), start it again with the same
+    command line, as a kubelet restarts a static pod; the seconds it was unavailable
+    (until `ready()`). A test that must observe something during the outage passes
+    `resume` and sets it once it has, so the outage never ends early on a slow machine.
 
     For `watch_s` afterwards (on a thread of its own: the caller goes on at once), any
     other component that exits is started again too: the controller-manager and the
@@ -309,7 +316,10 @@ def restart_component(
     stopped = time.monotonic()
     procs.stop_pid(pid)
     with _held_port(port):
-        time.sleep(down_s)
+        if resume is None:
+            time.sleep(down_s)
+        else:
+            resume.wait(down_s)
     _start_component(workdir, name, components[name])
     procs.wait_until(ready, 60, f"{name} ready again")
     unavailable = time.monotonic() - stopped
