@@ -172,3 +172,41 @@ def test_both_worlds_learn_the_same_theta_from_the_same_minutes() -> None:
     a100 = ours[(MODEL, "a100", REGION)]
     assert 0 < a100.qualifying < a100.windows and a100.trusted
     assert a100.in_force_tps != DECLARED[(MODEL, "a100", REGION)]
+
+
+def test_both_worlds_judge_batch_deadlines_with_the_theta_the_plan_sizes_with() -> None:
+    """The operator records θ in force in `status.capacity` at each plan and its pace loop
+    and routers read it back (`deadline_theta`); the simulator hands the same table to the
+    same rule (`model_theta_in_force`) at each plan."""
+    from datetime import UTC, datetime
+
+    from sageserve.api.model_deployment import ModelDeployment
+    from sageserve.controller.capacity_observe import capacity_status, read_windows
+    from sageserve.plan.learned_capacity import deadline_theta, model_theta_in_force
+
+    minutes = recorded()
+    sim = simulated(minutes)
+    windows = read_windows(RecordedPrometheus(minutes), NS, SLO, END, 3600.0)  # type: ignore[arg-type]
+    status = capacity_status(learn(windows, DECLARED, END, SETTINGS), datetime.now(UTC))
+    md = ModelDeployment.model_validate(
+        {
+            "apiVersion": "sageserve.io/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": MODEL, "namespace": NS},
+            "spec": {
+                "model": {"name": "meta-llama/Llama-2-70b-hf"},
+                "variants": [
+                    {"name": v, "gpuType": "NVIDIA-A100-SXM4-80GB", "capacityTokensPerSecond": t}
+                    for (_, v, _), t in sorted(DECLARED.items())
+                ],
+                "regions": [{"name": REGION, "minInstances": 1, "maxInstances": 4}],
+                "tiers": ["iw-f", "iw-n"],
+                "policyRef": {"name": "fleet"},
+            },
+        }
+    )
+    listed = {**md.model_dump(by_alias=True, mode="json"), "status": {"capacity": status[MODEL]}}
+    on_kubernetes = deadline_theta(md, listed)
+    in_simulation = model_theta_in_force(MODEL, DECLARED, sim.plan_theta(END))
+    assert on_kubernetes == pytest.approx(in_simulation, abs=1e-3)  # status keeps 3 decimals
+    assert in_simulation != max(DECLARED.values())  # learning moved it

@@ -15,6 +15,7 @@ from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
 from sageserve.metrics.prometheus import MetricsUnavailable
 from sageserve.plan.cycle import PlanCycle
+from sageserve.plan.learned_capacity import recorded_theta
 from tests.controller.plan_fakes import NS, FakeKube, FakeReader, policy_body
 
 LOG = logging.getLogger("plan-loop-capacity-test")
@@ -118,3 +119,17 @@ def test_learning_off_reads_nothing_more() -> None:
     run(kube, reader, policy_body())
     assert reader.asked == 0
     assert not any("capacity" in p for p in kube.patches)
+
+
+def test_learning_turned_off_clears_the_theta_status_the_deadlines_read() -> None:
+    kube = FakeKube()
+    run(kube, CapacityReader(minutes=40, per_pod=1.4 * DECLARED_H100), learning_policy())
+    recorded = capacity_status(kube).model_dump(by_alias=True, mode="json")["capacity"]
+    for md in kube.mds:  # what the API server holds after that plan
+        md["status"] = {"capacity": recorded}
+    learning = next(md for md in kube.mds if md["metadata"]["name"] == LLAMA)
+    assert recorded_theta(LLAMA, learning)  # the pace loop judges deadlines with it
+    kube.patches.clear()
+    run(kube, CapacityReader(minutes=40, per_pod=1.4 * DECLARED_H100), policy_body())
+    cleared = [p for p in kube.patches if "capacity" in p]
+    assert cleared and all(p == {"capacity": None} for p in cleared)

@@ -10,7 +10,9 @@ from sageserve.plan.learned_capacity import (
     LearnSettings,
     learn,
     learn_one,
+    model_theta_in_force,
     planned_theta,
+    recorded_theta,
     settings_for,
     tier_slo_met,
     weighted_quantile,
@@ -128,3 +130,78 @@ def test_settings_from_the_policy_and_their_errors() -> None:
     assert ScalingPolicySpec().capacity.learn is False
     with pytest.raises(ValueError, match=r"spec\.capacity\.maxFactor"):
         LearnSettings(max_factor=0.9)
+
+
+DECLARED_TABLE = {
+    ("m", "a100", "east"): 1000.0,
+    ("m", "a100", "west"): 1000.0,
+    ("m", "h100", "east"): 2500.0,
+    ("other", "a100", "east"): 9000.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "in_force", "theta"),
+    [
+        # nothing learned: the fastest declared variant (the declared-only rule)
+        ("m", None, 2500.0),
+        ("m", {}, 2500.0),
+        # a region's trusted θ above every declared one: deadlines are judged with it
+        ("m", {("m", "a100", "west"): 3100.0}, 3100.0),
+        # the fastest variant learned slower than declared: the largest θ in force now
+        ("m", {("m", "h100", "east"): 900.0}, 1000.0),
+        ("m", {("m", "h100", "east"): 900.0, ("m", "a100", "east"): 1200.0}, 1200.0),
+        # another model's θ is not this one's
+        ("m", {("other", "a100", "east"): 50000.0}, 2500.0),
+        # a model with nothing declared: no capacity to judge with
+        ("absent", {("absent", "a100", "east"): 100.0}, 0.0),
+    ],
+)
+def test_model_theta_in_force_for_deadlines(
+    model: str, in_force: dict[tuple[str, str, str], float] | None, theta: float
+) -> None:
+    assert model_theta_in_force(model, DECLARED_TABLE, in_force) == theta
+
+
+def entry(variant: str = "a100", region: str = "east", **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "variant": variant,
+        "region": region,
+        "declaredTokensPerSecond": 1000.0,
+        "inForceTokensPerSecond": 1400.0,
+        "windows": 40,
+        "qualifyingWindows": 35,
+        "trusted": True,
+    }
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize(
+    ("status", "recorded"),
+    [
+        (None, {}),
+        ({}, {}),
+        ({"capacity": "not a list"}, {}),
+        ({"capacity": [entry()]}, {("m", "a100", "east"): 1400.0}),
+        # not trusted: the plan sizes with the declared θ there
+        ({"capacity": [entry(trusted=False)]}, {}),
+        # entries that do not validate, or hold no usable θ, are left out, the rest kept
+        (
+            {
+                "capacity": [
+                    entry(inForceTokensPerSecond=-5),
+                    entry(region="west", inForceTokensPerSecond="fast"),
+                    entry(region="north", inForceTokensPerSecond=0),
+                    {"variant": "h100"},
+                    entry("h100"),
+                ]
+            },
+            {("m", "h100", "east"): 1400.0},
+        ),
+    ],
+)
+def test_the_theta_in_force_recorded_in_status(
+    status: dict[str, object] | None, recorded: dict[tuple[str, str, str], float]
+) -> None:
+    obj = {} if status is None else {"status": status}
+    assert recorded_theta("m", obj) == recorded

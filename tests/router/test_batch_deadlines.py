@@ -54,3 +54,31 @@ def test_a_model_without_a_perf_profile_has_no_rate_but_a_capacity() -> None:
     assert route is not None
     assert route.request_tps == 0.0  # promoted 30 min before its deadline, as in the simulator
     assert route.capacity_at_max_tps == 300.0 * 8  # the largest θ × Σ maxInstances
+
+
+def test_admission_judges_deadlines_with_the_theta_the_plan_sizes_with() -> None:
+    md = load_scenario(default_scenario_dir()).models[0]
+    obj = manifest(md)
+    declared = model_route(obj)
+    assert declared is not None
+    fastest = max(md.spec.variants, key=lambda v: v.capacity_tokens_per_second)
+    theta = float(fastest.capacity_tokens_per_second)
+    at_max = sum(r.max_instances for r in md.spec.regions)
+    assert declared.capacity_at_max_tps == theta * at_max
+    row = {
+        "variant": fastest.name,
+        "region": md.spec.regions[0].name,
+        "declaredTokensPerSecond": theta,
+        "learnedTokensPerSecond": 1.5 * theta,
+        "inForceTokensPerSecond": 1.5 * theta,
+        "windows": 60,
+        "qualifyingWindows": 50,
+        "trusted": True,
+    }
+    # the plan loop recorded a trusted θ half again the declared one
+    learned = model_route({**obj, "status": {"capacity": [row]}})
+    assert learned is not None and learned.capacity_at_max_tps == 1.5 * theta * at_max
+    # not yet trusted, or a status the router cannot read: the declared θ
+    for status in ({"capacity": [{**row, "trusted": False}]}, {"capacity": 7}, "garbage"):
+        route = model_route({**obj, "status": status})
+        assert route is not None and route.capacity_at_max_tps == theta * at_max

@@ -20,7 +20,7 @@ CADENCE = ["intervals.planSeconds=300", "forecastGap.windowSeconds=60"]
 Seen = list[tuple[float, Mapping[tuple[str, str, str], float] | None]]
 
 
-def run(settings: list[str]) -> tuple[Seen, Any]:
+def run(settings: list[str]) -> tuple[Seen, Any, Simulation]:
     sc = with_policy_settings(load_scenario(TINY), CADENCE + settings)
     strategy = sc.strategy("lt-ua")
     cfg = sc.sim_config()
@@ -34,11 +34,13 @@ def run(settings: list[str]) -> tuple[Seen, Any]:
         return inner(*args, capacity=capacity, **kwargs)
 
     sim = Simulation(cfg, strategy, sc.requests(), None, planner, sc.history(cfg.history_minutes))
-    return seen, sim.run()
+    return seen, sim.run(), sim
 
 
 def test_a_learning_run_plans_with_the_theta_its_minutes_taught_once_trusted() -> None:
-    seen, result = run(["capacity.learn=true", "capacity.minWindows=8", "capacity.minEmu=0.001"])
+    seen, result, sim = run(
+        ["capacity.learn=true", "capacity.minWindows=8", "capacity.minEmu=0.001"]
+    )
     # a plan before 8 minutes were seen keeps the declared θ; later ones get the learned one
     assert any(t < 8 * 60 for t, _ in seen) and any(t > 8 * 60 for t, _ in seen)
     assert all(c is None for t, c in seen if t < 8 * 60)
@@ -52,9 +54,12 @@ def test_a_learning_run_plans_with_the_theta_its_minutes_taught_once_trusted() -
     # bounded by the declared θ × [0.5, 2]
     assert all(200 <= r["in_force_tps"] <= 800 for r in rows)
     assert all(200 <= learned[-1][k] <= 800 for k in KEYS)
+    # batch deadlines are judged with the largest θ the last plan sized with
+    assert sim.deadline_theta("llama-2-70b") == max(learned[-1].values())
 
 
 def test_without_learning_nothing_is_counted_and_the_plan_keeps_the_declared_theta() -> None:
-    seen, result = run([])
+    seen, result, sim = run([])
     assert seen and all(c is None for _, c in seen)
     assert result.capacity is None
+    assert sim.deadline_theta("llama-2-70b") == 400  # the declared θ

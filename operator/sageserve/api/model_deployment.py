@@ -476,7 +476,9 @@ class ModelDeploymentStatus(ApiModel):
         default_factory=list,
         max_length=1024,
         description="θ learned from the fleet per (variant, region), next to the declared "
-        "one; written by the plan loop when the ScalingPolicy sets spec.capacity.learn.",
+        "one; written by the plan loop when the ScalingPolicy sets spec.capacity.learn "
+        "(cleared when it does not). The largest trusted θ in force is what the model's "
+        "batch deadlines are judged with.",
     )
     gateway: GatewayStatus | None = Field(
         default=None,

@@ -650,8 +650,10 @@ class Capacity(ApiModel):
     learn: bool = Field(
         default=False,
         description="Learn θ from the fleet and plan with it once it is trusted (the plan's "
-        "θ is also what LT-U/UA's caps turn observed load into instances with); false: the "
-        "declared capacityTokensPerSecond only, nothing is learned.",
+        "θ is also what LT-U/UA's caps turn observed load into instances with, and what batch "
+        "deadlines are judged with: the deadline scale-out, BatchDeadlinesAtRisk and the "
+        "Batch API's admission); false: the declared capacityTokensPerSecond only, nothing "
+        "is learned, and status.capacity is cleared.",
     )
     min_windows: int = Field(
         default=30,

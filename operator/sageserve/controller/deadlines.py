@@ -86,12 +86,15 @@ class DeadlineOutlook:
         return False, WITHIN, f"batch queue of {self.model} needs no more than the {at_max}"
 
 
-def outlook(md: ModelDeployment, need_tps: float) -> DeadlineOutlook:
-    """The outlook of `md` for a batch deadline need of `need_tps` tokens/s."""
+def outlook(
+    md: ModelDeployment, need_tps: float, theta_tps: float | None = None
+) -> DeadlineOutlook:
+    """The outlook of `md` for a batch deadline need of `need_tps` tokens/s, at θ
+    `theta_tps` (default: the declared one, `model_theta_tps`)."""
     return DeadlineOutlook(
         md.metadata.name,
         max(0.0, need_tps),
-        model_theta_tps(md),
+        model_theta_tps(md) if theta_tps is None else theta_tps,
         sum(max(0, r.max_instances) for r in md.spec.regions),
     )
 

@@ -86,6 +86,7 @@ def endpoint_snapshots(
     ttft_slo_s: Mapping[str, float] | None = None,
     interactive_running: Mapping[str, int] | None = None,
     picker: Mapping[str, PickerSignals] | None = None,
+    theta_tps: float | None = None,
 ) -> dict[EndpointKey, EndpointSnapshot]:
     """One snapshot per region of `md` that has a pod set (existing Deployments only);
     pods on `lost_nodes` (not Ready) are not serving. `projections` are each pod's
@@ -156,7 +157,7 @@ def endpoint_snapshots(
             picker=None if picker is None else picker.get(inference_pool_name(md, region)),
         )
     model_serving = sum(snap.serving for snap in out.values())
-    theta = model_theta_tps(md)
+    theta = model_theta_tps(md) if theta_tps is None else theta_tps
     return {
         key: with_deadline_need(snap, batch_need_tps, model_serving, theta, release_below)
         for key, snap in out.items()

@@ -39,7 +39,6 @@ from typing import Any, TypeVar
 from sageserve.api.model_deployment import (
     ModelDeployment,
     inference_pool_name,
-    model_theta_tps,
     pod_set_name,
 )
 from sageserve.api.model_pool import ModelPool, parse_pool
@@ -90,6 +89,7 @@ from sageserve.pace.base import PacingStrategy, PlanSource, simulation_only
 from sageserve.pace.cadence import PlanClock, PlanMove, plan_step
 from sageserve.pace.from_policy import strategy_for
 from sageserve.pace.step import Held, StepState, decide
+from sageserve.plan.learned_capacity import deadline_theta
 from sageserve.plan.oserve_layouts import with_layouts
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -446,6 +446,7 @@ class PacePass:
                 slo,
                 samples.interactive,
                 samples.picker,
+                deadline_theta(md, raw),
             )
             self.export_sizes(md, snaps)
             # an endpoint with a pod set someone else sizes is not paced at all
@@ -542,7 +543,7 @@ class PacePass:
                     where[pod_set] = (region.name, v.name)
             serving = sum(s.serving for k, s in seen.endpoints.items() if k.model == name)
             need = samples.deadline_needs.get(name, 0.0)
-            pressure = deadline_pressure(need, serving, model_theta_tps(md), below)
+            pressure = deadline_pressure(need, serving, deadline_theta(md, raw), below)
             with self._decided_lock:
                 decided = dict(self.decided)
             desired = desired_pod_sets(
@@ -573,7 +574,7 @@ class PacePass:
         second` for each: `controller.deadlines`."""
         for raw, md in fleet:
             name = md.metadata.name
-            now = deadlines.outlook(md, needs.get(name, 0.0))
+            now = deadlines.outlook(md, needs.get(name, 0.0), deadline_theta(md, raw))
             OPERATOR_METRICS.batch_deadline_at_risk.labels(self.namespace, name).set(
                 1.0 if now.at_risk else 0.0
             )

@@ -334,7 +334,10 @@ class PlanPass:
         `status.capacity` shows declared and learned θ and the evidence. Unreadable, the
         plan keeps the declared θ (the starting point) and the log says why."""
         spec = self.policy.spec
-        if not spec.capacity.learn or not mds:
+        if not spec.capacity.learn:
+            self.forget_capacity()
+            return None
+        if not mds:
             return None
         settings = settings_for(spec)
         slo = interactive_slos(self.kube.objects(self.namespace, "workloadtiers"))
@@ -349,6 +352,16 @@ class PlanPass:
         for name, entries in capacity_status(learned, stamp).items():
             self.kube.patch_status(self.namespace, "modeldeployments", name, {"capacity": entries})
         return planned_theta(learned)
+
+    def forget_capacity(self) -> None:
+        """Learning off: `status.capacity` cleared where a learning policy left it, so the
+        status says what the plan sizes with (the declared θ) and nothing reads a θ the
+        plan no longer uses (`plan.learned_capacity.recorded_theta`)."""
+        for o in self.kube.objects(self.namespace, "modeldeployments"):
+            ref = ((o.get("spec") or {}).get("policyRef") or {}).get("name")
+            if ref == self.policy.metadata.name and (o.get("status") or {}).get("capacity"):
+                name = str(o["metadata"]["name"])
+                self.kube.patch_status(self.namespace, "modeldeployments", name, {"capacity": None})
 
     def pod_loads(self, reader: PrometheusReader) -> dict[str, PodLoad]:
         """Each pod's load for choosing which pooled pods a scale-in removes; none when

@@ -26,6 +26,11 @@ instance over historical windows with no SLO violation). This step generalises t
   once `min_windows` windows qualified, and never leaves [declared × `min_factor`,
   declared × `max_factor`].
 
+What the plan sizes with is also what batch deadlines are judged with
+(`model_theta_in_force`): the operator records θ in force in each ModelDeployment's
+`status.capacity` and its pace loop and routers read it back (`deadline_theta`); the
+simulator hands its table to the same rule at each plan.
+
 Pure and stateless: both worlds hand it the windows they observed (the simulator from its
 minutes, the operator from Prometheus' range over `history_s`) and get the same θ.
 """
@@ -35,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sageserve.api.model_deployment import ModelDeployment, Variant
@@ -234,3 +239,48 @@ def declared_theta(mds: Iterable[ModelDeployment]) -> dict[CapacityKey, float]:
         for v in md.spec.variants
         for r in md.spec.regions
     }
+
+
+def model_theta_in_force(model: str, declared: ThetaTable, in_force: ThetaTable | None) -> float:
+    """θ of `model` for its batch deadlines: the largest θ in force over its (variant,
+    region)s, the learned one where trusted, else the declared one (0: none declared).
+
+    The deadline signal, the at-risk check and the router's admission ask whether the
+    model's instances *can* serve its batch queue in time; the largest θ errs toward "they
+    can" (`api.model_deployment.model_theta_tps`, the declared-only rule it extends). With
+    learning, the θ the plan sizes with is the θ deadlines are judged with, so a declared θ
+    the fleet has shown to be stale does not raise a scale-out for deadlines, or refuse a
+    batch, that the learned one says it meets."""
+    return max(
+        ((in_force or {}).get(key, theta) for key, theta in declared.items() if key[0] == model),
+        default=0.0,
+    )
+
+
+def recorded_theta(name: str, obj: Mapping[str, Any]) -> dict[CapacityKey, float]:
+    """θ in force per (model, variant, region) as the plan loop recorded it in the
+    ModelDeployment object's `status.capacity`, where trusted: the operator's record of what
+    the plan sizes with (empty unless the policy learns: the plan loop clears it when
+    learning is off). An entry that does not validate is left out: its declared θ stays."""
+    from sageserve.api.model_deployment import CapacityStatus
+
+    status = obj.get("status")
+    entries = status.get("capacity") if isinstance(status, Mapping) else None
+    out: dict[CapacityKey, float] = {}
+    for raw in entries if isinstance(entries, list) else []:
+        try:
+            entry = CapacityStatus.model_validate(raw)
+        except ValueError:
+            continue
+        theta = entry.in_force_tokens_per_second
+        if entry.trusted and math.isfinite(theta) and theta > 0:
+            out[(name, entry.variant, entry.region)] = theta
+    return out
+
+
+def deadline_theta(md: ModelDeployment, obj: Mapping[str, Any]) -> float:
+    """θ of a ModelDeployment for its batch deadlines, on Kubernetes: `model_theta_in_force`
+    over its declared θ and the θ in force its object's status records (`obj`: the object
+    as listed, status included)."""
+    name = md.metadata.name
+    return model_theta_in_force(name, declared_theta([md]), recorded_theta(name, obj))

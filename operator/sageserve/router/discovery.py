@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from sageserve.api.common import GROUP, VERSION
-from sageserve.api.model_deployment import ModelDeployment, model_theta_tps
+from sageserve.api.model_deployment import ModelDeployment
 from sageserve.api.scaling_policy import (
     LayoutWeights,
     ScalingPolicy,
@@ -44,6 +44,7 @@ from sageserve.dispatch.rate_limit import Limits
 from sageserve.dispatch.tiers import TierMatch
 from sageserve.perf.layout_check import profile_names
 from sageserve.perf.model import PerfCatalog, load_catalog, request_decode_tps
+from sageserve.plan.learned_capacity import deadline_theta
 from sageserve.router.fleet import Backend, Fleet, ModelRoute
 from sageserve.router.pool_switcher import PoolSwitcher, pool_routes
 
@@ -104,8 +105,9 @@ def request_rate(md: ModelDeployment, catalog: PerfCatalog) -> float:
 def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> ModelRoute | None:
     """A ModelDeployment as the router serves it; None if it does not validate. Its
     per-request decode rate (`request_rate`) and its capacity at maxInstances (θ, the
-    fastest variant's capacityTokensPerSecond, × Σ regions' maxInstances, as the
-    simulator and the operator reckon it) are what the batch Queue Manager's deadline rules read."""
+    fastest variant's θ in force, declared or learned: `plan.learned_capacity.
+    deadline_theta`, × Σ regions' maxInstances, as the simulator and the operator reckon
+    it) are what the batch Queue Manager's deadline rules read."""
     try:
         md = ModelDeployment.model_validate(
             {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")}
@@ -123,7 +125,8 @@ def model_route(obj: Mapping[str, Any], catalog: PerfCatalog | None = None) -> M
         policy=spec.policy_ref.name,
         request_tps=request_rate(md, catalog or perf_catalog()),
         capacity_at_max_tps=capacity_at_max(
-            model_theta_tps(md), (r.max_instances for r in spec.regions)
+            deadline_theta(md, obj),
+            (r.max_instances for r in spec.regions),
         ),
     )
 

@@ -54,6 +54,7 @@ from sageserve.pace.pressure import SCALE_IN_STABILIZATION_S, with_deadline_need
 from sageserve.pace.step import StepState, adopt, decide
 from sageserve.perf.model import VariantPerf
 from sageserve.perf.model import request_decode_tps as perf_request_decode_tps
+from sageserve.plan.learned_capacity import model_theta_in_force
 from sageserve.sim.cluster import Cluster, Delays, Deployment, Endpoint, Node
 from sageserve.sim.deadlines import PendingWork
 from sageserve.sim.events import INSTANCE, EventQueue
@@ -900,6 +901,12 @@ class Simulation(InstanceHooks):
         self.step_state = outcome.state
         self._apply(outcome.decisions, t)
 
+    def deadline_theta(self, model: str) -> float:
+        """θ `model`'s batch deadlines are judged with now: the declared one, or with
+        learning the largest in force at the last plan (`plan.learned_capacity.
+        model_theta_in_force`, what the operator reads back from `status.capacity`)."""
+        return self._theta.get(model, 0.0)
+
     def _with_deadlines(self, snap: EndpointSnapshot) -> EndpointSnapshot:
         """`snap` with its share of its model's batch deadline need and its batch capacity
         (`pace.pressure.with_deadline_need`, the operator's rule too): the model's serving
@@ -1271,6 +1278,10 @@ class Simulation(InstanceHooks):
         )
         pools = self._pools
         theta = self._capacity.plan_theta(now) if self._capacity is not None else None
+        if self._capacity is not None and self._capacity.learning:
+            # deadlines are judged with the θ the plan sizes with, as on Kubernetes
+            declared = self._capacity.setup.declared
+            self._theta = {m: model_theta_in_force(m, declared, theta) for m in self._theta}
         if pools is not None and pools.planned:
             seen = pools.observe()
             plan = (
