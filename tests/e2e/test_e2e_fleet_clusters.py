@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -226,12 +226,12 @@ def test_one_fleet_over_three_control_planes(
         trace = ("--trace", str(TRACE), "--scale", str(LOW))
         twins = {
             HOME: stack.enter_context(
-                _closing(TwinProcess(kubeconfig, namespace, prometheus_targets_dir, *trace))
+                closing(TwinProcess(kubeconfig, namespace, prometheus_targets_dir, *trace))
             )
         }
         for region, (_, admin) in members.items():
             twins[region] = stack.enter_context(
-                _closing(
+                closing(
                     TwinProcess(
                         admin,
                         namespace,
@@ -278,7 +278,7 @@ def test_one_fleet_over_three_control_planes(
         catalogue = _member_router_identity(kubeconfig, namespace, tmp_path / "hub-reader.yaml")
         peers = {
             region: stack.enter_context(
-                _closing(
+                closing(
                     RouterProcess(
                         admin,
                         namespace,
@@ -294,7 +294,7 @@ def test_one_fleet_over_three_control_planes(
             for region, (_, admin) in members.items()
         }
         router = stack.enter_context(
-            _closing(
+            closing(
                 RouterProcess(
                     kubeconfig,
                     namespace,
@@ -466,11 +466,3 @@ def _served(router: RouterProcess, region: str) -> float:
     return router.metric(
         "sageserve_router_requests_total", model_deployment=MODEL, region=region, code="200"
     )
-
-
-@contextmanager
-def _closing(process: TwinProcess | RouterProcess) -> Iterator[Any]:
-    try:
-        yield process
-    finally:
-        process.close()

@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,14 +93,6 @@ def _streaming(router: RouterProcess, every_s: float) -> Iterator[list[int]]:
         thread.join(timeout=90)
 
 
-@contextmanager
-def _closing(process: TwinProcess | RouterProcess) -> Iterator[Any]:
-    try:
-        yield process
-    finally:
-        process.close()
-
-
 def test_theta_learned_from_prometheus_is_shown_and_sizes_the_plan(
     kubeconfig: Path,
     namespace: str,
@@ -132,14 +124,14 @@ def test_theta_learned_from_prometheus_is_shown_and_sizes_the_plan(
     )
     with ExitStack() as stack:
         twin = stack.enter_context(
-            _closing(
+            closing(
                 TwinProcess(kubeconfig, namespace, prometheus_targets_dir, "--trace", str(TRACE))
             )
         )
         runner = stack.enter_context(KopfRunner(operator_args(namespace), timeout=900))
         apply(kubeconfig, namespace, policy, md)
         router = stack.enter_context(
-            _closing(
+            closing(
                 RouterProcess(
                     kubeconfig, namespace, twin.url, prometheus_url, prometheus_targets_dir
                 )
