@@ -273,13 +273,20 @@ def simulate(
         ),
     ] = None,
     reference: ReferenceOption = False,
+    picker: Annotated[
+        str | None,
+        typer.Option(
+            help="The routers' in-region pod choice, as `sageserve router --picker` (e.g. "
+            "preserve); default: the scenario's `picker`, else token-jsq."
+        ),
+    ] = None,
 ) -> None:
     """Replay a scenario's traces against simulated fleets, one run per policy, and compare."""
     from sageserve.commands.sim import simulate as run
 
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy else None
     try:
-        run(scenario, names, out, seed, report, console, settings, reference)
+        run(scenario, names, out, seed, report, console, settings, reference, picker)
     except (FileNotFoundError, ValueError, KeyError) as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

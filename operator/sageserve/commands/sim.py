@@ -177,15 +177,18 @@ def simulate(
     console: Console,
     settings: list[str] | None = None,
     reference: bool = False,
+    picker: str | None = None,
 ) -> Comparison:
-    sc = with_policy_settings(
-        load_scenario(scenario or default_scenario_dir()), settings or []
-    ).with_seed(seed)
+    sc = (
+        with_policy_settings(load_scenario(scenario or default_scenario_dir()), settings or [])
+        .with_seed(seed)
+        .with_picker(picker)
+    )
     names = policies or sc.policies
     console.print(
         f"scenario [bold]{sc.name}[/bold]: {len(sc.models)} models, {len(sc.nodes)} nodes, "
-        f"window {sc.workload.duration_s / 3600:.1f} h, policies {', '.join(names)}"
-        + (f", policy settings {' '.join(settings)}" if settings else "")
+        f"window {sc.workload.duration_s / 3600:.1f} h, policies {', '.join(names)}, "
+        f"picker {sc.picker}" + (f", policy settings {' '.join(settings)}" if settings else "")
     )
     with Progress(
         TextColumn("{task.description}"),

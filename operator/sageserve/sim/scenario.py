@@ -19,6 +19,7 @@ inventory: nodes.yaml
 workload: workload.yaml
 drain: 2h          # keep simulating after the window so in-flight work can finish
 policies: [reactive, siloed]   # what `sageserve simulate` compares by default
+picker: token-jsq  # the routers' in-region pod choice (`sageserve router --picker`)
 ```
 
 Without it, every `*.yaml` of the directory is read and documents are sorted by `kind`.
@@ -47,6 +48,7 @@ from sageserve.dispatch.from_policy import (
     release_rules_of,
     route_threshold_of,
 )
+from sageserve.dispatch.instance_picker import DEFAULT_PICKER, picker_names
 from sageserve.metrics.picker import PickerKind
 from sageserve.pace.base import PacingStrategy, PlanSource, make_strategy
 from sageserve.perf.layout_check import variant_layout_problems, variant_parallelism
@@ -95,6 +97,9 @@ class Scenario:
     config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
     #: the fleet's member clusters (`clusters` in scenario.yaml; none: one cluster)
     fleet: SimFleet = field(default_factory=SimFleet)
+    #: the routers' in-region pod choice (`picker` in scenario.yaml: what the deployment
+    #: runs `sageserve router --picker` with; `dispatch.instance_picker`)
+    picker: str = DEFAULT_PICKER
 
     # ---- what one run needs --------------------------------------------------------------
 
@@ -135,6 +140,7 @@ class Scenario:
             seed=self.workload.seed if seed is None else seed,
             region_order=tuple(self.workload.region_order),
             fleet=self.fleet.shifted(self.workload.start_s),
+            picker=self.picker,
         )
         if sp is not None:
             cfg = replace(
@@ -316,6 +322,13 @@ class Scenario:
 
     def requests(self) -> Iterator[Request]:
         return requests(self.workload, self.tiers, self.contexts())
+
+    def with_picker(self, picker: str | None) -> Scenario:
+        """The scenario with its routers choosing pods by `picker` (None: as it says);
+        an unknown name raises ValueError naming the pickers there are."""
+        if picker is None:
+            return self
+        return replace(self, picker=checked_picker(picker, "--picker"))
 
     def with_seed(self, seed: int | None) -> Scenario:
         """The scenario with its workload drawn from `seed` (arrivals, and the model, region
@@ -782,9 +795,20 @@ def load_scenario(path: Path) -> Scenario:
         catalog=catalog,
         config_maps=m.config_maps,
         fleet=fleet,
+        picker=checked_picker(str(meta.get("picker", DEFAULT_PICKER)), f"{index}: picker"),
     )
     scenario.check_layouts()  # at load, as the operator's Ready=False would stop it
     return scenario
+
+
+def checked_picker(name: str, where: str) -> str:
+    """`name` if it is a registered in-region picker, else ValueError naming `where` and
+    the pickers there are."""
+    if name not in picker_names():
+        raise ValueError(
+            f"{where}: unknown picker {name!r}; choose one of {', '.join(picker_names())}"
+        )
+    return name
 
 
 def default_scenario_dir() -> Path:
