@@ -839,6 +839,26 @@ class Loops(threading.Thread):
                 )
         return self.is_leader
 
+    def plan_or_keep(self, k: Kube, policy: dict[str, Any], state: PaceState) -> bool:
+        """`plan_if_due`, where a plan pass that fails unexpectedly (a solver or API error
+        the plan loop does not handle itself) keeps the plan in force and is reported as
+        `PlanReady=False/PlanFailed`: the pace pass that follows still runs, so reactive
+        scaling and the floors are never held hostage by the planner. The cadence has
+        already moved on, so the plan is tried again when it is next due, not every pass."""
+        name = f"{policy['metadata']['namespace']}/{policy['metadata']['name']}"
+        try:
+            return self.plan_if_due(k, policy, state)
+        except Exception as exc:
+            self.logger.exception("plan of %s failed; pacing on with the plan in force", name)
+            message = f"no new plan: {type(exc).__name__}: {exc}"[:1024]
+            try:
+                PlanPass(k, policy, state.conditions, self.logger).set(
+                    "PlanReady", False, "PlanFailed", message + "; pacing on the plan in force"
+                )
+            except Exception:  # the API server is away too: the log says it
+                self.logger.exception("PlanReady of %s not written", name)
+            return False
+
     def plan_if_due(self, k: Kube, policy: dict[str, Any], state: PaceState) -> bool:
         """Plan when the strategy's cadence says so (`pace.cadence.plan_step`, the rule the
         simulator follows too), after a restart adopting the plan recorded in status while
@@ -954,7 +974,7 @@ class Loops(threading.Thread):
             state = self.states.setdefault(key, PaceState())
             try:
                 started = time.monotonic()
-                planned = self.plan_if_due(k, policy, state)
+                planned = self.plan_or_keep(k, policy, state)
                 self.layouts(k, policy, state)
                 PacePass(k, policy, state, self.logger).run()
                 kind = "plan" if planned else "pace"
