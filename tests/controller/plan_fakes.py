@@ -14,6 +14,7 @@ import yaml
 
 from sageserve.api.model_deployment import ModelDeployment, pod_set_name
 from sageserve.controller.plan_loop import PlanPass
+from sageserve.controller.status import essence
 from sageserve.core.labels import NodeLabels
 from sageserve.metrics import queries
 from sageserve.metrics.prometheus import MetricsUnavailable
@@ -32,17 +33,31 @@ def _docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+#: the status of a ModelDeployment the operator reconciled (the plan sizes only those)
+READY = {
+    "conditions": [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "PodSetsApplied",
+            "lastTransitionTime": "2026-12-01T00:00:00Z",
+        }
+    ]
+}
+
+
 def model_docs(count: int = 1) -> list[dict[str, Any]]:
-    """The first `count` ModelDeployments of policies/base, in namespace `NS`."""
+    """The first `count` ModelDeployments of policies/base, in namespace `NS`, Ready."""
     out = []
     for d in _docs(ROOT / "policies" / "base" / "models.yaml")[:count]:
         d["metadata"]["namespace"] = NS
+        d["status"] = dict(READY)
         out.append(d)
     return out
 
 
 def models(count: int = 1) -> list[ModelDeployment]:
-    return [ModelDeployment.model_validate(d) for d in model_docs(count)]
+    return [ModelDeployment.model_validate(essence(d)) for d in model_docs(count)]
 
 
 def tier_docs() -> list[dict[str, Any]]:

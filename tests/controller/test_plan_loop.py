@@ -261,3 +261,29 @@ def test_every_plan_written_carries_the_condition_that_describes_it() -> None:
         ready = {c["type"]: c for c in patch["conditions"]}["PlanReady"]
         assert (ready["status"], ready["reason"]) == ("True", "Planned")
     assert [reason for reason, _ in kube.events] == ["Planned", "Planned"]
+
+
+def test_a_model_that_cannot_be_acted_on_is_not_planned_and_breaks_no_other_plan() -> None:
+    """One team's ModelDeployment whose floors no region can hold (`Ready=False`, as the
+    reconcile reports it) is left out of the plan; before, its floors made the whole
+    policy's plan infeasible, so every other model lost its plan."""
+    alone = plan_pass(FakeKube(), FakeReader(TOTAL), LOG)
+    kube = FakeKube(count=2)
+    other = kube.mds[1]
+    for region in other["spec"]["regions"]:
+        region["minInstances"] = region["maxInstances"] = 500
+    other["status"] = {
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "MinInstancesUnreachable",
+                "lastTransitionTime": "2026-12-01T00:00:00Z",
+            }
+        ]
+    }
+    planned = plan_pass(kube, FakeReader(TOTAL), LOG)
+    assert alone is not None and planned is not None
+    assert planned.endpoint_targets == alone.endpoint_targets
+    assert {k.model for k in planned.endpoint_targets} == {LLAMA}
+    assert kube.events[-1][0] == "Planned"

@@ -126,7 +126,7 @@ def test_learning_turned_off_clears_the_theta_status_the_deadlines_read() -> Non
     run(kube, CapacityReader(minutes=40, per_pod=1.4 * DECLARED_H100), learning_policy())
     recorded = capacity_status(kube).model_dump(by_alias=True, mode="json")["capacity"]
     for md in kube.mds:  # what the API server holds after that plan
-        md["status"] = {"capacity": recorded}
+        md["status"] = {**md["status"], "capacity": recorded}
     learning = next(md for md in kube.mds if md["metadata"]["name"] == LLAMA)
     assert recorded_theta(LLAMA, learning)  # the pace loop judges deadlines with it
     kube.patches.clear()

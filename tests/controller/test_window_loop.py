@@ -22,6 +22,7 @@ from sageserve.core.types import EndpointKey
 from sageserve.metrics import queries
 from sageserve.plan.preserve import apportion_batch, plan_window, window_history_minutes
 from sageserve.twin.backfill import create_blocks, install_blocks
+from tests.controller.plan_fakes import READY
 
 NS = "llm"
 MODEL = "m"
@@ -59,6 +60,7 @@ def model_raw() -> dict[str, Any]:
             "tiers": ["iw-f"],
             "policyRef": {"name": "p"},
         },
+        "status": READY,
     }
 
 
