@@ -54,11 +54,15 @@ INSTANCES = 2
 MIN_WINDOWS = 2
 
 
+def _entries(kubeconfig: Path, namespace: str) -> list[dict[str, Any]]:
+    """The ModelDeployment's `status.capacity`."""
+    out = kubectl(kubeconfig, ["get", "modeldeployment", MODEL, "-n", namespace, "-o", "json"])
+    return list((json.loads(out.stdout).get("status") or {}).get("capacity") or [])
+
+
 def _capacity(kubeconfig: Path, namespace: str) -> dict[str, Any] | None:
     """The ModelDeployment's `status.capacity` entry once it is trusted (else None)."""
-    out = kubectl(kubeconfig, ["get", "modeldeployment", MODEL, "-n", namespace, "-o", "json"])
-    entries = (json.loads(out.stdout).get("status") or {}).get("capacity") or []
-    found = next((e for e in entries if e["region"] == REGION), None)
+    found = next((e for e in _entries(kubeconfig, namespace) if e["region"] == REGION), None)
     return found if found is not None and found["trusted"] else None
 
 
@@ -187,6 +191,22 @@ def test_theta_learned_from_prometheus_is_shown_and_sizes_the_plan(
         current = _capacity(kubeconfig, namespace)
         assert current is not None
         assert planned == pytest.approx(current["inForceTokensPerSecond"], rel=1e-3)
+
+        # learning turned off: the next plan sizes with the declared θ again and clears
+        # status.capacity (a merge patch's null through the API server's status subresource)
+        off = json.dumps({"spec": {"capacity": {"learn": False}}})
+        kubectl(
+            kubeconfig,
+            ["patch", "scalingpolicy", "fleet", "-n", namespace, "--type=merge", "-p", off],
+        )
+        eventually(
+            lambda: (
+                not _entries(kubeconfig, namespace)
+                and _planned_theta(kubeconfig, namespace) == DECLARED
+            ),
+            150,
+            "status.capacity cleared and the plan on the declared θ",
+        )
     assert runner.exception is None, runner.output
     figure(
         "learned capacity",
