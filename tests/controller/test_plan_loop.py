@@ -287,3 +287,16 @@ def test_a_model_that_cannot_be_acted_on_is_not_planned_and_breaks_no_other_plan
     assert planned.endpoint_targets == alone.endpoint_targets
     assert {k.model for k in planned.endpoint_targets} == {LLAMA}
     assert kube.events[-1][0] == "Planned"
+
+
+def test_a_model_not_yet_reconciled_is_planned() -> None:
+    """Right after the operator starts, its first plan may come before kopf has reconciled
+    a ModelDeployment (no `Ready` condition yet); it is planned, or it would wait for the
+    next plan, an hour off."""
+    reconciled = plan_pass(FakeKube(), FakeReader(TOTAL), LOG)
+    kube = FakeKube()
+    for md in kube.mds:
+        md.pop("status")
+    fresh = plan_pass(kube, FakeReader(TOTAL), LOG)
+    assert reconciled is not None and fresh is not None
+    assert fresh.endpoint_targets == reconciled.endpoint_targets

@@ -32,7 +32,7 @@ from sageserve.controller.guard import dry_run
 from sageserve.controller.kube import Kube
 from sageserve.controller.member_clusters import clusters_status, last_home
 from sageserve.controller.pool_podsets import apply_pool_targets
-from sageserve.controller.status import essence, is_ready, set_condition
+from sageserve.controller.status import essence, is_refused, set_condition
 from sageserve.core.labels import NodeLabels
 from sageserve.core.nodes import parse_nodes, plannable_gpus
 from sageserve.core.snapshot import Plan
@@ -478,16 +478,18 @@ class PlanPass:
         return deadline_needs(samples, self.namespace, self.logger)
 
     def models(self) -> list[ModelDeployment]:
-        """The ModelDeployments of the namespace this policy sizes: those that are Ready,
-        the ones the pace pass paces. One that cannot be acted on (`Ready=False`: no node
-        fits, minInstances beyond the region's GPUs, a GPU type no node offers) has its own
-        condition saying why; planning it would reserve GPUs for pod sets that do not
-        exist, and its floors alone can make every other model's plan infeasible."""
+        """The ModelDeployments of the namespace this policy sizes, but those the operator
+        found it cannot act on (`Ready=False`: no node fits, minInstances beyond the
+        region's GPUs, a GPU type no node offers; each says why in its own condition):
+        planning one would reserve GPUs for pod sets that do not exist, and its floors
+        alone can make every other model's plan infeasible. One not reconciled yet (no
+        `Ready` condition, as right after the operator starts) is planned: its pod sets are
+        on their way, and the next plan may be an hour off."""
         return [
             ModelDeployment.model_validate(essence(o))
             for o in self.kube.objects(self.namespace, "modeldeployments")
             if (o.get("spec") or {}).get("policyRef", {}).get("name") == self.policy.metadata.name
-            and is_ready(o)
+            and not is_refused(o)
         ]
 
     @staticmethod

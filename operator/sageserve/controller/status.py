@@ -26,6 +26,13 @@ def is_ready(obj: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def is_refused(obj: Mapping[str, Any]) -> bool:
+    """Whether the object's `Ready` condition is False: the operator found it cannot act on
+    it (an object with no `Ready` condition yet has not been looked at)."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "False" for c in conditions)
+
+
 def set_condition(
     conditions: Sequence[Mapping[str, Any]],
     type_: str,
